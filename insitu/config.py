@@ -1,0 +1,279 @@
+"""One configuration for a run: a YAML file, overridden by command-line flags.
+
+Every section is a small dataclass. ``load_config`` validates up front: unknown
+keys, wrong types and out-of-range values fail with a message that says what was
+expected and what came, before anything is computed or written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or out of range."""
+
+
+@dataclass
+class InputConfig:
+    var: str = "U"                      # variable / field name to extract isosurfaces from
+    iso: list[float] = field(default_factory=lambda: [0.25])
+    color_var: str | None = None        # optional second field that colours the surface
+    dims: list[int] | None = None       # raw files: (x, y, z); read from the name when absent
+    dtype: str | None = None            # raw files: numpy dtype; read from the name when absent
+    downsample: int = 1                 # keep every k-th sample per axis (raw/array input)
+    steps: list[int] | None = None      # replay/stream: only these step numbers
+    every: int = 1                      # replay/stream: train every k-th step that arrives
+    timeout_s: float = 60.0             # stream: give up when no step arrives for this long
+
+
+@dataclass
+class SeedConfig:
+    budget: int = 200_000               # global number of Gaussians at initialisation
+    thickness: float = 0.1              # disc thickness, as a fraction of its radius
+    opacity: float = 0.5
+
+
+@dataclass
+class ViewConfig:
+    count: int = 448
+    resolution: int = 256
+    fov_deg: float = 40.0
+    test_every: int = 8                 # every k-th view is held out for evaluation
+    supersample: int = 2                # ground truth: s x s rays per pixel
+    background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
+    colormap: str = "viridis"           # when input.color_var is set
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 3000
+    batch: int = 1                      # views per optimiser step
+    sh_degree: int = 0
+    sh_increase_every: int = 1000
+    lr_means: float = 1.6e-4            # times the scene extent
+    lr_means_final: float = 1.6e-6
+    lr_scales: float = 5e-3
+    lr_quats: float = 1e-3
+    lr_opacities: float = 5e-2
+    lr_sh0: float = 2.5e-3
+    lr_shN: float = 1.25e-4
+    ssim_weight: float = 0.2
+    densify_from: int = 500
+    densify_until: int = 15000
+    densify_every: int = 100
+    grad_threshold: float = 2e-4
+    prune_opacity: float = 0.005
+    opacity_reset_every: int = 3000
+    max_gaussians: int = 5_000_000
+    psnr_target: float | None = None    # stop early once held-out PSNR reaches this
+    eval_every: int = 0                 # evaluate during training every k iterations (0: at the end)
+    seed: int = 0
+    backend: str = "auto"               # auto | gsplat | torch
+    progress: bool = True
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "out"
+    images: int = 4                     # how many held-out views to write as GT | render PNGs
+    ply: bool = True
+
+
+@dataclass
+class ParallelConfig:
+    timeout_s: float = 300.0            # collective timeout: a failed rank never hangs the rest
+    device: str = "auto"                # auto | cpu | cuda
+
+
+@dataclass
+class InsituConfig:
+    mode: str = "background"            # background | sync
+    queue: int = 1                      # steps waiting to be trained
+    policy: str = "block"               # block | discard (newest step wins)
+    warm_start: bool = True
+    warm_iterations: int = 500
+
+
+@dataclass
+class Config:
+    input: InputConfig = field(default_factory=InputConfig)
+    seeds: SeedConfig = field(default_factory=SeedConfig)
+    views: ViewConfig = field(default_factory=ViewConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    insitu: InsituConfig = field(default_factory=InsituConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    "train.backend": ("auto", "gsplat", "torch"),
+    "parallel.device": ("auto", "cpu", "cuda"),
+    "insitu.mode": ("background", "sync"),
+    "insitu.policy": ("block", "discard"),
+}
+_POSITIVE = {
+    "views.count", "views.resolution", "views.supersample", "views.test_every", "views.fov_deg",
+    "seeds.budget", "seeds.thickness", "train.iterations", "train.batch", "train.densify_every",
+    "input.downsample", "input.every", "input.timeout_s", "parallel.timeout_s", "insitu.queue",
+    "train.max_gaussians", "train.sh_increase_every",
+}
+_NON_NEGATIVE = {"output.images", "train.sh_degree", "train.eval_every", "insitu.warm_iterations"}
+
+
+def _check_type(name: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` converted to ``hint`` where that is lossless, else raise ConfigError."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _check_type(name, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if origin is list:
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool) and args[0] is not str:
+            value = [value]                     # a single iso value for a list of them
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {type(value).__name__} {value!r}")
+        return [_check_type(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true or false, got {type(value).__name__} {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}: expected a string, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{name}: unsupported type {hint}")  # pragma: no cover
+
+
+def _section(name: str, cls: type, values: Any) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__} {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{name}: unknown key(s) {', '.join(map(str, unknown))}; "
+                          f"expected some of {', '.join(sorted(known))}")
+    out = cls()
+    for key, value in values.items():
+        setattr(out, key, _check_type(f"{name}.{key}", value, hints[key]))
+    return out
+
+
+def validate(cfg: Config) -> Config:
+    """Check ranges and choices; returns ``cfg`` or raises ConfigError."""
+    for section in dataclasses.fields(cfg):
+        sub = getattr(cfg, section.name)
+        for f in dataclasses.fields(sub):
+            key = f"{section.name}.{f.name}"
+            value = getattr(sub, f.name)
+            if key in _CHOICES and value not in _CHOICES[key]:
+                raise ConfigError(f"{key}: expected one of {', '.join(_CHOICES[key])}, got {value!r}")
+            if key in _POSITIVE and value is not None and value <= 0:
+                raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
+            if key in _NON_NEGATIVE and value < 0:
+                raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
+    if not cfg.input.iso:
+        raise ConfigError("input.iso: expected at least one iso value, got an empty list")
+    if cfg.train.sh_degree > 3:
+        raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
+    if cfg.views.fov_deg >= 180:
+        raise ConfigError(f"views.fov_deg: expected a value in (0, 180), got {cfg.views.fov_deg}")
+    for key in ("background", "surface_color"):
+        v = getattr(cfg.views, key)
+        if len(v) != 3 or not all(0.0 <= c <= 1.0 for c in v):
+            raise ConfigError(f"views.{key}: expected 3 values in [0, 1], got {v!r}")
+    if cfg.input.dims is not None and (len(cfg.input.dims) != 3 or min(cfg.input.dims) <= 0):
+        raise ConfigError(f"input.dims: expected 3 positive integers (x, y, z), got {cfg.input.dims!r}")
+    if cfg.views.count <= cfg.views.test_every and cfg.views.count < 2:
+        raise ConfigError(f"views.count: expected at least 2 views (train and test), got {cfg.views.count}")
+    return cfg
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build a validated Config from nested mappings (as read from YAML)."""
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"config: expected a mapping of sections, got {type(values).__name__}")
+    known = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"config: unknown section(s) {', '.join(map(str, unknown))}; "
+                          f"expected some of {', '.join(sorted(known))}")
+    hints = typing.get_type_hints(Config)
+    cfg = Config()
+    for name, sub in values.items():
+        setattr(cfg, name, _section(name, hints[name], sub))
+    return validate(cfg)
+
+
+def merge(base: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``{"train.iterations": 10}``-style overrides applied."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in dotted.items():
+        if value is None:
+            continue
+        section, _, name = key.partition(".")
+        if not name:
+            raise ConfigError(f"override {key!r}: expected SECTION.KEY")
+        out.setdefault(section, {})
+        if not isinstance(out[section], dict):
+            raise ConfigError(f"{section}: expected a mapping of keys, got {out[section]!r}")
+        out[section][name] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (optional), apply dotted overrides, validate."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path}: does not exist")
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path}: not valid YAML ({e})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(values).__name__}")
+    return from_dict(merge(values, overrides or {}))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``SECTION.KEY=VALUE`` (VALUE as YAML) from the command line."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.iterations=500")
+    return key.strip(), yaml.safe_load(raw)

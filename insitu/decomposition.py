@@ -1,0 +1,153 @@
+"""Cartesian block decomposition of a global grid, and the ghost layers of each block.
+
+The global grid has ``global_shape = (nx, ny, nz)`` samples, hence ``n - 1`` cells per
+axis. Cells (not samples) are split over a ``dims = (px, py, pz)`` grid of blocks, so
+every cell belongs to exactly one rank and per-rank marching cubes gives a crack-free
+surface. A rank holds the samples of its cells plus one ghost layer on each side (where
+the domain goes on), which the ray caster needs for gradients.
+
+Rank r sits at block coordinates ``coords = (cx, cy, cz)`` with x varying fastest:
+``r = cx + px * (cy + py * cz)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .volume import Block, InputError
+
+GHOST = 1
+
+
+def split_dims(global_shape: tuple[int, int, int], size: int) -> tuple[int, int, int]:
+    """Choose (px, py, pz) with px*py*pz == size that keeps blocks close to cubes."""
+    if size <= 0:
+        raise ValueError(f"size: expected >= 1 ranks, got {size}")
+    cells = np.asarray(global_shape, dtype=np.float64) - 1
+    best, best_cost = None, None
+    for px in range(1, size + 1):
+        if size % px:
+            continue
+        for py in range(1, size // px + 1):
+            if (size // px) % py:
+                continue
+            pz = size // px // py
+            dims = np.array([px, py, pz])
+            if np.any(dims > cells):
+                continue
+            ext = cells / dims
+            cost = (ext.max() / ext.min(), -px, -py)   # most cubic; ties: split x first
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (px, py, pz), cost
+    if best is None:
+        raise InputError(f"cannot split a grid of {global_shape} samples over {size} ranks: "
+                         "fewer cells than ranks along every split")
+    return best
+
+
+def rank_coords(rank: int, dims: tuple[int, int, int]) -> tuple[int, int, int]:
+    px, py, _ = dims
+    return rank % px, (rank // px) % py, rank // (px * py)
+
+
+def coords_rank(coords, dims) -> int:
+    return int(coords[0] + dims[0] * (coords[1] + dims[1] * coords[2]))
+
+
+@dataclass(frozen=True)
+class Extent:
+    """Index extents of one rank's block (all (x, y, z), global sample indices).
+
+    owned_lo/owned_hi: the owned cells are ``owned_lo <= c < owned_hi``.
+    start/count:       the samples held, ghost layers included (an ADIOS2 selection).
+    """
+
+    coords: tuple[int, int, int]
+    owned_lo: tuple[int, int, int]
+    owned_hi: tuple[int, int, int]
+    start: tuple[int, int, int]
+    count: tuple[int, int, int]
+
+
+def block_extent(rank: int, dims: tuple[int, int, int], global_shape: tuple[int, int, int],
+                 ghost: int = GHOST) -> Extent:
+    """Extent of rank ``rank``'s block in a ``dims`` split of ``global_shape`` samples."""
+    coords = rank_coords(rank, dims)
+    lo, hi, start, count = [], [], [], []
+    for c, p, n in zip(coords, dims, global_shape):
+        cells = n - 1
+        a = c * cells // p
+        b = (c + 1) * cells // p
+        s = max(a - ghost, 0)
+        e = min(b + ghost, cells)          # last sample index held
+        lo.append(a)
+        hi.append(b)
+        start.append(s)
+        count.append(e - s + 1)
+    return Extent(coords, tuple(lo), tuple(hi), tuple(start), tuple(count))
+
+
+def cut_block(array: np.ndarray, rank: int, size: int, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
+              fields: dict[str, np.ndarray] | None = None) -> Block:
+    """This rank's Block of a global [nz, ny, nx] array that every rank can see (file, test)."""
+    nz, ny, nx = array.shape
+    gshape = (nx, ny, nz)
+    ext = block_extent(rank, split_dims(gshape, size), gshape)
+    sl = tuple(slice(s, s + c) for s, c in zip(reversed(ext.start), reversed(ext.count)))
+    return Block(np.ascontiguousarray(array[sl]), ext.start, gshape, ext.owned_lo, ext.owned_hi,
+                 tuple(map(float, origin)), tuple(map(float, spacing)),
+                 {k: np.ascontiguousarray(v[sl]) for k, v in (fields or {}).items()})
+
+
+def block_from_local(local: np.ndarray, start: tuple[int, int, int], global_shape: tuple[int, int, int],
+                     mpi_comm, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0)) -> Block:
+    """A Block from a simulation's own decomposition, ghost layers filled by halo exchange.
+
+    local:        [nz, ny, nx] samples this rank owns in the simulation (no ghosts);
+                  together the ranks' arrays tile the global grid without overlap.
+    start:        global index (x, y, z) of ``local[0, 0, 0]``.
+    global_shape: (nx, ny, nz) of the whole grid.
+
+    Every rank must call this (it exchanges with its face neighbours). A rank owns the
+    cells whose lower corner sample it holds; it receives the samples it is missing on
+    the upper side (to close its cells) and one more layer on each side for gradients.
+    """
+    from mpi4py import MPI
+
+    local = np.ascontiguousarray(local)
+    nz, ny, nx = local.shape
+    count = (nx, ny, nz)
+    gx = tuple(int(g) for g in global_shape)
+    hi_full = [s + c for s, c in zip(start, count)]
+    owned_lo = tuple(int(s) for s in start)
+    owned_hi = tuple(min(h, g - 1) for h, g in zip(hi_full, gx))
+    g_lo = [GHOST if s > 0 else 0 for s in start]
+    g_hi = [min(GHOST + 1, g - h) for h, g in zip(hi_full, gx)]   # close the cells, then ghost
+    g_hi = [max(v, 0) for v in g_hi]
+    new_start = tuple(s - gl for s, gl in zip(start, g_lo))
+    new_count = [c + gl + gh for c, gl, gh in zip(count, g_lo, g_hi)]
+    data = np.zeros(tuple(reversed(new_count)), dtype=local.dtype)
+    # place own samples
+    data[g_lo[2]:g_lo[2] + nz, g_lo[1]:g_lo[1] + ny, g_lo[0]:g_lo[0] + nx] = local
+    # gather the neighbours' boxes: everyone sends the boxes others need from it, via Alltoallv
+    # on the global index space (simple and general: works for any tiling, not only grids).
+    boxes = mpi_comm.allgather((tuple(start), count, tuple(new_start), tuple(new_count)))
+    me = mpi_comm.Get_rank()
+    send = []
+    for r, (_, _, ns, nc) in enumerate(boxes):
+        lo = [max(a, b) for a, b in zip(ns, start)]
+        hi = [min(a + c, b + d) for a, b, c, d in zip(ns, start, nc, count)]
+        if r == me or any(h <= l for l, h in zip(lo, hi)):
+            send.append(None)
+            continue
+        sl = tuple(slice(l - s, h - s) for l, h, s in zip(reversed(lo), reversed(hi), reversed(start)))
+        send.append((lo, hi, np.ascontiguousarray(local[sl])))
+    recv = mpi_comm.alltoall(send)
+    for item in recv:
+        if item is None:
+            continue
+        lo, hi, arr = item
+        sl = tuple(slice(l - s, h - s) for l, h, s in zip(reversed(lo), reversed(hi), reversed(new_start)))
+        data[sl] = arr
+    return Block(data, new_start, gx, owned_lo, owned_hi, tuple(map(float, origin)), tuple(map(float, spacing)))

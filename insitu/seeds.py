@@ -1,0 +1,149 @@
+"""Seeds: marching cubes on a block, and the Gaussians initialised from them.
+
+Each rank runs scikit-image's marching cubes over the cells it owns (the ghost layer
+closes the cells on the upper faces), so the ranks' surfaces tile the global one
+without cracks or overlaps. Every vertex becomes a candidate Gaussian: a flat disc in
+the tangent plane, sized by the surface area around the vertex.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from skimage.measure import marching_cubes
+
+from .gaussians import Gaussians, rgb_to_sh0
+from .volume import Block
+
+
+@dataclass
+class Seeds:
+    """Isosurface samples of one block.
+
+    points:  [M, 3] world positions of the mesh vertices.
+    normals: [M, 3] unit normals.
+    areas:   [M] surface area each vertex stands for (a third of its triangles').
+    faces:   [F, 3] triangles (indices into points).
+    """
+
+    points: np.ndarray
+    normals: np.ndarray
+    areas: np.ndarray
+    faces: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    @property
+    def total_area(self) -> float:
+        return float(self.areas.sum())
+
+    @staticmethod
+    def empty() -> "Seeds":
+        return Seeds(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32),
+                     np.zeros(0, np.float32), np.zeros((0, 3), np.int64))
+
+
+def owned_samples(block: Block) -> tuple[np.ndarray, np.ndarray]:
+    """The samples spanning the block's owned cells: ([nz, ny, nx] view, start index (x, y, z))."""
+    lo = np.asarray(block.owned_lo) - np.asarray(block.start)
+    hi = np.asarray(block.owned_hi) - np.asarray(block.start) + 1
+    return block.data[lo[2]:hi[2], lo[1]:hi[1], lo[0]:hi[0]], np.asarray(block.owned_lo)
+
+
+def extract_seeds(block: Block, iso: float | list[float]) -> Seeds:
+    """Marching cubes (scikit-image) at each iso value over the block's owned cells.
+
+    A block whose owned cells do not cross an iso value gives no seeds (not an error:
+    the caller checks that the surface exists somewhere in the global field).
+    """
+    values = [float(v) for v in np.atleast_1d(iso)]
+    sub, start = owned_samples(block)
+    parts = []
+    if min(sub.shape) >= 2:
+        sub = np.asarray(sub, dtype=np.float32)
+        vmin, vmax = float(sub.min()), float(sub.max())
+        for level in values:
+            if not vmin < level < vmax:
+                continue
+            verts, faces, normals, _ = marching_cubes(sub, level=level, allow_degenerate=False)
+            if len(faces) == 0:
+                continue
+            ijk = verts[:, ::-1] + start                    # (z, y, x) local -> (x, y, z) global index
+            points = block.index_to_world(ijk)
+            normals = normals[:, ::-1] / np.asarray(block.spacing)   # gradient in world units
+            normals /= np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)
+            tri = points[faces]
+            tri_area = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
+            areas = np.zeros(len(points))
+            np.add.at(areas, faces.ravel(), np.repeat(tri_area / 3.0, 3))
+            parts.append((points, normals, areas, faces))
+    if not parts:
+        return Seeds.empty()
+    offsets = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
+    return Seeds(
+        np.concatenate([p[0] for p in parts]).astype(np.float32),
+        np.concatenate([p[1] for p in parts]).astype(np.float32),
+        np.concatenate([p[2] for p in parts]).astype(np.float32),
+        np.concatenate([p[3] + o for p, o in zip(parts, offsets)]).astype(np.int64),
+    )
+
+
+def normal_to_quat(normals: np.ndarray) -> np.ndarray:
+    """[M, 3] unit normals -> [M, 4] quaternions (w, x, y, z) that rotate +z onto them."""
+    z = np.array([0.0, 0.0, 1.0])
+    n = np.asarray(normals, np.float64)
+    axis = np.cross(np.broadcast_to(z, n.shape), n)
+    cos = np.clip(n[:, 2], -1.0, 1.0)
+    q = np.concatenate([(1.0 + cos)[:, None], axis], axis=1)    # half-angle trick, then normalise
+    flip = cos < -1.0 + 1e-8                                    # n == -z: rotate by pi about x
+    q[flip] = [0.0, 1.0, 0.0, 0.0]
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors: np.ndarray | None = None,
+                   opacity: float = 0.5, thickness: float = 0.1, sh_degree: int = 0, seed: int = 0,
+                   device=None) -> Gaussians:
+    """Flat discs on the surface, at most ``budget`` of them.
+
+    seeds:     the block's isosurface samples.
+    budget:    largest number of Gaussians; when the surface has more vertices, ``budget`` of
+               them are drawn without replacement with probability proportional to their area,
+               and each then stands for ``total_area / budget``.
+    color:     [3] initial RGB, or ``colors`` [M, 3] per seed (e.g. colour-mapped second field).
+    thickness: disc thickness as a fraction of its radius.
+    Returns a Gaussians shard with SH degree ``sh_degree`` (higher bands zero).
+    """
+    if budget < 0:
+        raise ValueError(f"budget: expected >= 0, got {budget}")
+    if not 0.0 < opacity < 1.0:
+        raise ValueError(f"opacity: expected a value in (0, 1), got {opacity}")
+    M = len(seeds)
+    if M == 0 or budget == 0:
+        return Gaussians.empty(sh_degree, device)
+    areas = seeds.areas.astype(np.float64)
+    if M > budget:
+        rng = np.random.default_rng(seed)
+        p = areas / areas.sum() if areas.sum() > 0 else None
+        idx = np.sort(rng.choice(M, size=budget, replace=False, p=p))
+        area = np.full(budget, seeds.total_area / budget)
+    else:
+        idx = np.arange(M)
+        area = np.maximum(areas, 1e-12)
+    radius = np.sqrt(area / math.pi)
+    sigma_t = np.maximum(0.8 * radius, 1e-6)
+    scales = np.stack([sigma_t, sigma_t, np.maximum(thickness * sigma_t, 1e-7)], axis=1)
+    rgb = np.broadcast_to(np.asarray(color, np.float64), (len(idx), 3)) if colors is None else colors[idx]
+    K = (sh_degree + 1) ** 2
+    n = len(idx)
+    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32, device=device)  # noqa: E731
+    return Gaussians(
+        means=t(seeds.points[idx]),
+        log_scales=t(np.log(scales)),
+        quats=t(normal_to_quat(seeds.normals[idx])),
+        opacity_logits=t(np.full(n, math.log(opacity / (1 - opacity)))),
+        sh0=rgb_to_sh0(t(rgb)).reshape(n, 1, 3),
+        shN=torch.zeros(n, K - 1, 3, device=device),
+    )

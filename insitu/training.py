@@ -1,0 +1,196 @@
+"""Training one rank's shard against its band of the ground-truth images.
+
+Per iteration: render the shard for a batch of views (gsplat on CUDA, the torch
+reference elsewhere), composite across ranks sort-last (each rank receives its row
+band), L1 + D-SSIM on the band, backward (the compositing collectives run in reverse),
+Adam, then rank-local densification (clone / split / prune, with gsplat's
+optimizer-aware ops) and a periodic opacity reset.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.image import structural_similarity_index_measure as ssim_fn
+
+from .compositing import composite
+from .config import TrainConfig
+from .gaussians import Gaussians
+from .rendering import rasterize
+from .views import Views
+
+PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats",
+               "opacities": "opacity_logits", "sh0": "sh0", "shN": "shN"}
+
+
+def to_params(g: Gaussians) -> dict[str, torch.nn.Parameter]:
+    """Gaussians -> the parameter dict gsplat's strategy ops work on."""
+    return {k: torch.nn.Parameter(getattr(g, v).detach().clone().contiguous()) for k, v in PARAM_NAMES.items()}
+
+
+def from_params(params: dict[str, Tensor]) -> Gaussians:
+    return Gaussians(**{v: params[k].detach() for k, v in PARAM_NAMES.items()})
+
+
+def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
+                 background: Tensor, sh_degree: int, backend: str = "auto") -> tuple[Tensor, dict]:
+    """Render this rank's shard for views ``ids`` and composite across ranks.
+
+    params: the shard (gsplat names, pre-activation).
+    order:  [N_views, P] visibility keys of every rank for every view.
+    Returns ``pred [B, h_band, W, 3]`` (this rank's row band, background applied) and
+    the rasterizer's info (``means2d`` for densification).
+    """
+    colors = torch.cat([params["sh0"], params["shN"]], dim=1)
+    rgb, alpha, info = rasterize(
+        params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
+        colors, views.viewmats[ids], views.Ks[ids], views.width, views.height,
+        sh_degree=sh_degree, backend=backend)
+    if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
+        rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
+    rgba = composite(rgb, alpha, order[ids.to(order.device)], comm)
+    return rgba[..., :3] + (1.0 - rgba[..., 3:]) * background, info
+
+
+def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, band_fraction: float) -> Tensor:
+    """(1 - w) L1 + w (1 - SSIM) over the band, scaled so that the ranks' losses sum to the image loss.
+
+    pred, gt: [B, h, W, 3].
+    """
+    l1 = (pred - gt).abs().mean()
+    if ssim_weight > 0 and min(pred.shape[1:3]) >= 11:
+        ssim = ssim_fn(pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), data_range=1.0)
+        loss = (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim)
+    else:
+        loss = l1
+    return loss * band_fraction
+
+
+@dataclass
+class DensifyState:
+    grad2d: Tensor
+    count: Tensor
+
+    @staticmethod
+    def zeros(n: int, device) -> "DensifyState":
+        return DensifyState(torch.zeros(n, device=device), torch.zeros(n, device=device))
+
+
+@dataclass
+class TrainResult:
+    gaussians: Gaussians
+    iterations: int
+    seconds: float
+    history: list[dict] = field(default_factory=list)
+
+
+class Trainer:
+    """Adam over one shard, with the reference 3DGS learning rates, schedules and densification.
+
+    gaussians:    the initial shard.
+    extent:       scene extent (radius of the global bounds) that scales position learning rates.
+    box:          (lo [3], hi [3]) the means stay inside (this rank's block plus a margin).
+    max_gaussians: this rank's cap for densification.
+    """
+
+    def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
+                 max_gaussians: int, device, total_iterations: int | None = None):
+        self.cfg = cfg
+        self.extent = float(extent)
+        self.box = box
+        self.max_gaussians = int(max_gaussians)
+        self.device = device
+        self.total = total_iterations or cfg.iterations
+        self.params = to_params(gaussians.to(device))
+        self.sh_degree_max = gaussians.sh_degree
+        B = cfg.batch
+        lrs = {"means": cfg.lr_means * self.extent, "scales": cfg.lr_scales, "quats": cfg.lr_quats,
+               "opacities": cfg.lr_opacities, "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
+        betas = (0.9 ** B, 0.999 ** B)          # batched Adam: lr * sqrt(B), momentum per image kept
+        self.optimizers = {k: torch.optim.Adam([self.params[k]], lr=lr * math.sqrt(B), betas=betas, eps=1e-15)
+                           for k, lr in lrs.items()}
+        self.state = DensifyState.zeros(len(gaussians), device)
+        self.iteration = 0
+
+    def __len__(self) -> int:
+        return self.params["means"].shape[0]
+
+    @property
+    def sh_degree(self) -> int:
+        return min(self.sh_degree_max, self.iteration // self.cfg.sh_increase_every)
+
+    def gaussians(self) -> Gaussians:
+        return from_params(self.params)
+
+    def _schedule(self) -> None:
+        t = min(self.iteration / max(self.total, 1), 1.0)
+        lr0 = self.cfg.lr_means * self.extent * math.sqrt(self.cfg.batch)
+        lr1 = self.cfg.lr_means_final * self.extent * math.sqrt(self.cfg.batch)
+        for group in self.optimizers["means"].param_groups:
+            group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
+
+    def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, band_fraction: float) -> float:
+        """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band."""
+        self._schedule()
+        pred, info = render(self.params)
+        loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, band_fraction=band_fraction)
+        loss.backward()
+        self._accumulate(info)
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
+        self.iteration += 1
+        self._densify()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def _accumulate(self, info: dict) -> None:
+        m2d = info.get("means2d")
+        if m2d is None or m2d.grad is None or len(self) == 0:
+            return
+        grads = m2d.grad.clone()                        # [C, N, 2] pixels
+        grads[..., 0] *= info["width"] / 2.0 * grads.shape[0]
+        grads[..., 1] *= info["height"] / 2.0 * grads.shape[0]
+        visible = info["radii"] > 0                     # [C, N]
+        ids = torch.where(visible)[1]
+        self.state.grad2d.index_add_(0, ids, grads[visible].norm(dim=-1))
+        self.state.count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+
+    @torch.no_grad()
+    def _densify(self) -> None:
+        from gsplat.strategy.ops import duplicate, remove, reset_opa, split
+
+        cfg, it = self.cfg, self.iteration
+        state = {"grad2d": self.state.grad2d, "count": self.state.count}
+        if cfg.densify_from < it <= cfg.densify_until and it % cfg.densify_every == 0 and len(self):
+            grads = state["grad2d"] / state["count"].clamp_min(1)
+            big = torch.exp(self.params["scales"]).max(dim=-1).values > 0.01 * self.extent
+            high = grads > cfg.grad_threshold
+            room = max(self.max_gaussians - len(self), 0)
+            clone, grow = high & ~big, high & big
+            if int(clone.sum() + grow.sum()) > room:    # keep the cap: grow the strongest first
+                keep = torch.zeros_like(high)
+                top = torch.topk(torch.where(high, grads, -1.0), k=room).indices if room else grads[:0].long()
+                keep[top] = True
+                clone, grow = clone & keep, grow & keep
+            if clone.any():
+                duplicate(self.params, self.optimizers, state, clone)
+                grow = torch.cat([grow, torch.zeros(int(clone.sum()), dtype=torch.bool, device=grow.device)])
+            if grow.any():
+                split(self.params, self.optimizers, state, grow)
+            low = torch.sigmoid(self.params["opacities"]) < cfg.prune_opacity
+            if it > cfg.opacity_reset_every:
+                low |= torch.exp(self.params["scales"]).max(dim=-1).values > 0.1 * self.extent
+            if low.any() and int(low.sum()) < len(self):
+                remove(self.params, self.optimizers, state, low)
+            state["grad2d"].zero_()
+            state["count"].zero_()
+        if cfg.opacity_reset_every and it % cfg.opacity_reset_every == 0 and it <= cfg.densify_until:
+            reset_opa(self.params, self.optimizers, state, value=cfg.prune_opacity * 2.0)
+        self.state = DensifyState(state["grad2d"], state["count"])

@@ -1,0 +1,145 @@
+"""Fields on uniform grids: the block a rank holds, raw volume files, input checks.
+
+Arrays are C-ordered ``[nz, ny, nx]`` (x varies fastest, as in the Open SciVis raw
+files and in most simulations); world coordinates are ``(x, y, z)``:
+``world = origin + spacing * (i, j, k)`` for ``data[k, j, i]``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """The field or file given as input cannot be used; the message says why."""
+
+
+@dataclass
+class Block:
+    """One rank's piece of a global 3D scalar field, with its ghost layers.
+
+    data:         [nz, ny, nx] samples, ghost layers included.
+    start:        global index (i, j, k) = (x, y, z) of ``data[0, 0, 0]``.
+    global_shape: global number of samples (nx, ny, nz).
+    owned_lo/hi:  global sample indices (x, y, z) of the cells this rank owns:
+                  cells ``owned_lo <= c < owned_hi``, i.e. the box between those samples.
+    origin:       world (x, y, z) of the global sample (0, 0, 0).
+    spacing:      world size of one cell (dx, dy, dz).
+    fields:       other fields on the same samples (e.g. a colour field), name -> array.
+    """
+
+    data: np.ndarray
+    start: tuple[int, int, int]
+    global_shape: tuple[int, int, int]
+    owned_lo: tuple[int, int, int]
+    owned_hi: tuple[int, int, int]
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def shape_xyz(self) -> tuple[int, int, int]:
+        nz, ny, nx = self.data.shape
+        return (nx, ny, nz)
+
+    def index_to_world(self, ijk: np.ndarray) -> np.ndarray:
+        """Global sample index (x, y, z) -> world coordinates; works on [..., 3] arrays."""
+        return np.asarray(self.origin) + np.asarray(self.spacing) * np.asarray(ijk, dtype=np.float64)
+
+    @property
+    def box(self) -> tuple[np.ndarray, np.ndarray]:
+        """World bounds (lo, hi) of the owned cells."""
+        return self.index_to_world(self.owned_lo), self.index_to_world(self.owned_hi)
+
+    @property
+    def data_box(self) -> tuple[np.ndarray, np.ndarray]:
+        """World bounds (lo, hi) of all samples held, ghosts included."""
+        lo = np.asarray(self.start)
+        return self.index_to_world(lo), self.index_to_world(lo + np.asarray(self.shape_xyz) - 1)
+
+    @property
+    def global_box(self) -> tuple[np.ndarray, np.ndarray]:
+        """World bounds (lo, hi) of the whole domain."""
+        return self.index_to_world((0, 0, 0)), self.index_to_world(np.asarray(self.global_shape) - 1)
+
+    @property
+    def is_whole(self) -> bool:
+        return tuple(self.shape_xyz) == tuple(self.global_shape)
+
+
+def check_field(array: np.ndarray, name: str = "field") -> np.ndarray:
+    """Validate a 3D scalar field: 3 dimensions, at least 2 samples per axis, finite."""
+    array = np.asarray(array)
+    if array.ndim != 3:
+        raise InputError(f"{name}: expected a 3D array [nz, ny, nx], got {array.ndim}D with shape {array.shape}")
+    if min(array.shape) < 2:
+        raise InputError(f"{name}: expected at least 2 samples along each axis, got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
+        raise InputError(f"{name}: expected a real numeric array, got dtype {array.dtype}")
+    if np.issubdtype(array.dtype, np.floating):
+        bad = ~np.isfinite(array)
+        if bad.any():
+            k, j, i = np.argwhere(bad)[0]
+            raise InputError(f"{name}: contains {int(bad.sum())} NaN/Inf value(s), "
+                             f"first at (x={i}, y={j}, z={k}) = {array[k, j, i]}")
+    return array
+
+
+def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
+                fields: dict[str, np.ndarray] | None = None, name: str = "field") -> Block:
+    """A Block that holds the whole domain (single rank, no ghosts)."""
+    array = check_field(array, name)
+    nz, ny, nx = array.shape
+    for key, other in (fields or {}).items():
+        if np.shape(other) != array.shape:
+            raise InputError(f"{key}: expected the shape of {name} {array.shape}, got {np.shape(other)}")
+    if len(origin) != 3 or len(spacing) != 3 or min(spacing) <= 0:
+        raise InputError(f"origin/spacing: expected 3 values each and spacing > 0, got {origin}, {spacing}")
+    return Block(array, (0, 0, 0), (nx, ny, nz), (0, 0, 0), (nx - 1, ny - 1, nz - 1),
+                 tuple(map(float, origin)), tuple(map(float, spacing)), dict(fields or {}))
+
+
+_RAW_NAME = re.compile(r"(?P<name>.+?)_(?P<x>\d+)x(?P<y>\d+)x(?P<z>\d+)_(?P<dtype>u?int\d+|float\d+)\.raw$")
+
+
+def parse_raw_name(path: str | Path) -> tuple[tuple[int, int, int], np.dtype] | None:
+    """``NAME_XxYxZ_DTYPE.raw`` -> ((x, y, z), dtype), or None if the name does not follow it."""
+    m = _RAW_NAME.match(Path(path).name)
+    if not m:
+        return None
+    return (int(m["x"]), int(m["y"]), int(m["z"])), np.dtype(m["dtype"])
+
+
+def read_raw(path: str | Path, dims: tuple[int, int, int] | None = None,
+             dtype: str | np.dtype | None = None) -> np.ndarray:
+    """Read a raw volume as [nz, ny, nx]; dims (x, y, z) and dtype default to those in its name."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    parsed = parse_raw_name(path)
+    if dims is None or dtype is None:
+        if parsed is None:
+            raise InputError(f"{path.name}: dims and dtype are not in the name (expected NAME_XxYxZ_uint8.raw); "
+                             "give them with --dims X Y Z and --dtype")
+        dims = dims or parsed[0]
+        dtype = dtype or parsed[1]
+    dtype = np.dtype(dtype)
+    nx, ny, nz = (int(d) for d in dims)
+    expected = nx * ny * nz * dtype.itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise InputError(f"{path.name}: file has {size} bytes, expected {expected} "
+                         f"for {nx}x{ny}x{nz} {dtype} ({nx}*{ny}*{nz}*{dtype.itemsize})")
+    return np.fromfile(path, dtype=dtype).reshape(nz, ny, nx)
+
+
+def downsample(array: np.ndarray, factor: int) -> np.ndarray:
+    """Box-filter downsampling by an integer factor per axis (trailing samples dropped)."""
+    if factor == 1:
+        return array
+    nz, ny, nx = (s // factor * factor for s in array.shape)
+    a = np.asarray(array[:nz, :ny, :nx], dtype=np.float32)
+    return a.reshape(nz // factor, factor, ny // factor, factor, nx // factor, factor).mean(axis=(1, 3, 5))
