@@ -1,0 +1,216 @@
+"""Image quality of rendered views against their ground truth: PSNR, SSIM and, when possible, LPIPS.
+
+The settings are those of the 3DGS evaluation: PSNR with a data range of 1, SSIM with an
+11x11 Gaussian window of sigma 1.5, LPIPS with the VGG backbone; every metric is computed per
+view and averaged over views.
+
+    pred: [C, H, W, 3]  rendered views, channels last, values in [0, 1] (clamped to it)
+    gt:   [C, H, W, 3]  ground-truth views, same shape
+
+PSNR of a view that equals its ground truth exactly is ``inf`` (what torchmetrics returns; no
+cap is applied, so a mean that contains such a view is ``inf`` too).
+
+LPIPS needs the ImageNet-pretrained VGG16 backbone of torchvision, which torchvision downloads
+on first use. Nothing is ever downloaded here: LPIPS is computed only when torchvision is
+installed and the backbone weights are already in the torch hub cache
+(``$TORCH_HOME/hub/checkpoints``); otherwise it is reported as unavailable (``None``).
+Evaluation runs view by view to bound memory: :class:`QualityAccumulator` takes batches of
+views and gives the mean.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+SSIM_KERNEL = 11
+SSIM_SIGMA = 1.5
+LPIPS_NET = "vgg"
+# torchmetrics' LPIPS backbone name -> the torchvision weights enum it loads (pretrained=True).
+_TORCHVISION_WEIGHTS = {"vgg": "VGG16_Weights", "alex": "AlexNet_Weights", "squeeze": "SqueezeNet1_1_Weights"}
+
+
+@dataclass
+class Quality:
+    """Mean image quality over ``views`` views; ``lpips`` is None when LPIPS is unavailable."""
+
+    psnr: float
+    ssim: float
+    lpips: float | None
+    views: int
+
+
+@dataclass
+class LpipsAvailability:
+    """Whether LPIPS can be computed without a download, and why not when it cannot."""
+
+    available: bool
+    reason: str
+    weights: Path | None = None     # the backbone checkpoint that is (or would be) loaded
+
+
+def lpips_availability(net: str = LPIPS_NET, *, hub_dir: str | Path | None = None) -> LpipsAvailability:
+    """Decide, without any network access, whether LPIPS with backbone ``net`` can be computed.
+
+    It can when torchvision is importable, torchmetrics ships the LPIPS linear layers for
+    ``net``, and the torchvision backbone checkpoint is already in ``hub_dir/checkpoints``
+    (default: ``torch.hub.get_dir()``), the file torchvision would otherwise download.
+    """
+    if net not in _TORCHVISION_WEIGHTS:
+        raise ValueError(f"LPIPS net must be one of {sorted(_TORCHVISION_WEIGHTS)}, got {net!r}")
+    if importlib.util.find_spec("torchvision") is None:
+        return LpipsAvailability(False, "torchvision is not installed")
+    try:
+        models = importlib.import_module("torchvision.models")
+        url = getattr(models, _TORCHVISION_WEIGHTS[net]).DEFAULT.url
+    except Exception as e:  # a broken torchvision install: LPIPS cannot run, the rest can
+        return LpipsAvailability(False, f"torchvision cannot be used: {type(e).__name__}: {e}")
+    hub = Path(hub_dir) if hub_dir is not None else Path(torch.hub.get_dir())
+    weights = hub / "checkpoints" / os.path.basename(urlparse(url).path)
+    if not weights.is_file():
+        return LpipsAvailability(False, f"backbone weights not found at {weights} (no download is attempted)", weights)
+    lin = importlib.util.find_spec("torchmetrics.functional.image.lpips")
+    lin_path = Path(lin.origin).parent / "lpips_models" / f"{net}.pth" if lin and lin.origin else None
+    if lin_path is None or not lin_path.is_file():
+        return LpipsAvailability(False, f"torchmetrics has no LPIPS linear layers for {net!r}", weights)
+    return LpipsAvailability(True, "ok", weights)
+
+
+_LPIPS_LOCK = threading.Lock()
+_LPIPS_MODELS: dict[tuple[str, str], torch.nn.Module] = {}
+
+
+def _lpips_model(net: str, device: torch.device) -> torch.nn.Module:
+    """The torchmetrics LPIPS metric for ``net`` on ``device``, built once per process."""
+    key = (net, str(device))
+    if key not in _LPIPS_MODELS:
+        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+        _LPIPS_MODELS[key] = LearnedPerceptualImagePatchSimilarity(
+            net_type=net, normalize=True, reduction="sum"
+        ).to(device)
+    return _LPIPS_MODELS[key]
+
+
+def _check_pair(pred: Tensor, gt: Tensor) -> None:
+    for name, t in (("pred", pred), ("gt", gt)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor [C, H, W, 3], got {type(t).__name__}")
+        if t.ndim != 4 or t.shape[-1] != 3:
+            raise ValueError(f"{name} must have shape [C, H, W, 3] (channels last), got {list(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a float tensor with values in [0, 1], got dtype {t.dtype}")
+    if pred.shape != gt.shape:
+        raise ValueError(f"pred and gt must have the same shape, got {list(pred.shape)} and {list(gt.shape)}")
+
+
+def _channels_first(x: Tensor) -> Tensor:
+    return x.detach().float().clamp(0.0, 1.0).permute(0, 3, 1, 2).contiguous()
+
+
+def _per_view_psnr(pred: Tensor, gt: Tensor) -> Tensor:
+    """[C, 3, H, W] pair -> [C] PSNR of each view."""
+    return peak_signal_noise_ratio(pred, gt, data_range=1.0, reduction="none", dim=(1, 2, 3))
+
+
+def _per_view_ssim(pred: Tensor, gt: Tensor) -> Tensor:
+    """[C, 3, H, W] pair -> [C] SSIM of each view."""
+    return structural_similarity_index_measure(
+        pred, gt, gaussian_kernel=True, sigma=SSIM_SIGMA, kernel_size=SSIM_KERNEL, data_range=1.0, reduction="none"
+    )
+
+
+class QualityAccumulator:
+    """Adds batches of views and gives the mean quality over all views added.
+
+    lpips: ``"auto"`` computes LPIPS when :func:`lpips_availability` says it can, else reports None;
+           ``True`` requires it (raises when unavailable); ``False`` never computes it.
+    """
+
+    def __init__(self, *, lpips: bool | str = "auto", net: str = LPIPS_NET) -> None:
+        if lpips not in (True, False, "auto"):
+            raise ValueError(f"lpips must be True, False or 'auto', got {lpips!r}")
+        self.net = net
+        self.lpips_status = (
+            lpips_availability(net) if lpips is not False else LpipsAvailability(False, "disabled")
+        )
+        if lpips is True and not self.lpips_status.available:
+            raise RuntimeError(f"LPIPS was required but is unavailable: {self.lpips_status.reason}")
+        self._use_lpips = self.lpips_status.available
+        self._required = lpips is True
+        self._psnr = 0.0
+        self._ssim = 0.0
+        self._lpips = 0.0
+        self.views = 0
+
+    def add(self, pred: Tensor, gt: Tensor) -> None:
+        """Add views ``pred: [C, H, W, 3]`` rendered and ``gt: [C, H, W, 3]`` ground truth, in [0, 1]."""
+        _check_pair(pred, gt)
+        if pred.shape[0] == 0:
+            return
+        p, g = _channels_first(pred), _channels_first(gt)
+        psnr_sum = float(_per_view_psnr(p, g).sum())
+        ssim_sum = float(_per_view_ssim(p, g).sum())
+        lpips_sum = self._lpips_sum(p, g) if self._use_lpips else 0.0
+        self._psnr += psnr_sum
+        self._ssim += ssim_sum
+        self._lpips += lpips_sum
+        self.views += p.shape[0]
+
+    def _lpips_sum(self, p: Tensor, g: Tensor) -> float:
+        try:
+            with _LPIPS_LOCK, torch.no_grad():
+                metric = _lpips_model(self.net, p.device)
+                metric.reset()
+                metric.update(p, g)
+                return float(metric.compute())
+        except Exception as e:
+            if self._required:
+                raise
+            # The weights were found but could not be used (e.g. a truncated checkpoint):
+            # report LPIPS as unavailable for this evaluation rather than failing it.
+            warnings.warn(f"LPIPS disabled: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+            self._use_lpips = False
+            self.lpips_status = LpipsAvailability(False, f"failed to run: {e}", self.lpips_status.weights)
+            return 0.0
+
+    def mean(self) -> Quality:
+        """Mean over all views added (NaN metrics when none were added)."""
+        if self.views == 0:
+            nan = float("nan")
+            return Quality(nan, nan, nan if self._use_lpips else None, 0)
+        n = self.views
+        return Quality(self._psnr / n, self._ssim / n, self._lpips / n if self._use_lpips else None, n)
+
+
+def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Quality:
+    """Mean PSNR, SSIM and LPIPS over views.
+
+    pred: [C, H, W, 3] rendered views in [0, 1]; gt: [C, H, W, 3] ground truth.
+    lpips: ``"auto"`` (when the weights are present locally), ``True`` (required) or ``False``.
+    """
+    acc = QualityAccumulator(lpips=lpips)
+    acc.add(pred, gt)
+    return acc.mean()
+
+
+def psnr(pred: Tensor, gt: Tensor) -> float:
+    """Mean per-view PSNR (dB, data range 1) of ``pred: [C, H, W, 3]`` against ``gt: [C, H, W, 3]``.
+
+    A single view ``[H, W, 3]`` is accepted too. Identical images give ``inf``.
+    """
+    if isinstance(pred, Tensor) and pred.ndim == 3:
+        pred = pred[None]
+    if isinstance(gt, Tensor) and gt.ndim == 3:
+        gt = gt[None]
+    _check_pair(pred, gt)
+    return float(_per_view_psnr(_channels_first(pred), _channels_first(gt)).mean())
