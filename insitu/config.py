@@ -164,6 +164,11 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):              # YAML 1.1 reads "1e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
     if hint is str:
         if isinstance(value, str):
@@ -251,8 +256,12 @@ def merge(base: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML file (optional), apply dotted overrides, validate."""
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                defaults: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (optional), apply dotted overrides, validate.
+
+    Precedence: ``overrides`` > the file > ``defaults`` (dotted, e.g. a command's own) > built-in defaults.
+    """
     import yaml
 
     values: dict[str, Any] = {}
@@ -266,7 +275,13 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(values).__name__}")
-    return from_dict(merge(values, overrides or {}))
+    base = merge({}, defaults or {})
+    for section, sub in values.items():
+        if isinstance(sub, dict) and isinstance(base.get(section), dict):
+            base[section] = {**base[section], **sub}
+        else:
+            base[section] = sub
+    return from_dict(merge(base, overrides or {}))
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -276,4 +291,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or "." not in key:
         raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.iterations=500")
-    return key.strip(), yaml.safe_load(raw)
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):                  # YAML 1.1 reads "1e-4" as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value

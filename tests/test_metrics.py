@@ -79,7 +79,7 @@ def test_accumulator_equals_whole_batch(empty_hub):
     acc = QualityAccumulator()
     for i in range(5):
         acc.add(pred[i : i + 1], gt[i : i + 1])
-    part = acc.mean()
+    part = acc.result()
     assert part.views == 5
     assert part.psnr == pytest.approx(whole.psnr, rel=1e-5)
     assert part.ssim == pytest.approx(whole.ssim, rel=1e-5)
@@ -87,7 +87,7 @@ def test_accumulator_equals_whole_batch(empty_hub):
 
 
 def test_accumulator_empty_gives_nan():
-    q = QualityAccumulator(lpips=False).mean()
+    q = QualityAccumulator(lpips=False).result()
     assert q.views == 0 and math.isnan(q.psnr) and math.isnan(q.ssim) and q.lpips is None
 
 
@@ -149,7 +149,7 @@ def test_lpips_unusable_weights_fall_back_to_none(fake_torchvision, empty_hub, m
     assert acc.lpips_status.available
     with pytest.warns(RuntimeWarning, match="LPIPS disabled"):
         acc.add(x, x)
-    q = acc.mean()
+    q = acc.result()
     assert q.lpips is None and q.ssim == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(RuntimeError, match="cannot load backbone"):
         image_quality(x, x, lpips=True)
@@ -178,5 +178,5 @@ def test_lpips_value_used_when_available(fake_torchvision, empty_hub, monkeypatc
     acc = QualityAccumulator()
     acc.add(pred[:2], gt[:2])
     acc.add(pred[2:], gt[2:])
-    assert acc.mean().lpips == pytest.approx(0.3, rel=1e-6)
-    assert isinstance(acc.mean(), Quality)
+    assert acc.result().lpips == pytest.approx(0.3, rel=1e-6)
+    assert isinstance(acc.result(), Quality)

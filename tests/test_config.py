@@ -1,0 +1,50 @@
+import pytest
+
+from insitu.config import ConfigError, load_config, parse_override
+
+
+def test_defaults_are_valid():
+    cfg = load_config()
+    assert cfg.views.count == 448 and cfg.input.iso == [0.25]
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("input:\n  var: V\n  iso: 0.3\ntrain:\n  iterations: 50\n")
+    cfg = load_config(f, {"train.iterations": 7, "views.resolution": 32})
+    assert cfg.input.var == "V" and cfg.input.iso == [0.3]
+    assert cfg.train.iterations == 7 and cfg.views.resolution == 32
+
+
+def test_defaults_sit_under_the_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("views:\n  count: 12\n")
+    cfg = load_config(f, {}, defaults={"views.count": 5, "views.resolution": 40})
+    assert cfg.views.count == 12 and cfg.views.resolution == 40
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train:\n  iteratons: 5\n", "unknown key(s) iteratons"),
+    ("trian:\n  iterations: 5\n", "unknown section(s) trian"),
+    ("train:\n  iterations: many\n", "train.iterations: expected an integer, got str 'many'"),
+    ("views:\n  resolution: 0\n", "views.resolution: expected a value > 0, got 0"),
+    ("views:\n  count: -3\n", "views.count: expected a value > 0, got -3"),
+    ("train:\n  backend: vulkan\n", "train.backend: expected one of auto, gsplat, torch, got 'vulkan'"),
+    ("input:\n  iso: []\n", "input.iso: expected at least one iso value"),
+    ("train:\n  progress: 3\n", "expected true or false"),
+    ("- a\n- b\n", "expected a mapping of sections"),
+])
+def test_bad_config_names_the_problem(tmp_path, text, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert message in str(e.value)
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
+        parse_override("iterations=5")
+    assert parse_override("train.lr_means=1e-4") == ("train.lr_means", 1e-4)

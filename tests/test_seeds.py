@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+import torch
+
+from insitu.decomposition import cut_block
+from insitu.seeds import extract_seeds, init_gaussians, normal_to_quat
+from insitu.volume import whole_block
+
+
+def sphere_field(n=24, r=7.0, shape=None):
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
+    c = (n - 1) / 2
+    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
+
+
+def test_sphere_area_and_positions():
+    f = sphere_field()
+    s = extract_seeds(whole_block(f, origin=(1, 2, 3), spacing=(0.5, 0.5, 0.5)), 7.0)
+    r = 7.0 * 0.5
+    c = np.array([1, 2, 3]) + 0.5 * 11.5
+    np.testing.assert_allclose(np.linalg.norm(s.points - c, axis=1), r, atol=0.02)
+    assert abs(s.total_area - 4 * np.pi * r * r) / (4 * np.pi * r * r) < 0.02
+    radial = (s.points - c) / r
+    assert np.abs(np.abs((radial * s.normals).sum(1)) - 1).max() < 0.05
+
+
+def test_no_surface_gives_no_seeds():
+    s = extract_seeds(whole_block(sphere_field()), 100.0)
+    assert len(s) == 0 and s.total_area == 0.0
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_union_of_rank_surfaces_is_the_single_rank_surface(size):
+    f = sphere_field(n=20, r=6.3)
+    whole = extract_seeds(whole_block(f), 6.3)
+
+    def triangles(s):
+        return sorted(tuple(sorted(map(tuple, t))) for t in np.round(s.points[s.faces], 5).tolist())
+
+    parts = [extract_seeds(cut_block(f, r, size), 6.3) for r in range(size)]
+    union = sorted(sum((triangles(p) for p in parts), []))
+    assert union == triangles(whole)
+    assert abs(sum(p.total_area for p in parts) - whole.total_area) < 1e-3
+
+
+def test_normal_to_quat_rotates_z_onto_the_normal():
+    from gsplat.utils import normalized_quat_to_rotmat
+
+    n = np.random.default_rng(1).normal(size=(50, 3))
+    n = np.concatenate([n / np.linalg.norm(n, axis=1, keepdims=True), [[0, 0, 1], [0, 0, -1]]])
+    R = normalized_quat_to_rotmat(torch.tensor(normal_to_quat(n), dtype=torch.float64))
+    np.testing.assert_allclose(R[:, :, 2].numpy(), n, atol=1e-9)
+
+
+def test_budget_and_disc_shape():
+    s = extract_seeds(whole_block(sphere_field()), 7.0)
+    g = init_gaussians(s, 100, opacity=0.6, thickness=0.1, sh_degree=2)
+    assert len(g) == 100 and g.shN.shape == (100, 8, 3)
+    sc = g.scales
+    assert torch.allclose(sc[:, 2], 0.1 * sc[:, 0], rtol=1e-5)
+    # discs of the subsampled surface together cover about its area
+    assert 0.5 < float((np.pi * sc[:, 0] ** 2).sum()) / s.total_area < 3
+    assert torch.allclose(g.opacities, torch.full((100,), 0.6), atol=1e-6)
+    full = init_gaussians(s, 10 ** 9)
+    assert len(full) == len(s)
+    with pytest.raises(ValueError, match="opacity"):
+        init_gaussians(s, 10, opacity=1.5)
