@@ -1,0 +1,434 @@
+"""Link the pipeline into a running simulation: ``Adaptor(comm, config).execute(step, time, fields, ...)``.
+
+The simulation keeps its own MPI decomposition. Every ``execute()`` builds this rank's
+Block (one collective halo exchange on the adaptor's own communicator), copies the
+fields it needs and either trains the step at once (``insitu.mode: sync``) or hands it
+to one worker thread per rank and returns (``insitu.mode: background``)::
+
+    with Adaptor(MPI.COMM_WORLD, "gs.yaml") as adaptor:
+        for step in range(n):
+            sim.advance()
+            adaptor.execute(step, sim.time, {"U": sim.u, "V": sim.v},
+                            global_shape=(nx, ny, nz), start=(x0, y0, z0))
+
+Background mode keeps a bounded queue of steps waiting to be trained
+(``insitu.queue``). With policy ``block`` every step is trained and ``execute()``
+waits for room; with ``discard`` the newest step wins and the oldest waiting step
+is dropped. Training is collective, so every rank must train the same steps: the
+decision to drop is taken collectively (an allgather on the simulation thread while
+each rank's worker is kept from starting a new step), and only steps that no worker
+has started are ever dropped. The worker trains on its own duplicated communicator,
+so its collectives never interleave with the simulation thread's.
+
+Errors are never lost: a failure in a trained step is agreed across ranks right after
+the step and raised (as ``InsituError``, same message on every rank) from the next
+``execute()`` or from ``finalize()``. Invalid input (a missing field, wrong shapes)
+raises from the same ``execute()`` call, on every rank.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time as _time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .config import Config, ConfigError, from_dict, load_config, validate
+from .decomposition import block_from_local
+from .volume import Block, InputError
+
+# dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).
+C_DTYPES: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8), 2: np.dtype(np.int8), 3: np.dtype(np.uint16), 4: np.dtype(np.int16),
+    5: np.dtype(np.uint32), 6: np.dtype(np.int32), 7: np.dtype(np.uint64), 8: np.dtype(np.int64),
+    9: np.dtype(np.float32), 10: np.dtype(np.float64),
+}
+
+
+class InsituError(RuntimeError):
+    """A step failed on at least one rank; raised with the same message on every rank."""
+
+
+@dataclass
+class ExecuteRecord:
+    """What one ``execute()`` call cost the simulation.
+
+    seconds:      wall time spent on the caller's thread (halo exchange, copies, decision,
+                  waiting for room, and in sync mode the training itself).
+    bytes_copied: bytes of field data copied out of the simulation's arrays.
+    waited_s:     part of ``seconds`` spent waiting for room in the queue (policy block).
+    dropped:      steps that this call removed from the queue (policy discard).
+    """
+
+    step: int
+    seconds: float
+    bytes_copied: int
+    waited_s: float = 0.0
+    dropped: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TrainedRecord:
+    """One step trained by the pipeline: its wall time and the pipeline's metrics."""
+
+    step: int
+    seconds: float
+    metrics: dict[str, Any]
+
+
+@dataclass
+class AdaptorStats:
+    """Timings of an Adaptor on this rank: ``executes`` per call, ``trained`` per trained step."""
+
+    executes: list[ExecuteRecord] = field(default_factory=list)
+    trained: list[TrainedRecord] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+    @property
+    def caller_seconds(self) -> float:
+        return sum(r.seconds for r in self.executes)
+
+    @property
+    def bytes_copied(self) -> int:
+        return sum(r.bytes_copied for r in self.executes)
+
+    @property
+    def trained_steps(self) -> list[int]:
+        return [r.step for r in self.trained]
+
+
+@dataclass
+class _Item:
+    index: int          # position in the sequence of enqueued steps (same on every rank)
+    step: int
+    time: float
+    block: Block
+
+
+def _load(config: Config | dict | str | Path | None) -> Config:
+    if config is None:
+        return Config()
+    if isinstance(config, Config):
+        return validate(config)
+    if isinstance(config, dict):
+        return from_dict(config)
+    if isinstance(config, (str, Path)):
+        return load_config(config)
+    raise ConfigError(f"config: expected a Config, a dict, a YAML path or None, got {type(config).__name__}")
+
+
+def _report(what: str, messages: list[str | None]) -> str:
+    """One text for every rank: ``what``, then each distinct message with the ranks that gave it."""
+    by_text: dict[str, list[int]] = {}
+    for r, m in enumerate(messages):
+        if m:
+            by_text.setdefault(m, []).append(r)
+    n = sum(len(r) for r in by_text.values())
+    lines = [f"  rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in by_text.items()]
+    return f"{what} on {n} of {len(messages)} rank(s):\n" + "\n".join(lines)
+
+
+def _triple(name: str, value, kind=int) -> tuple:
+    try:
+        out = tuple(kind(v) for v in value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: expected 3 numbers (x, y, z), got {value!r}") from None
+    if len(out) != 3:
+        raise InputError(f"{name}: expected 3 numbers (x, y, z), got {len(out)}: {value!r}")
+    return out
+
+
+class Adaptor:
+    """In situ training of Gaussian splatting models inside a running MPI simulation.
+
+    comm:    the simulation's mpi4py communicator (every rank of it calls every method);
+             ``None`` means ``MPI.COMM_WORLD``. The adaptor works on duplicates of it.
+    config:  a Config, a nested dict of sections, a YAML path, or None (defaults).
+             An invalid config raises ConfigError on every rank.
+    process: the function that trains one step, ``process(block, cfg, comm, *, step, time,
+             warm, iterations) -> result`` with ``result.gaussians`` and ``result.metrics``;
+             collective over ``comm`` (a ``parallel.Comm``). Defaults to ``pipeline.run_step``.
+    """
+
+    def __init__(self, comm=None, config: Config | dict | str | Path | None = None, *,
+                 process: Callable[..., Any] | None = None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        comm = MPI.COMM_WORLD if comm is None else comm
+        self._sim = comm.Dup()              # the simulation thread's collectives
+        try:
+            error = None
+            try:
+                cfg = _load(config)
+            except (ConfigError, OSError) as e:
+                error = str(e)
+            self._agree([error], "invalid configuration", ConfigError)
+        except BaseException:
+            self._sim.Free()
+            raise
+        self.cfg: Config = cfg
+        self.rank = self._sim.Get_rank()
+        self.size = self._sim.Get_size()
+        if process is None:
+            from .pipeline import run_step as process
+        self._process = process
+        self.mode = cfg.insitu.mode
+        if self.mode == "background" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            warnings.warn("insitu.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
+                          f"(got thread level {MPI.Query_thread()}); training synchronously instead. "
+                          "Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
+                          "to train in the background.", RuntimeWarning, stacklevel=2)
+            self.mode = "sync"
+        from .export import StepWriter
+        from .parallel import init_comm
+
+        # the training's own duplicate of comm + torch.distributed group (the worker thread's in background mode)
+        self._work = init_comm(comm, device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s)
+        self._writer = StepWriter(cfg.output.dir)
+        self.stats = AdaptorStats()
+        self._warm = None
+        self._closed = False
+        self._failed: str | None = None     # agreed failure: every later call raises it again
+        self._worker_error: str | None = None
+        # queue state, guarded by self._cond
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._enqueued = 0                   # steps put in the queue, on every rank the same
+        self._started = 0                    # 1 + queue index of the last step the worker started
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        if self.mode == "background":
+            self._thread = threading.Thread(target=self._worker, name=f"insitu-worker-{self.rank}", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+    def execute(self, step: int, time: float, fields: dict[str, np.ndarray], global_shape, start, *,
+                origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0)) -> None:
+        """Hand one timestep to the pipeline (collective: every rank calls it for every step).
+
+        step, time:   the simulation's step number and time.
+        fields:       name -> this rank's [nz, ny, nx] C-ordered array (no ghost layers);
+                      the field ``cfg.input.var`` (and ``cfg.input.color_var`` if set) is used.
+        global_shape: (nx, ny, nz) samples of the whole grid.
+        start:        global index (x, y, z) of this rank's ``array[0, 0, 0]``.
+        origin, spacing: world position of sample (0, 0, 0) and size of one cell.
+
+        Returns once the data is copied (background) or the step is trained (sync).
+        Raises InsituError if an earlier step failed on any rank, InputError if the
+        fields are unusable on any rank.
+        """
+        self._execute(step, time, fields, global_shape, start, origin, spacing, None)
+
+    def execute_buffers(self, step: int, time: float, buffers: list[tuple[str | None, Any, int]],
+                        global_shape, start, count, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0)) -> None:
+        """``execute()`` for the C API: fields as raw buffers, viewed without a copy.
+
+        buffers: (name, buffer or None, dtype code of ``C_DTYPES``) per field; each buffer
+                 holds ``count[0] * count[1] * count[2]`` values, x fastest.
+        count:   (nx, ny, nz) samples this rank holds.
+        """
+        error = None
+        fields: dict[str, np.ndarray] = {}
+        try:
+            count = _triple("count", count)
+            for name, buf, code in buffers:
+                if not name:
+                    raise InputError("field name: expected a non-empty string, got NULL or ''")
+                if code not in C_DTYPES:
+                    raise InputError(f"field {name}: unknown dtype code {code}; expected one of "
+                                     + ", ".join(f"{k} ({v})" for k, v in C_DTYPES.items()))
+                if buf is None:
+                    raise InputError(f"field {name}: data is a NULL pointer")
+                fields[name] = np.frombuffer(buf, dtype=C_DTYPES[code]).reshape(count[::-1])
+        except (InputError, ValueError, TypeError) as e:
+            error = str(e)
+        self._execute(step, time, fields, global_shape, start, origin, spacing, error)
+
+    def finalize(self, drain: bool = True) -> None:
+        """Train the steps still waiting (``drain=False``: drop them), stop the worker, free the
+        communicators. Collective. Raises InsituError if a step failed on any rank."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._thread is not None:
+                dropped = []
+                with self._cond:
+                    if not drain:
+                        dropped = self._drop_waiting(keep=0)
+                    self._stop = True
+                    self._cond.notify_all()
+                self.stats.dropped.extend(dropped)
+                self._thread.join()
+            if self._failed is None:
+                self._raise_worker_error(self._worker_error)
+        finally:
+            from .parallel import shutdown
+
+            shutdown(self._work)
+            self._sim.Free()
+
+    def __enter__(self) -> "Adaptor":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finalize(drain=exc_type is None)
+
+    # ------------------------------------------------------------------ internals
+    def _agree(self, errors: list[str | None], what: str, kind: type[Exception]) -> None:
+        """Allgather this rank's error messages on the simulation communicator; raise on every rank
+        if any rank has one."""
+        gathered = self._sim.allgather("; ".join(e for e in errors if e) or None)
+        if any(gathered):
+            raise kind(_report(what, gathered))
+
+    def _raise_worker_error(self, error: str | None) -> None:
+        """Collective: raise the failure of a trained step on every rank (its text was agreed by
+        the workers already; a rank whose worker has not recorded it yet takes it from the others)."""
+        gathered = self._sim.allgather(error)
+        first = next((m for m in gathered if m), None)
+        if first is not None:
+            self._failed = first
+            raise InsituError(first)
+
+    def _check(self, fields, global_shape, start) -> tuple[tuple, tuple]:
+        cfg = self.cfg.input
+        if not isinstance(fields, dict):
+            raise InputError(f"fields: expected a dict name -> [nz, ny, nx] array, got {type(fields).__name__}")
+        gshape = _triple("global_shape", global_shape)
+        start = _triple("start", start)
+        wanted = [cfg.var] + ([cfg.color_var] if cfg.color_var else [])
+        shape = None
+        for name in wanted:
+            if name not in fields:
+                raise InputError(f"field {name!r} (input.{'var' if name == cfg.var else 'color_var'}) is not "
+                                 f"among the fields given: {', '.join(map(repr, fields)) or 'none'}")
+            a = fields[name]
+            if not isinstance(a, np.ndarray) or a.ndim != 3:
+                raise InputError(f"field {name!r}: expected a 3D array [nz, ny, nx], got "
+                                 f"{type(a).__name__} with shape {np.shape(a)}")
+            if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+                raise InputError(f"field {name!r}: expected a real numeric array, got dtype {a.dtype}")
+            if shape is not None and a.shape != shape:
+                raise InputError(f"field {name!r}: expected the shape of {cfg.var!r} {shape}, got {a.shape}")
+            shape = a.shape
+        count = shape[::-1]
+        if min(count) < 1 or any(s < 0 or s + c > g for s, c, g in zip(start, count, gshape)):
+            raise InputError(f"start {start} + count {count} (x, y, z): expected inside global_shape {gshape}")
+        return gshape, start
+
+    def _execute(self, step, time, fields, global_shape, start, origin, spacing, error) -> None:
+        t0 = _time.perf_counter()
+        if self._closed:
+            raise InsituError("execute() after finalize()")
+        if self._failed is not None:
+            raise InsituError(self._failed)
+        # 1. agree on errors: an earlier step's failure, or unusable input on any rank
+        gshape = start_ = None
+        if error is None:
+            try:
+                gshape, start_ = self._check(fields, global_shape, start)
+                origin = _triple("origin", origin, float)
+                spacing = _triple("spacing", spacing, float)
+            except InputError as e:
+                error = str(e)
+        with self._cond:
+            worker_error = self._worker_error
+        self._raise_worker_error(worker_error)
+        self._agree([error], f"step {step}: invalid input", InputError)
+        # 2. copy: the halo exchange builds new arrays with ghost layers (collective)
+        cfg = self.cfg.input
+        block = block_from_local(fields[cfg.var], start_, gshape, self._sim, origin, spacing)
+        nbytes = block.data.nbytes
+        if cfg.color_var:
+            color = block_from_local(fields[cfg.color_var], start_, gshape, self._sim, origin, spacing)
+            block.fields[cfg.color_var] = color.data
+            nbytes += color.data.nbytes
+        record = ExecuteRecord(step=int(step), seconds=0.0, bytes_copied=nbytes)
+        # 3. train now, or queue
+        if self.mode == "sync":
+            self._train(step, time, block)
+            if self._worker_error is not None:
+                self._failed = self._worker_error
+                record.seconds = _time.perf_counter() - t0
+                self.stats.executes.append(record)
+                raise InsituError(self._failed)
+        else:
+            self._enqueue(_Item(0, int(step), float(time), block), record)
+        record.seconds = _time.perf_counter() - t0
+        self.stats.executes.append(record)
+
+    def _drop_waiting(self, keep: int) -> list[int]:
+        """Drop the oldest steps that no worker on any rank has started, so that at most
+        ``keep`` of them remain. Collective; call with ``self._cond`` held so the worker
+        cannot start a step between the allgather and the drop."""
+        started = max(self._sim.allgather(self._started))   # index < started: running or done somewhere
+        waiting = [it for it in self._queue if it.index >= started]   # the same items on every rank
+        dropped = waiting[:max(len(waiting) - keep, 0)]
+        for it in dropped:
+            self._queue.remove(it)
+        return [it.step for it in dropped]
+
+    def _enqueue(self, item: _Item, record: ExecuteRecord) -> None:
+        capacity = self.cfg.insitu.queue
+        with self._cond:
+            if self.cfg.insitu.policy == "discard":
+                record.dropped = self._drop_waiting(keep=capacity - 1)
+                self.stats.dropped.extend(record.dropped)
+            else:
+                t = _time.perf_counter()
+                while len(self._queue) >= capacity and self._worker_error is None and self._thread.is_alive():
+                    self._cond.wait()
+                record.waited_s = _time.perf_counter() - t
+            item.index = self._enqueued
+            self._enqueued += 1
+            self._queue.append(item)
+            self._cond.notify_all()
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+                self._started = item.index + 1
+                self._cond.notify_all()
+            self._train(item.step, item.time, item.block)
+            if self._worker_error is not None:
+                with self._cond:
+                    # nothing more is trained: release everything waiting
+                    self._queue.clear()
+                    self._cond.notify_all()
+                return
+
+    def _train(self, step: int, time: float, block: Block) -> None:
+        """Train one step on the worker communicator; afterwards all ranks agree whether it
+        succeeded, so every rank stops at the same step with the same message."""
+        t0 = _time.perf_counter()
+        message = None
+        result = None
+        try:
+            warm = self._warm if self.cfg.insitu.warm_start else None
+            iterations = self.cfg.insitu.warm_iterations if warm is not None else None
+            result = self._process(block, self.cfg, self._work, step=step, time=time, writer=self._writer,
+                                   warm=warm, iterations=iterations)
+        except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost
+            message = f"step {step}: {type(e).__name__}: {e}"
+            print(f"[insitu rank {self.rank}] {traceback.format_exc()}", end="", file=sys.stderr, flush=True)
+        gathered = self._work.mpi.allgather(message)
+        if any(gathered):
+            with self._cond:
+                self._worker_error = _report(f"training step {step} failed", gathered)
+                self._cond.notify_all()
+            return
+        self._warm = result.gaussians
+        self.stats.trained.append(TrainedRecord(int(step), _time.perf_counter() - t0, dict(result.metrics)))

@@ -1,0 +1,167 @@
+"""Multi-rank scenarios for tests/test_adaptor.py: ``mpiexec -n 2 python adaptor_cases.py CASE OUTDIR``.
+
+Each rank runs a small "simulation" loop that calls the Adaptor and writes what it saw
+(trained steps, dropped steps, errors) to OUTDIR/rank<r>.json for the test to compare.
+The injected process function is collective (an allgather of the step number), so ranks
+that train different steps are caught as a mismatch instead of passing silently.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import warnings
+from time import sleep
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mpi4py  # noqa: E402
+
+if len(sys.argv) > 1 and sys.argv[1] == "thread_single":
+    mpi4py.rc.thread_level = "single"
+from mpi4py import MPI  # noqa: E402
+import numpy as np  # noqa: E402
+
+from insitu.adaptor import Adaptor, InsituError  # noqa: E402
+from insitu.config import ConfigError  # noqa: E402
+from insitu.volume import InputError  # noqa: E402
+
+GLOBAL = (12, 10, 8)           # (nx, ny, nz)
+
+
+class Result:
+    def __init__(self, gaussians, metrics):
+        self.gaussians = gaussians
+        self.metrics = metrics
+
+
+def field(step: int) -> np.ndarray:
+    """The global [nz, ny, nx] field of a step: a known function of the global index."""
+    z, y, x = np.meshgrid(*(np.arange(n, dtype=np.float32) for n in GLOBAL[::-1]), indexing="ij")
+    return x + 100 * y + 10000 * z + 1e6 * step
+
+
+def local(step: int, rank: int, size: int):
+    """This rank's slab along x (no ghosts), its start (x, y, z)."""
+    nx = GLOBAL[0]
+    lo, hi = rank * nx // size, (rank + 1) * nx // size
+    return np.ascontiguousarray(field(step)[:, :, lo:hi]), (lo, 0, 0)
+
+
+def make_process(delays: dict[int, float], fail: tuple[int, int] | None = None, log: list | None = None):
+    """A collective stand-in for pipeline.run_step that checks its block and records calls."""
+
+    def process(block, cfg, comm, *, step, time, writer, warm, iterations):
+        rank = comm.rank
+        steps = comm.mpi.allgather(step)
+        if len(set(steps)) != 1:
+            raise AssertionError(f"ranks train different steps: {steps}")
+        sleep(delays.get(rank, 0.0))
+        # the block holds a copy of the step's field, ghosts included
+        s, c = block.start, block.shape_xyz
+        expected = field(step)[s[2]:s[2] + c[2], s[1]:s[1] + c[1], s[0]:s[0] + c[0]]
+        if not np.array_equal(block.data, expected):
+            raise AssertionError(f"step {step}: block data differs from the field the simulation passed")
+        if fail is not None and (step, rank) == fail:
+            raise ValueError(f"boom at step {step}")
+        if log is not None:
+            log.append({"step": step, "thread": threading.current_thread().name,
+                        "warm": warm, "iterations": iterations})
+        return Result(gaussians=step, metrics={"step": step})
+
+    return process
+
+
+def simulate(adaptor: Adaptor, steps: int, rank: int, size: int, pause: float = 0.0, jitter: float = 0.0) -> list:
+    rng = random.Random(rank)
+    errors = []
+    for step in range(steps):
+        u, start = local(step, rank, size)
+        try:
+            adaptor.execute(step, 0.1 * step, {"U": u, "V": -u}, GLOBAL, start)
+        except (InsituError, InputError) as e:
+            errors.append({"step": step, "type": type(e).__name__, "message": str(e)})
+            break
+        u.fill(-1.0)                    # the simulation reuses its array at once
+        sleep(pause + jitter * rng.random())
+    return errors
+
+
+def main() -> None:
+    case, out = sys.argv[1], Path(sys.argv[2])
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    base = {"parallel": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(out / "out")}}
+    record: dict = {"rank": rank}
+    log: list = []
+
+    def config(**insitu):
+        return {**base, "insitu": {"warm_iterations": 7, **insitu}}
+
+    if case == "discard":
+        ad = Adaptor(comm, config(policy="discard", queue=1),
+                     process=make_process({0: 0.02, 1: 0.15}, log=log))
+        record["errors"] = simulate(ad, 30, rank, size, pause=0.01, jitter=0.03)
+        ad.finalize()
+    elif case == "block":
+        ad = Adaptor(comm, config(policy="block", queue=2), process=make_process({1: 0.1}, log=log))
+        record["errors"] = simulate(ad, 8, rank, size)
+        ad.finalize()
+    elif case == "drain_false":
+        ad = Adaptor(comm, config(policy="block", queue=3), process=make_process({0: 0.2, 1: 0.3}, log=log))
+        record["errors"] = simulate(ad, 5, rank, size)
+        ad.finalize(drain=False)
+    elif case == "worker_error":
+        ad = Adaptor(comm, config(policy="block", queue=1), process=make_process({}, fail=(2, 1), log=log))
+        record["errors"] = simulate(ad, 12, rank, size, pause=0.1)
+        ad.finalize()                   # already reported: does not raise again, does not hang
+    elif case == "error_at_finalize":
+        ad = Adaptor(comm, config(policy="block", queue=1), process=make_process({}, fail=(3, 0), log=log))
+        record["errors"] = simulate(ad, 4, rank, size)
+        try:
+            ad.finalize()
+        except InsituError as e:
+            record["finalize_error"] = str(e)
+    elif case in ("sync", "thread_single"):
+        cfg = config(policy="block") if case == "thread_single" else config(mode="sync")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ad = Adaptor(comm, cfg, process=make_process({}, fail=(3, 1), log=log))
+        record["warnings"] = [str(w.message) for w in caught]
+        record["mode"] = ad.mode
+        record["errors"] = simulate(ad, 6, rank, size)
+        ad.finalize()
+    elif case == "missing_field":
+        # rank 1 names its field differently: both ranks must raise from the same call
+        ad = Adaptor(comm, config(mode="sync"), process=make_process({}, log=log))
+        u, start = local(0, rank, size)
+        try:
+            ad.execute(0, 0.0, {"U" if rank == 0 else "u": u}, GLOBAL, start)
+        except InputError as e:
+            record["errors"] = [{"type": "InputError", "message": str(e)}]
+        ad.finalize()
+    elif case == "bad_config":
+        path = out / ("missing.yaml" if rank == 1 else "good.yaml")
+        if rank == 0:
+            path.write_text("insitu:\n  mode: sync\n")
+        comm.Barrier()
+        try:
+            Adaptor(comm, path, process=make_process({}))
+            record["errors"] = []
+        except ConfigError as e:
+            record["errors"] = [{"type": "ConfigError", "message": str(e)}]
+    else:
+        raise SystemExit(f"unknown case {case!r}")
+    if "ad" in locals():
+        st = ad.stats
+        record.update(trained=st.trained_steps, dropped=st.dropped,
+                      waited=[r.waited_s for r in st.executes], executes=len(st.executes),
+                      bytes=[r.bytes_copied for r in st.executes], seconds=[r.seconds for r in st.executes])
+    record["log"] = log
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
