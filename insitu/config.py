@@ -36,6 +36,7 @@ class SeedConfig:
     budget: int = 200_000               # global number of Gaussians at initialisation
     thickness: float = 0.1              # disc thickness, as a fraction of its radius
     opacity: float = 0.5
+    fill: bool = False                  # sample points on the triangles up to the budget
 
 
 @dataclass

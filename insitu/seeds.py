@@ -103,9 +103,31 @@ def normal_to_quat(normals: np.ndarray) -> np.ndarray:
     return q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
+def sample_surface(seeds: Seeds, count: int, seed: int = 0) -> Seeds:
+    """``count`` points drawn uniformly (by area) on the triangles, normals interpolated.
+
+    Each returned point stands for ``total_area / count``; faces are dropped.
+    """
+    if count <= 0 or len(seeds.faces) == 0:
+        return Seeds.empty()
+    rng = np.random.default_rng(seed)
+    tri = seeds.points[seeds.faces].astype(np.float64)                      # [F, 3, 3]
+    area = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
+    f = rng.choice(len(area), size=count, p=area / area.sum())
+    u, v = rng.random(count), rng.random(count)
+    flip = u + v > 1
+    u[flip], v[flip] = 1 - u[flip], 1 - v[flip]
+    w = np.stack([1 - u - v, u, v], axis=1)[:, :, None]                     # barycentric [count, 3, 1]
+    points = (tri[f] * w).sum(1)
+    normals = (seeds.normals[seeds.faces[f]] * w).sum(1)
+    normals /= np.maximum(np.linalg.norm(normals, axis=1, keepdims=True), 1e-12)
+    return Seeds(points.astype(np.float32), normals.astype(np.float32),
+                 np.full(count, area.sum() / count, np.float32), np.zeros((0, 3), np.int64))
+
+
 def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors: np.ndarray | None = None,
                    opacity: float = 0.5, thickness: float = 0.1, sh_degree: int = 0, seed: int = 0,
-                   device=None) -> Gaussians:
+                   fill: bool = False, device=None) -> Gaussians:
     """Flat discs on the surface, at most ``budget`` of them.
 
     seeds:     the block's isosurface samples.
@@ -114,6 +136,8 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
                and each then stands for ``total_area / budget``.
     color:     [3] initial RGB, or ``colors`` [M, 3] per seed (e.g. colour-mapped second field).
     thickness: disc thickness as a fraction of its radius.
+    fill:      when the surface has fewer vertices than ``budget``, draw ``budget`` points on its
+               triangles instead (``sample_surface``), so the model starts at the budget.
     Returns a Gaussians shard with SH degree ``sh_degree`` (higher bands zero).
     """
     if budget < 0:
@@ -123,6 +147,8 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
     M = len(seeds)
     if M == 0 or budget == 0:
         return Gaussians.empty(sh_degree, device)
+    if fill and M < budget and colors is None:
+        seeds, M = sample_surface(seeds, budget, seed), budget
     areas = seeds.areas.astype(np.float64)
     if M > budget:
         rng = np.random.default_rng(seed)

@@ -65,3 +65,18 @@ def test_budget_and_disc_shape():
     assert len(full) == len(s)
     with pytest.raises(ValueError, match="opacity"):
         init_gaussians(s, 10, opacity=1.5)
+
+
+def test_fill_samples_the_surface_up_to_the_budget():
+    from insitu.seeds import sample_surface
+
+    f = sphere_field()
+    s = extract_seeds(whole_block(f), 7.0)
+    more = sample_surface(s, 5 * len(s))
+    c = np.full(3, 11.5)
+    np.testing.assert_allclose(np.linalg.norm(more.points - c, axis=1), 7.0, atol=0.05)
+    assert abs(more.total_area - s.total_area) < 1e-2 * s.total_area
+    radial = (more.points - c) / 7.0
+    assert np.abs(np.abs((radial * more.normals).sum(1)) - 1).max() < 0.05
+    assert len(init_gaussians(s, 3 * len(s), fill=True)) == 3 * len(s)
+    assert len(init_gaussians(s, 3 * len(s))) == len(s)
