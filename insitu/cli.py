@@ -1,0 +1,123 @@
+"""Command line: ``insitu demo | run | replay | stream`` (also ``python -m insitu``).
+
+Every command takes ``--config FILE`` (YAML), ``--set SECTION.KEY=VALUE`` overrides,
+the common flags below, ``--out DIR`` and ``--help``. Run under ``mpiexec -n P`` (or
+``srun``) to train on P ranks; a plain single process works too.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import Config, ConfigError, load_config, parse_override
+from .volume import InputError
+
+EPILOG = """examples:
+  insitu demo --out demo_out
+  insitu run ../shared/data/bonsai_256x256x256_uint8.raw --iso 40 --downsample 4 --out bonsai
+  mpiexec -n 2 insitu replay gs.bp --var U --iso 0.3 --out replay_out
+  insitu stream gs.bp --var U --iso 0.3 --out stream_out   (reader of a running SST writer)
+"""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration (flags override the config file)")
+    g.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    g.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
+                   help="override any config key, e.g. --set train.sh_degree=1 (repeatable)")
+    g.add_argument("--out", metavar="DIR", help="output directory (default: output.dir of the config, 'out')")
+    g.add_argument("--iso", type=float, nargs="+", metavar="V", help="iso value(s)")
+    g.add_argument("--var", help="name of the field to extract isosurfaces from")
+    g.add_argument("--color-var", help="second field that colours the surface")
+    g.add_argument("--views", type=int, metavar="N", help="number of orbit views (default 448)")
+    g.add_argument("--resolution", type=int, metavar="PX", help="image width and height in pixels")
+    g.add_argument("--iterations", type=int, metavar="N", help="training iterations per step")
+    g.add_argument("--budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
+    g.add_argument("--batch", type=int, metavar="B", help="views per optimiser step")
+    g.add_argument("--psnr-target", type=float, metavar="DB", help="stop a step early at this held-out PSNR")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
+    g.add_argument("--backend", choices=["auto", "gsplat", "torch"], help="rasterizer")
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="insitu", description="Gaussian splat models of isosurfaces of (running) simulations, on many ranks.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",
+                       description="Runs the Gray-Scott mini-app in this process and trains a splat model of the "
+                                   "isosurface of V every plotgap steps, in the background.")
+    p.add_argument("--L", type=int, default=32, help="grid size of the simulation (default 32)")
+    p.add_argument("--steps", type=int, default=600, help="simulation steps (default 600)")
+    p.add_argument("--plotgap", type=int, default=300, help="analyse every this many steps (default 300)")
+    _common(p)
+
+    p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
+                       description="Train a splat model of one 3D field read from a raw or .npy file.")
+    p.add_argument("input", help="NAME_XxYxZ_DTYPE.raw (Open SciVis naming) or FILE.npy ([nz, ny, nx])")
+    p.add_argument("--dims", type=int, nargs=3, metavar=("X", "Y", "Z"), help="raw file dimensions")
+    p.add_argument("--dtype", help="raw file dtype (e.g. uint8, float32)")
+    p.add_argument("--downsample", type=int, metavar="K", help="box-filter the volume by K per axis")
+    p.add_argument("--spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"), default=(1.0, 1.0, 1.0))
+    _common(p)
+
+    p = sub.add_parser("replay", help="train on the steps of a saved ADIOS2 BP file",
+                       description="Replay an ADIOS2 BP file step by step; each rank reads only its block.")
+    p.add_argument("input", help="BP file/directory written by the simulation")
+    p.add_argument("--steps", type=int, nargs="+", metavar="S", help="only these step numbers")
+    p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
+    _common(p)
+
+    p = sub.add_parser("stream", help="train on steps as a running simulation sends them (ADIOS2 SST)",
+                       description="Connect to a simulation writing through the ADIOS2 SST engine.")
+    p.add_argument("input", help="SST stream name (the writer's file name)")
+    p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
+    p.add_argument("--timeout", type=float, metavar="S", help="give up when no step comes for S seconds")
+    _common(p)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides = dict(parse_override(s) for s in args.set)
+    flags = {
+        "input.iso": args.iso, "input.var": args.var, "input.color_var": args.color_var,
+        "views.count": args.views, "views.resolution": args.resolution, "train.iterations": args.iterations,
+        "seeds.budget": args.budget, "train.batch": args.batch, "train.psnr_target": args.psnr_target,
+        "parallel.device": args.device, "train.backend": args.backend, "output.dir": args.out,
+        "input.dims": getattr(args, "dims", None), "input.dtype": getattr(args, "dtype", None),
+        "input.downsample": getattr(args, "downsample", None), "input.steps": getattr(args, "steps", None)
+        if args.command == "replay" else None,
+        "input.every": getattr(args, "every", None), "input.timeout_s": getattr(args, "timeout", None),
+    }
+    if args.quiet:
+        flags["train.progress"] = False
+    overrides.update({k: v for k, v in flags.items() if v is not None})
+    defaults = None
+    if args.command == "demo":
+        from .demo import DEMO_DEFAULTS
+
+        defaults = DEMO_DEFAULTS
+    return load_config(args.config, overrides, defaults)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .runner import run_command
+
+    try:
+        cfg = config_from_args(args)
+        return run_command(args, cfg)
+    except (ConfigError, InputError) as e:
+        print(f"insitu: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("insitu: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""One timestep, as data flows: block -> seeds -> shard -> views -> GT bands -> train -> evaluate -> export.
+
+``run_step`` is collective: every rank of ``comm`` calls it with its own block. Nothing
+of the volume or of the Gaussians moves between ranks during training; only images
+do (sort-last compositing). Failures on one rank are agreed at phase boundaries, so
+every rank ends with the same clear error instead of waiting in a collective.
+"""
+from __future__ import annotations
+
+import math
+import time as _time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .compositing import band_rows, composite_full, gather_bands, visibility_order
+from .config import Config
+from .gaussians import Gaussians
+from .groundtruth import raycast
+from .seeds import Seeds, extract_seeds, init_gaussians
+from .training import Trainer, render_bands
+from .views import Views, orbit_views
+from .volume import Block, InputError, check_field
+
+
+@dataclass
+class StepResult:
+    """What one trained timestep leaves behind (on every rank).
+
+    gaussians: this rank's trained shard (on the training device).
+    metrics:   the step's figures (same on every rank).
+    """
+
+    gaussians: Gaussians
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Scene:
+    """Everything about one step that training and evaluation share."""
+
+    views: Views
+    order: Tensor               # [N, P] visibility keys
+    gt: Tensor                  # [N, h_band, W, 3] this rank's band of every view, background applied
+    rows: tuple[int, int]       # this rank's band of image rows
+    background: Tensor          # [3]
+
+
+def global_range(comm, array: np.ndarray) -> tuple[float, float]:
+    from mpi4py import MPI
+
+    return (comm.mpi.allreduce(float(np.min(array)), op=MPI.MIN),
+            comm.mpi.allreduce(float(np.max(array)), op=MPI.MAX))
+
+
+def block_grid(comm, block: Block) -> tuple[tuple[int, int, int], Tensor]:
+    """The Cartesian grid of blocks (dims) and every rank's block coordinates [P, 3], from their boxes."""
+    los = np.array(comm.mpi.allgather(tuple(block.owned_lo)))           # [P, 3]
+    coords = np.stack([np.searchsorted(np.unique(los[:, a]), los[:, a]) for a in range(3)], axis=1)
+    dims = tuple(int(len(np.unique(los[:, a]))) for a in range(3))
+    return dims, torch.as_tensor(coords, dtype=torch.long)
+
+
+def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
+    vmin, vmax = global_range(comm, block.data)
+    for v in iso:
+        if not vmin < v < vmax:
+            raise InputError(f"iso value {v} is outside the field's range [{vmin:g}, {vmax:g}]: no surface to extract")
+    return vmin, vmax
+
+
+def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing: float, device) -> Gaussians:
+    """Previous step's shard refit to the new surface: drop Gaussians far from it, seed where it is new."""
+    from scipy.spatial import cKDTree
+
+    fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                           thickness=cfg.seeds.thickness, sh_degree=cfg.train.sh_degree, seed=cfg.train.seed,
+                           device=device)
+    if len(warm) == 0 or len(seeds) == 0:
+        return fresh
+    old = warm.to(device)
+    near = 2.0 * spacing
+    d_old, _ = cKDTree(seeds.points).query(old.means.cpu().numpy(), distance_upper_bound=near)
+    keep = torch.as_tensor(np.isfinite(d_old), device=device)
+    old = old.select(keep)
+    if len(old) == 0:
+        return fresh
+    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=near)
+    add = torch.as_tensor(~np.isfinite(d_new), device=device)
+    return Gaussians.cat([old, fresh.select(add)])
+
+
+def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Scene:
+    """Views around the global bounds and this rank's GT band of every view (ray-cast, composited)."""
+    device = comm.device
+    lo, hi = block.global_box
+    vc = cfg.views
+    views = orbit_views(lo, hi, vc.count, vc.resolution, vc.fov_deg, vc.test_every).to(device)
+    dims, coords = block_grid(comm, block)
+    order = visibility_order(views.positions, dims, torch.as_tensor(lo, dtype=torch.float32, device=device),
+                             torch.as_tensor(hi, dtype=torch.float32, device=device), coords.to(device))
+    background = torch.tensor(vc.background, dtype=torch.float32, device=device)
+    color_range = None
+    if cfg.input.color_var:
+        if cfg.input.color_var not in block.fields:
+            raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
+                             f"{', '.join(sorted(block.fields)) or 'none'}")
+        color_range = global_range(comm, block.fields[cfg.input.color_var])
+    rows = band_rows(views.height, comm.size)[comm.rank]
+    gt = torch.empty(len(views), rows[1] - rows[0], views.width, 3, dtype=torch.float16, device=device)
+    bar = _progress(len(views), "ground truth", progress and comm.rank == 0)
+    chunk = max(1, (1 << 22) // (views.width * views.height))
+    for i in range(0, len(views), chunk):
+        ids = torch.arange(i, min(i + chunk, len(views)), device=device)
+        rgba, _ = raycast(block, views.viewmats[ids], views.Ks[ids], views.width, views.height, cfg.input.iso,
+                          color=vc.surface_color, color_field=cfg.input.color_var, color_range=color_range,
+                          colormap=vc.colormap, supersample=vc.supersample, device=device)
+        band = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm)
+        gt[ids] = (band[..., :3] + (1 - band[..., 3:]) * background).to(gt.dtype)
+        bar.update(len(ids))
+    bar.close()
+    return Scene(views, order, gt, rows, background)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+@torch.no_grad()
+def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0):
+    """Whole-image PSNR/SSIM(/LPIPS) over the held-out views; rank 0 also gets (gt, pred) of the first few."""
+    from .metrics import QualityAccumulator
+
+    acc = QualityAccumulator() if comm.rank == 0 else None
+    images = []
+    for n, i in enumerate(scene.views.test_ids.tolist()):
+        ids = torch.tensor([i], device=comm.device)
+        pred, _ = render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
+                               sh_degree=sh_degree, backend=backend)
+        full_pred = gather_bands(pred.float(), comm)
+        full_gt = gather_bands(scene.gt[ids].float(), comm)
+        if comm.rank == 0:
+            full_pred, full_gt = full_pred.clamp(0, 1), full_gt.clamp(0, 1)
+            acc.add(full_pred, full_gt)
+            if n < keep_images:
+                images.append((f"view_{i:03d}", full_gt[0].cpu(), full_pred[0].cpu()))
+    q = acc.result() if comm.rank == 0 else None
+    q = comm.mpi.bcast(q, root=0)
+    return q, images
+
+
+def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
+             warm: Gaussians | None = None, iterations: int | None = None) -> StepResult:
+    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``."""
+    t0 = _time.perf_counter()
+    device, tc = comm.device, cfg.train
+    torch.manual_seed(tc.seed + comm.rank)
+    with comm.phase("input check"):
+        check_field(block.data, cfg.input.var)
+        check_iso(comm, block, cfg.input.iso)
+    with comm.phase("seeds"):
+        seeds = extract_seeds(block, cfg.input.iso)
+    total_area = comm.mpi.allreduce(seeds.total_area)
+    share = seeds.total_area / total_area if total_area > 0 else 0.0
+    budget = int(round(cfg.seeds.budget * share))
+    spacing = float(min(block.spacing))
+    with comm.phase("initialise Gaussians"):
+        if warm is not None:
+            shard = warm_shard(warm, seeds, budget, cfg, spacing, device)
+        else:
+            shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                                   thickness=cfg.seeds.thickness, sh_degree=tc.sh_degree, seed=tc.seed + comm.rank,
+                                   fill=cfg.seeds.fill, device=device)
+    n0 = comm.mpi.allreduce(len(shard))
+    t_seed = _time.perf_counter()
+    show = tc.progress and comm.rank == 0
+    with comm.phase("ground truth"):
+        scene = make_scene(block, cfg, comm, progress=show)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_gt = _time.perf_counter()
+
+    lo, hi = block.box
+    margin = 2.0 * spacing
+    box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
+           torch.as_tensor(hi + margin, dtype=torch.float32, device=device))
+    glo, ghi = block.global_box
+    extent = 0.5 * float(np.linalg.norm(ghi - glo))
+    iters = iterations if iterations is not None else tc.iterations
+    trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=max(int(tc.max_gaussians * share), len(shard)),
+                      device=device, total_iterations=iters)
+    train_ids = scene.views.train_ids
+    generator = torch.Generator().manual_seed(tc.seed)
+    band_fraction = (scene.rows[1] - scene.rows[0]) / scene.views.height
+    history, perm, bar = [], torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
+    reached = None
+    for it in range(iters):
+        if len(perm) < tc.batch:
+            perm = train_ids[torch.randperm(len(train_ids), generator=generator)].cpu()
+        ids, perm = perm[:tc.batch].to(device), perm[tc.batch:]
+        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
+                                        sh_degree=trainer.sh_degree, backend=tc.backend)
+        loss = trainer.step(render, scene.gt[ids].float(), band_fraction)
+        if show and (it % 10 == 0 or it == iters - 1):
+            bar.set_postfix(loss=f"{loss:.4f}", gaussians=len(trainer))
+        bar.update(1)
+        if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
+            q, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
+            n_all = comm.mpi.allreduce(len(trainer))
+            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": n_all,
+                            "seconds": _time.perf_counter() - t_gt})
+            if tc.psnr_target is not None and q.psnr >= tc.psnr_target:
+                reached = it + 1
+                break
+    bar.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_train = _time.perf_counter()
+    q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend,
+                         keep_images=cfg.output.images)
+    gaussians = trainer.gaussians()
+    metrics = {
+        "step": step, "time": time, "ranks": comm.size, "device": device.type,
+        "psnr": q.psnr, "ssim": q.ssim, "lpips": q.lpips if q.lpips is not None else "unavailable",
+        "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
+        "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
+        "seeds_seconds": round(t_seed - t0, 3), "ground_truth_seconds": round(t_gt - t_seed, 3),
+        "train_seconds": round(t_train - t_gt, 3), "history": history,
+    }
+    if device.type == "cuda":
+        metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
+                                                           op=_mpi_max())
+    if writer is not None:
+        from .export import gather_gaussians
+
+        merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)
+        if comm.rank == 0:
+            writer.write(step, merged, images, metrics, cfg)
+        comm.mpi.Barrier()
+    metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
+    return StepResult(gaussians, metrics)
+
+
+def _mpi_max():
+    from mpi4py import MPI
+
+    return MPI.MAX

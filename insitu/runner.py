@@ -1,0 +1,103 @@
+"""Drive the pipeline over a source of timesteps: the body of every CLI command."""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config
+from .volume import InputError
+
+
+def say(comm, text: str) -> None:
+    if comm is None or comm.rank == 0:
+        print(text, flush=True)
+
+
+def summary(metrics: dict, out: Path) -> str:
+    return (f"step {metrics['step']}: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
+            f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
+            f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
+            f"-> {out / ('step_%06d' % metrics['step'])}")
+
+
+def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
+    """Train every step a source yields (warm-starting from the previous one when configured)."""
+    from .pipeline import run_step
+
+    previous, done = None, 0
+    items = iter(steps)
+    while True:
+        with comm.phase("read step"):          # a failed read on one rank ends every rank
+            item = next(items, None)
+        ended = comm.mpi.allgather(item is None)
+        if all(ended):
+            break
+        if any(ended):
+            raise InputError(f"the source ended on rank(s) {[r for r, e in enumerate(ended) if e]} "
+                             "but not on the others")
+        iterations = cfg.insitu.warm_iterations if (previous is not None and cfg.insitu.warm_start) else None
+        result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
+                          warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
+        previous = result.gaussians
+        done += 1
+        say(comm, summary(result.metrics, out))
+    return done
+
+
+def load_volume(args: argparse.Namespace, cfg: Config) -> np.ndarray:
+    from .volume import downsample, read_raw
+
+    path = Path(args.input)
+    if path.suffix == ".npy":
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        array = np.load(path, mmap_mode="r")
+    else:
+        array = read_raw(path, cfg.input.dims, cfg.input.dtype)
+    return downsample(array, cfg.input.downsample)
+
+
+def run_command(args: argparse.Namespace, cfg: Config) -> int:
+    from .export import StepWriter
+    from .parallel import RankFailure, init_comm, shutdown
+
+    comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s)
+    out = Path(cfg.output.dir)
+    try:
+        writer = StepWriter(out)
+        if args.command == "demo":
+            from .demo import run_demo
+
+            n = run_demo(args, cfg, comm, writer)
+        elif args.command == "run":
+            from .decomposition import cut_block
+            from .sources import Step
+            from .volume import check_field
+
+            with comm.phase("read input"):
+                array = check_field(load_volume(args, cfg), Path(args.input).name)
+                block = cut_block(array, comm.rank, comm.size, spacing=tuple(args.spacing))
+            n = train_steps([Step(0, 0.0, block)], cfg, comm, writer, out)
+        else:
+            from .sources import open_source
+
+            with open_source(args.command, args.input, cfg, comm.rank, comm.size) as source:
+                n = train_steps(source, cfg, comm, writer, out)
+        say(comm, f"done: {n} step(s) trained; outputs in {out} (report: {out / 'report.html'})")
+        return 0
+    except (InputError, RankFailure) as e:
+        say(comm, f"insitu: error: {e}") if isinstance(e, RankFailure) else print(f"insitu: error: {e}",
+                                                                                 file=sys.stderr, flush=True)
+        return 2 if isinstance(e, InputError) else 1
+    except Exception:                       # unexpected: never leave the other ranks waiting
+        traceback.print_exc()
+        sys.stderr.flush()
+        if comm.size > 1:
+            comm.mpi.Abort(1)
+        return 1
+    finally:
+        shutdown(comm)
