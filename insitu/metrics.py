@@ -15,7 +15,7 @@ on first use. Nothing is ever downloaded here: LPIPS is computed only when torch
 installed and the backbone weights are already in the torch hub cache
 (``$TORCH_HOME/hub/checkpoints``); otherwise it is reported as unavailable (``None``).
 Evaluation runs view by view to bound memory: :class:`QualityAccumulator` takes batches of
-views and gives the mean.
+views and gives the mean (:meth:`QualityAccumulator.result`).
 """
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ class QualityAccumulator:
             self.lpips_status = LpipsAvailability(False, f"failed to run: {e}", self.lpips_status.weights)
             return 0.0
 
-    def mean(self) -> Quality:
+    def result(self) -> Quality:
         """Mean over all views added (NaN metrics when none were added)."""
         if self.views == 0:
             nan = float("nan")
@@ -200,7 +200,7 @@ def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Qu
     """
     acc = QualityAccumulator(lpips=lpips)
     acc.add(pred, gt)
-    return acc.mean()
+    return acc.result()
 
 
 def psnr(pred: Tensor, gt: Tensor) -> float:
