@@ -1,4 +1,4 @@
-"""Multi-rank scenarios for tests/test_adaptor.py: ``mpiexec -n 2 python adaptor_cases.py CASE OUTDIR``.
+"""Multi-rank scenarios for tests/test_adaptor.py: ``mpiexec -n 2 python adaptor_cases.py CASES OUTDIR``.
 
 Each rank runs a small "simulation" loop that calls the Adaptor and writes what it saw
 (trained steps, dropped steps, errors) to OUTDIR/rank<r>.json for the test to compare.
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mpi4py  # noqa: E402
 
-if len(sys.argv) > 1 and sys.argv[1] == "thread_single":
+if len(sys.argv) > 1 and "thread_single" in sys.argv[1].split(","):
     mpi4py.rc.thread_level = "single"
 from mpi4py import MPI  # noqa: E402
 import numpy as np  # noqa: E402
@@ -89,10 +89,10 @@ def simulate(adaptor: Adaptor, steps: int, rank: int, size: int, pause: float = 
     return errors
 
 
-def main() -> None:
-    case, out = sys.argv[1], Path(sys.argv[2])
+def run(case: str, out: Path) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    out.mkdir(parents=True, exist_ok=True)
     base = {"parallel": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(out / "out")}}
     record: dict = {"rank": rank}
     log: list = []
@@ -161,6 +161,13 @@ def main() -> None:
                       bytes=[r.bytes_copied for r in st.executes], seconds=[r.seconds for r in st.executes])
     record["log"] = log
     (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def main() -> None:
+    """``adaptor_cases.py CASE[,CASE...] OUTDIR``: each case writes OUTDIR/CASE/rank<r>.json."""
+    for case in sys.argv[1].split(","):
+        run(case, Path(sys.argv[2]) / case)
+        MPI.COMM_WORLD.Barrier()
 
 
 if __name__ == "__main__":

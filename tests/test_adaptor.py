@@ -1,0 +1,167 @@
+"""The in situ Adaptor: queue policies decided collectively, error propagation, sync mode, draining.
+
+Each test launches ``mpiexec -n 2`` on tests/adaptor_cases.py (a small simulation loop with a
+collective stand-in for the pipeline that fails if the ranks train different steps or if the
+block it receives differs from the field the simulation passed) and compares what the ranks saw.
+The last test runs the real pipeline end to end.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+
+def run_cases(cases: str, out: Path, timeout: float = 180) -> dict[str, list[dict]]:
+    """Run comma-separated cases in one launch (torch and gloo start once); case -> [rank0, rank1]."""
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(HERE / "adaptor_cases.py"), cases,
+                           str(out)], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cases}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return {c: [json.loads((out / c / f"rank{r}.json").read_text()) for r in range(2)] for c in cases.split(",")}
+
+
+@pytest.fixture(scope="module")
+def queue_cases(tmp_path_factory):
+    return run_cases("discard,block,drain_false", tmp_path_factory.mktemp("queue"))
+
+
+@pytest.fixture(scope="module")
+def error_cases(tmp_path_factory):
+    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config", tmp_path_factory.mktemp("errors"))
+
+
+@pytest.mark.mpi
+def test_discard_trains_the_same_steps_on_every_rank(queue_cases):
+    # rank 1 trains 7x slower than rank 0, the simulation steps with random pauses per rank
+    r0, r1 = queue_cases["discard"]
+    assert r0["errors"] == r1["errors"] == []
+    assert r0["trained"] == r1["trained"]
+    assert r0["dropped"] == r1["dropped"]
+    trained, dropped = r0["trained"], r0["dropped"]
+    assert sorted(trained + dropped) == list(range(30))     # every step either trained or dropped, once
+    assert trained == sorted(trained) and trained[0] == 0
+    assert 29 in trained                                      # the newest step wins
+    assert len(dropped) > 10                                  # the slow worker could not keep up
+    assert all(w == 0.0 for w in r0["waited"] + r1["waited"])   # discard never makes the simulation wait
+
+
+@pytest.mark.mpi
+def test_block_trains_every_step_in_order_and_waits_for_room(queue_cases):
+    r0, r1 = queue_cases["block"]
+    assert r0["trained"] == r1["trained"] == list(range(8))
+    assert r0["dropped"] == r1["dropped"] == []
+    assert max(r1["waited"]) > 0.03                           # the simulation waited for the slow worker
+    assert [e["thread"] for e in r0["log"]] == ["insitu-worker-0"] * 8
+    # warm start: every step after the first starts from the previous step's shard
+    assert [(e["warm"], e["iterations"]) for e in r0["log"]] == [(None, None)] + [(s, 7) for s in range(7)]
+    # each execute copies this rank's slab with its ghost layers once (float32)
+    nz, ny = 8, 10
+    assert r0["bytes"] == [nz * ny * (6 + 2) * 4] * 8         # x: 6 own + 2 ghost samples (close + ghost)
+    assert r1["bytes"] == [nz * ny * (6 + 1) * 4] * 8
+
+
+@pytest.mark.mpi
+def test_finalize_without_drain_drops_waiting_steps_on_every_rank(queue_cases):
+    r0, r1 = queue_cases["drain_false"]
+    assert r0["trained"] == r1["trained"]
+    assert r0["dropped"] == r1["dropped"]
+    assert r0["dropped"], "the worker is slow: some steps were still waiting at finalize"
+    assert sorted(r0["trained"] + r0["dropped"]) == list(range(5))
+
+
+@pytest.mark.mpi
+def test_worker_error_is_raised_on_every_rank_from_the_next_execute(error_cases):
+    r0, r1 = error_cases["worker_error"]           # step 2 fails on rank 1 only
+    assert r0["trained"] == r1["trained"] == [0, 1]
+    for r in (r0, r1):
+        assert len(r["errors"]) == 1 and r["errors"][0]["type"] == "InsituError"
+        assert "training step 2 failed" in r["errors"][0]["message"]
+        assert "rank 1: step 2: ValueError: boom at step 2" in r["errors"][0]["message"]
+    assert r0["errors"][0]["step"] == r1["errors"][0]["step"] > 2   # same call on both ranks
+
+
+@pytest.mark.mpi
+def test_error_in_the_last_step_is_raised_by_finalize(error_cases):
+    r0, r1 = error_cases["error_at_finalize"]       # step 3 (the last) fails on rank 0
+    assert r0["errors"] == r1["errors"] == []
+    assert r0["finalize_error"] == r1["finalize_error"]
+    assert "rank 0: step 3: ValueError: boom at step 3" in r0["finalize_error"]
+
+
+@pytest.mark.mpi
+def test_sync_mode_trains_on_the_caller_thread_and_raises_at_once(error_cases):
+    r0, r1 = error_cases["sync"]                    # step 3 fails on rank 1
+    assert r0["mode"] == "sync" and r0["warnings"] == []
+    assert r0["trained"] == r1["trained"] == [0, 1, 2]
+    assert {e["thread"] for e in r0["log"] + r1["log"]} == {"MainThread"}
+    for r in (r0, r1):
+        assert r["errors"][0]["step"] == 3 and "boom at step 3" in r["errors"][0]["message"]
+
+
+@pytest.mark.mpi
+def test_background_without_thread_multiple_falls_back_to_sync_with_a_warning(tmp_path):
+    r0, r1 = run_cases("thread_single", tmp_path)["thread_single"]
+    for r in (r0, r1):
+        assert r["mode"] == "sync"
+        assert any("MPI_THREAD_MULTIPLE" in w for w in r["warnings"])
+        assert {e["thread"] for e in r["log"]} == {"MainThread"}
+    assert r0["trained"] == r1["trained"] == [0, 1, 2]
+
+
+@pytest.mark.mpi
+def test_missing_field_on_one_rank_raises_on_every_rank(error_cases):
+    r0, r1 = error_cases["missing_field"]
+    assert r0["errors"] == r1["errors"]
+    assert r0["errors"][0]["type"] == "InputError"
+    assert "rank 1: field 'U' (input.var) is not among the fields given: 'u'" in r0["errors"][0]["message"]
+    assert r0["trained"] == r1["trained"] == []
+
+
+@pytest.mark.mpi
+def test_bad_config_on_one_rank_raises_on_every_rank(error_cases):
+    r0, r1 = error_cases["bad_config"]
+    assert r0["errors"] == r1["errors"]
+    assert r0["errors"][0]["type"] == "ConfigError"
+    assert "missing.yaml: does not exist" in r0["errors"][0]["message"]
+
+
+def test_invalid_config_values_fail_before_any_work():
+    from insitu.adaptor import Adaptor
+    from insitu.config import ConfigError
+
+    with pytest.raises(ConfigError, match="insitu.policy: expected one of block, discard, got 'newest'"):
+        Adaptor(None, {"insitu": {"policy": "newest"}}, process=lambda *a, **k: None)
+    with pytest.raises(ConfigError, match="expected a Config, a dict, a YAML path or None, got int"):
+        Adaptor(None, 3, process=lambda *a, **k: None)
+
+
+def test_single_process_sync_run_and_stats(tmp_path):
+    """Without a launcher: one rank, sync mode, wrong shapes rejected with a clear message."""
+    from insitu.adaptor import Adaptor
+    from insitu.volume import InputError
+
+    seen = []
+
+    def process(block, cfg, comm, *, step, time, writer, warm, iterations):
+        seen.append((step, time, block.data.shape, block.start, block.fields["V"].dtype.name))
+        return type("R", (), {"gaussians": None, "metrics": {}})()
+
+    cfg = {"insitu": {"mode": "sync"}, "input": {"color_var": "V"}, "output": {"dir": str(tmp_path)},
+           "parallel": {"device": "cpu"}}
+    u = np.zeros((4, 5, 6), np.float32)
+    with Adaptor(None, cfg, process=process) as ad:
+        ad.execute(3, 0.5, {"U": u, "V": u.astype(np.float64)}, (6, 5, 4), (0, 0, 0))
+        with pytest.raises(InputError, match=r"field 'V': expected the shape of 'U' \(4, 5, 6\), got \(4, 2, 6\)"):
+            ad.execute(4, 0.6, {"U": u, "V": u[:, :2]}, (6, 5, 4), (0, 0, 0))
+        with pytest.raises(InputError, match=r"start \(1, 0, 0\) \+ count \(6, 5, 4\) .* inside global_shape"):
+            ad.execute(5, 0.7, {"U": u, "V": u}, (6, 5, 4), (1, 0, 0))
+    assert seen == [(3, 0.5, (4, 5, 6), (0, 0, 0), "float64")]
+    assert ad.stats.bytes_copied == u.nbytes * 3
+    assert len(ad.stats.executes) == 1 and ad.stats.executes[0].seconds > 0
