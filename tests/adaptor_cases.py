@@ -152,6 +152,22 @@ def run(case: str, out: Path) -> None:
             record["errors"] = []
         except ConfigError as e:
             record["errors"] = [{"type": "ConfigError", "message": str(e)}]
+    elif case == "pipeline":
+        # the real pipeline, tiny: a sphere that grows from step to step, trained in the background
+        cfg = {**base, "insitu": {"mode": "background", "warm_iterations": 10},
+               "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 500},
+               "views": {"count": 8, "resolution": 32, "supersample": 1},
+               "train": {"iterations": 20, "progress": False, "backend": "torch"}, "output": {**base["output"], "images": 1}}
+        ad = Adaptor(comm, cfg)
+        n = 16
+        z, y, x = np.meshgrid(*(np.linspace(-1, 1, n, dtype=np.float32),) * 3, indexing="ij")
+        r = np.sqrt(x**2 + y**2 + z**2)
+        lo, hi = rank * n // size, (rank + 1) * n // size
+        for step in range(2):
+            u = np.ascontiguousarray(np.clip(1.2 - r / (0.5 + 0.1 * step), 0, 1)[:, :, lo:hi])
+            ad.execute(step, 0.5 * step, {"U": u}, (n, n, n), (lo, 0, 0), spacing=(2 / (n - 1),) * 3)
+        ad.finalize()
+        record["metrics"] = [t.metrics for t in ad.stats.trained]
     else:
         raise SystemExit(f"unknown case {case!r}")
     if "ad" in locals():

@@ -165,3 +165,22 @@ def test_single_process_sync_run_and_stats(tmp_path):
     assert seen == [(3, 0.5, (4, 5, 6), (0, 0, 0), "float64")]
     assert ad.stats.bytes_copied == u.nbytes * 3
     assert len(ad.stats.executes) == 1 and ad.stats.executes[0].seconds > 0
+
+
+@pytest.mark.mpi
+def test_pipeline_end_to_end_in_the_background(tmp_path):
+    """The real pipeline behind the Adaptor: two steps of a growing sphere, 2 ranks, warm start."""
+    from insitu.export import read_ply
+
+    r0, r1 = run_cases("pipeline", tmp_path, timeout=300)["pipeline"]
+    out = tmp_path / "pipeline" / "out"
+    for step in (0, 1):
+        d = out / f"step_{step:06d}"
+        metrics = json.loads((d / "metrics.json").read_text())
+        assert metrics["step"] == step and metrics["ranks"] == 2
+        model = read_ply(d / "model.ply")
+        assert len(model) == metrics["gaussians"] > 0
+        assert metrics["psnr"] > 15
+    assert [m["iterations"] for m in r0["metrics"]] == [20, 10]    # step 1 warm-started: warm_iterations
+    assert [m["step"] for m in r0["metrics"]] == [m["step"] for m in r1["metrics"]] == [0, 1]
+    assert (out / "metrics.csv").read_text().count("\n") == 3     # header + one row per step
