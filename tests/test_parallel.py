@@ -1,0 +1,116 @@
+"""insitu.parallel: single-process set-up and error agreement, multi-rank runs under mpiexec."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from insitu.parallel import RankFailure, init_comm, shutdown
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "mpi"
+
+
+def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python tests/mpi/script args``; output in ``.stdout`` (stderr merged)."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_single_process_comm_is_identity():
+    comm = init_comm(device="cpu")
+    assert (comm.rank, comm.size, comm.local_rank, comm.group) == (0, 1, 0, None)
+    assert comm.device == torch.device("cpu")
+    t = torch.arange(4.0)
+    assert comm.all_reduce_sum(t) is t and torch.equal(t, torch.arange(4.0))
+    assert comm.all_gather(t).shape == (1, 4)
+    assert torch.equal(comm.reduce_scatter(t.view(1, 4)), t)
+    assert comm.allgather_object({"a": 1}) == [{"a": 1}]
+    assert comm.traffic.bytes == 0 and comm.traffic.calls == 0
+    comm.agree(True)
+    with pytest.raises(RankFailure, match=r"^check failed on rank 0: bad block$") as info:
+        comm.agree(False, "bad block")
+    assert info.value.ranks == [0] and info.value.messages == ["bad block"]
+    with pytest.raises(RankFailure, match=r"phase 'seeds' failed on rank 0: ValueError: empty") as info:
+        with comm.phase("seeds"):
+            raise ValueError("empty")
+    assert isinstance(info.value.__cause__, ValueError)
+    with comm.phase("ok"):
+        pass
+    shutdown(comm)
+    assert comm.mpi is None
+    shutdown(comm)                     # twice is harmless
+
+
+def test_init_comm_rejects_bad_arguments():
+    with pytest.raises(RankFailure, match="device: expected"):
+        init_comm(device="tpu")
+    with pytest.raises(ValueError, match="timeout_s"):
+        init_comm(timeout_s=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(RankFailure, match="CUDA is not available"):
+            init_comm(device="cuda")
+
+
+def test_reduce_scatter_checks_leading_dimension():
+    comm = init_comm(device="cpu")
+    with pytest.raises(ValueError, match=r"leading dimension of 1"):
+        comm.reduce_scatter(torch.zeros(2, 3))
+    shutdown(comm)
+
+
+@pytest.mark.mpi
+def test_comm_four_ranks_collectives_subcommunicators_reuse():
+    out = run_mpi(4, "comm_worker.py")
+    assert out.returncode == 0, out.stdout
+    assert all(f"OK rank {r} of 4" in out.stdout for r in range(4)), out.stdout
+
+
+@pytest.mark.mpi
+def test_phase_failure_reraised_on_every_rank():
+    out = run_mpi(2, "phase_worker.py", "raise", timeout=60)
+    assert out.returncode == 0, out.stdout
+    for r in range(2):
+        assert (f"rank {r} caught: phase 'seeds' failed on rank 1: "
+                "ValueError: no isosurface crossing in block") in out.stdout, out.stdout
+        assert f"rank {r} done" in out.stdout, out.stdout
+
+
+@pytest.mark.mpi
+def test_phase_failure_uncaught_ends_every_rank():
+    out = run_mpi(2, "phase_worker.py", "uncaught", timeout=60)
+    assert out.returncode != 0
+    for r in range(2):
+        assert (f"[rank{r}]: insitu.parallel.RankFailure: phase 'seeds' failed on rank 1: "
+                "ValueError: no isosurface crossing in block") in out.stdout, out.stdout
+
+
+@pytest.mark.mpi
+def test_phase_failure_while_others_wait_in_torch_collective():
+    out = run_mpi(2, "phase_worker.py", "collective", timeout=60)
+    assert out.returncode == 0, out.stdout
+    for r in range(2):
+        line = next(l for l in out.stdout.splitlines() if l.startswith(f"rank {r} caught: "))
+        assert "phase 'seeds' failed on ranks 0, 1" in line and "rank 1: ValueError: no isosurface" in line
+
+
+@pytest.mark.mpi
+def test_agree_watchdog_aborts_when_a_rank_hangs():
+    start = time.monotonic()
+    out = run_mpi(2, "phase_worker.py", "hang", timeout=60)
+    assert out.returncode != 0
+    assert time.monotonic() - start < 40          # the hanging rank sleeps 50 s: the abort ended it
+    assert ("insitu: rank 0/2: fatal: phase 'seeds': no answer from the other ranks within 2 s"
+            in out.stdout), out.stdout
+
+
+@pytest.mark.mpi
+def test_rank_dying_outright_ends_the_job():
+    out = run_mpi(2, "phase_worker.py", "die", timeout=60)
+    assert out.returncode != 0, out.stdout
