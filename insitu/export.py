@@ -377,8 +377,11 @@ def _fmt(value: str) -> str:
 
 
 def write_report(out_dir: str | Path, *, title: str = "insitu-gs") -> Path:
-    """Write ``out_dir/report.html``: every ``step_XXXXXX`` folder with its metrics (from
-    ``metrics.csv``) and thumbnails of its PNGs, by relative links; atomic. Returns its path."""
+    """Write ``out_dir/report.html``, atomically; returns its path.
+
+    The page has a table of every ``step_XXXXXX`` folder with its metrics (from ``metrics.csv``),
+    then one section per step with links to its files and thumbnails of its PNGs (relative links,
+    so the folder can be moved or served as is)."""
     out = Path(out_dir)
     steps = sorted((int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
     by_step = {}
@@ -390,11 +393,18 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs") -> Path:
         "<!doctype html>\n<html><head><meta charset='utf-8'>",
         f"<title>{e(title)}</title>",
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{text-align:left}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
         "img{height:160px;margin:2px;border:1px solid #ccc}section{margin-bottom:2em}</style>",
         f"</head><body><h1>{e(title)}</h1>",
         f"<p>{len(steps)} step(s). <a href='metrics.csv'>metrics.csv</a></p>",
     ]
+    columns = [k for k in dict.fromkeys(k for r in by_step.values() for k in r) if k != "step"]
+    parts.append("<table><tr><th>step</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "</tr>")
+    for step, d in steps:
+        row = by_step.get(step, {})
+        parts.append(f"<tr><th><a href='#{e(d.name)}'>{step}</a></th>"
+                     + "".join(f"<td>{e(_fmt(row.get(c) or ''))}</td>" for c in columns) + "</tr>")
+    parts.append("</table>")
     for step, d in steps:
         rel = quote(d.name)
         parts.append(f"<section id='{e(d.name)}'><h2>Step {step}</h2><p>")
@@ -402,10 +412,6 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs") -> Path:
             if (d / name).is_file():
                 parts.append(f"<a href='{rel}/{quote(name)}'>{e(name)}</a> ")
         parts.append("</p>")
-        row = by_step.get(step)
-        if row:
-            cells = "".join(f"<tr><th>{e(k)}</th><td>{e(_fmt(v or ''))}</td></tr>" for k, v in row.items() if k != "step")
-            parts.append(f"<table>{cells}</table>")
         for png in sorted(d.rglob("*.png")):
             link = rel + "/" + quote(png.relative_to(d).as_posix())
             parts.append(f"<a href='{link}'><img src='{link}' alt='{e(png.stem)}' title='{e(png.stem)}'></a>")
