@@ -1,0 +1,451 @@
+"""Rasterize 3D Gaussians into images: one interface, two backends.
+
+``rasterize`` renders a shard of Gaussians into premultiplied colour and alpha for a
+batch of cameras. Two backends compute the same image:
+
+- ``"gsplat"``: ``gsplat.rasterization`` (CUDA kernels; classic mode, no background).
+- ``"torch"``: a pure-PyTorch tile rasterizer that follows gsplat's math step by step
+  (EWA projection, ``eps2d`` blur, opacity-aware 3.33-sigma extent, alpha clamped at
+  0.999, alphas below 1/255 skipped, front-to-back compositing that stops once the
+  transmittance would fall to 1e-4). It runs on any device, is differentiable through
+  autograd, and is the CPU training path and the oracle in tests.
+
+The torch backend bins Gaussians to the screen tiles their bounding box touches, sorts
+every tile's list by depth, and evaluates groups of tiles at once on a
+``[tiles, pixels, gaussians]`` grid padded to the group's longest list; groups are
+formed after sorting tiles by list length, so memory follows the work done rather
+than ``N x H x W``. The Gaussian falloff is evaluated as one matrix product: it is a
+quadratic polynomial in the pixel offset from the tile centre, so
+``sigma = [u^2, v^2, uv, u, v, 1] @ coefficients``.
+
+Camera model (as ``insitu.views`` and gsplat): ``viewmats`` world-to-camera, OpenCV
+axes (+x right, +y down, +z forward); pinhole ``Ks`` in pixels; pixel ``(u, v)`` has
+its centre at ``(u + 0.5, v + 0.5)``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["rasterize", "eval_sh", "BACKENDS"]
+
+BACKENDS = ("auto", "gsplat", "torch")
+MAX_SH_DEGREE = 3
+
+# Constants shared with gsplat's CUDA rasterizer (include/Common.h, RasterizeToPixels3DGSFwd.cu).
+ALPHA_THRESHOLD = 1.0 / 255.0
+ALPHA_MAX = 0.999
+TRANSMITTANCE_MIN = 1e-4
+EXTENT_SIGMAS = 3.33
+
+# Real spherical-harmonic basis constants, in the order of the reference 3DGS code and gsplat.
+_SH_C0 = 0.28209479177387814
+_SH_C1 = 0.4886025119029199
+_SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
+          -1.0925484305920792, 0.5462742152960396)
+_SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154,
+          -0.4570457994644658, 1.445305721320277, -0.5900435899266435)
+
+# Upper bound on the elements of one [tiles, pixels, gaussians] group in the torch backend.
+_GROUP_ELEMENTS = 1 << 22
+
+
+def eval_sh(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
+    """Evaluate real spherical harmonics of bands ``0..degree`` (gsplat's basis and order).
+
+    Args:
+        degree: highest band to use, 0..3.
+        dirs: [..., 3] view directions (normalised here).
+        coeffs: [..., K, 3] coefficients, K >= (degree + 1) ** 2; extra ones are ignored.
+
+    Returns:
+        [..., 3] the SH value (without the +0.5 offset that ``rasterize`` adds).
+    """
+    if not 0 <= degree <= MAX_SH_DEGREE:
+        raise ValueError(f"eval_sh: expected a degree in 0..{MAX_SH_DEGREE}, got {degree}")
+    if coeffs.shape[-2] < (degree + 1) ** 2:
+        raise ValueError(f"eval_sh: degree {degree} needs >= {(degree + 1) ** 2} coefficients, "
+                         f"got {coeffs.shape[-2]}")
+    bases = [torch.full_like(dirs[..., 0], _SH_C0)]
+    if degree >= 1:
+        x, y, z = F.normalize(dirs, dim=-1).unbind(-1)
+        bases += [-_SH_C1 * y, _SH_C1 * z, -_SH_C1 * x]
+        if degree >= 2:
+            xx, yy, zz, xy, yz, xz = x * x, y * y, z * z, x * y, y * z, x * z
+            bases += [_SH_C2[0] * xy, _SH_C2[1] * yz, _SH_C2[2] * (2 * zz - xx - yy),
+                      _SH_C2[3] * xz, _SH_C2[4] * (xx - yy)]
+            if degree >= 3:
+                bases += [_SH_C3[0] * y * (3 * xx - yy), _SH_C3[1] * xy * z,
+                          _SH_C3[2] * y * (4 * zz - xx - yy), _SH_C3[3] * z * (2 * zz - 3 * xx - 3 * yy),
+                          _SH_C3[4] * x * (4 * zz - xx - yy), _SH_C3[5] * z * (xx - yy),
+                          _SH_C3[6] * x * (xx - 3 * yy)]
+    basis = torch.stack(bases, dim=-1)                                   # [..., B]
+    return (basis[..., None] * coeffs[..., : basis.shape[-1], :]).sum(dim=-2)
+
+
+def rasterize(
+    means: Tensor,      # [N, 3]
+    quats: Tensor,      # [N, 4]
+    scales: Tensor,     # [N, 3]
+    opacities: Tensor,  # [N]
+    colors: Tensor,     # [N, 3] or [N, K, 3]
+    viewmats: Tensor,   # [C, 4, 4]
+    Ks: Tensor,         # [C, 3, 3]
+    width: int,
+    height: int,
+    *,
+    sh_degree: int | None = None,
+    backend: str = "auto",
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    eps2d: float = 0.3,
+    radius_clip: float = 0.0,
+    tile_size: int = 16,
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """Render Gaussians into premultiplied colour and alpha for ``C`` cameras.
+
+    Args:
+        means: [N, 3] centres in world coordinates.
+        quats: [N, 4] rotations (w, x, y, z), normalised here.
+        scales: [N, 3] standard deviations along the local axes (activated).
+        opacities: [N] opacities in [0, 1] (activated).
+        colors: [N, K, 3] SH coefficients when ``sh_degree`` is set
+            (K >= (sh_degree + 1) ** 2), else [N, 3] RGB.
+        viewmats: [C, 4, 4] world-to-camera matrices (OpenCV axes).
+        Ks: [C, 3, 3] pinhole intrinsics in pixels.
+        width, height: image size in pixels.
+        sh_degree: SH band to evaluate (0..3), or None for plain RGB colours. SH colours
+            are evaluated along ``means - camera centre``, then ``+0.5`` and clamped at 0.
+        backend: ``"gsplat"`` (CUDA only), ``"torch"`` (any device) or ``"auto"``
+            (gsplat when the tensors are on CUDA and gsplat imports, else torch).
+        near_plane, far_plane: Gaussians with camera depth outside (near, far) are culled.
+        eps2d: added to the diagonal of every projected 2D covariance.
+        radius_clip: Gaussians whose pixel radius is <= this in both axes are culled.
+        tile_size: screen tile edge in pixels.
+
+    Returns:
+        render: [C, H, W, 3] premultiplied colour ``sum_i w_i c_i`` (no background).
+        alpha: [C, H, W, 1] accumulated opacity ``sum_i w_i``.
+        info: ``means2d`` [C, N, 2] projected centres in pixels (its ``.grad`` is filled by
+            backward; with gsplat, ``.absgrad`` too), ``radii`` [C, N] int32 pixel radius,
+            > 0 where the Gaussian is drawn, ``depths`` [C, N] camera depths, ``conics``
+            [C, N, 3] inverse 2D covariances (xx, xy, yy) including ``eps2d``, ``backend``
+            (the one that ran), ``width``, ``height``, ``n_cameras``.
+
+    With N = 0 the images are zeros (still part of the autograd graph of the inputs).
+    """
+    N, C = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                     sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size)
+    chosen = _resolve_backend(backend, means.device)
+    if chosen == "gsplat":
+        if means.dtype != torch.float32:
+            raise ValueError(f"rasterize: the gsplat backend expects float32 tensors, got {means.dtype}")
+        if N > 0:
+            return _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks,
+                                     width, height, sh_degree, near_plane, far_plane, eps2d,
+                                     radius_clip, tile_size)
+    # The torch path also serves an empty shard for gsplat: its result is all zeros.
+    render, alpha, info = _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks,
+                                           width, height, sh_degree, near_plane, far_plane,
+                                           eps2d, radius_clip)
+    info["backend"] = chosen
+    return render, alpha, info
+
+
+# --------------------------------------------------------------------------- validation
+
+def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+              sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size) -> tuple[int, int]:
+    named = {"means": means, "quats": quats, "scales": scales, "opacities": opacities,
+             "colors": colors, "viewmats": viewmats, "Ks": Ks}
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"rasterize: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"rasterize: {name} must be a floating-point tensor, got {t.dtype}")
+    if means.dim() != 2 or means.shape[1] != 3:
+        raise ValueError(f"rasterize: means: expected shape [N, 3], got {list(means.shape)}")
+    N = means.shape[0]
+    for name, t, tail in (("quats", quats, (4,)), ("scales", scales, (3,)), ("opacities", opacities, ())):
+        if tuple(t.shape) != (N, *tail):
+            want = ", ".join(["N"] + [str(d) for d in tail])
+            raise ValueError(f"rasterize: {name}: expected shape [{want}] = {[N, *tail]} "
+                             f"(N from means), got {list(t.shape)}")
+    if sh_degree is None:
+        if tuple(colors.shape) != (N, 3):
+            hint = " (3-D colours are SH coefficients: pass sh_degree)" if colors.dim() == 3 else ""
+            raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} when "
+                             f"sh_degree is None, got {list(colors.shape)}{hint}")
+    else:
+        if isinstance(sh_degree, bool) or not isinstance(sh_degree, int) or not 0 <= sh_degree <= MAX_SH_DEGREE:
+            raise ValueError(f"rasterize: sh_degree: expected None or an int in 0..{MAX_SH_DEGREE}, "
+                             f"got {sh_degree!r}")
+        K = (sh_degree + 1) ** 2
+        if colors.dim() != 3 or colors.shape[0] != N or colors.shape[2] != 3 or colors.shape[1] < K:
+            raise ValueError(f"rasterize: colors: expected SH coefficients of shape [N, K, 3] with "
+                             f"N = {N} and K >= {K} for sh_degree {sh_degree}, got {list(colors.shape)}")
+    if viewmats.dim() != 3 or tuple(viewmats.shape[1:]) != (4, 4):
+        raise ValueError(f"rasterize: viewmats: expected shape [C, 4, 4], got {list(viewmats.shape)}")
+    C = viewmats.shape[0]
+    if C == 0:
+        raise ValueError("rasterize: viewmats: expected at least one camera, got C = 0")
+    if tuple(Ks.shape) != (C, 3, 3):
+        raise ValueError(f"rasterize: Ks: expected shape [C, 3, 3] = {[C, 3, 3]} (C from viewmats), "
+                         f"got {list(Ks.shape)}")
+    for name, t in named.items():
+        if t.device != means.device:
+            raise ValueError(f"rasterize: all tensors must be on one device: means is on "
+                             f"{means.device}, {name} is on {t.device}")
+        if t.dtype != means.dtype:
+            raise ValueError(f"rasterize: all tensors must share one dtype: means is {means.dtype}, "
+                             f"{name} is {t.dtype}")
+    for name, v in (("width", width), ("height", height), ("tile_size", tile_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"rasterize: {name}: expected a positive int, got {v!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"rasterize: backend: expected one of {BACKENDS}, got {backend!r}")
+    if not 0 <= near_plane < far_plane:
+        raise ValueError(f"rasterize: expected 0 <= near_plane < far_plane, got near_plane={near_plane}, "
+                         f"far_plane={far_plane}")
+    if eps2d < 0:
+        raise ValueError(f"rasterize: eps2d: expected >= 0, got {eps2d}")
+    if radius_clip < 0:
+        raise ValueError(f"rasterize: radius_clip: expected >= 0, got {radius_clip}")
+    return N, C
+
+
+def _gsplat_import_error() -> str | None:
+    """None when gsplat imports, else why it does not."""
+    try:
+        import gsplat  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken CUDA extension
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "gsplat" if device.type == "cuda" and _gsplat_import_error() is None else "torch"
+    if device.type != "cuda":
+        raise ValueError(f"rasterize: backend 'gsplat' needs CUDA tensors, got tensors on {device}; "
+                         "use backend='torch' (or 'auto') on this device")
+    err = _gsplat_import_error()
+    if err is not None:
+        raise RuntimeError(f"rasterize: backend 'gsplat' requested but gsplat does not import ({err})")
+    return "gsplat"
+
+
+# --------------------------------------------------------------------------- gsplat backend
+
+def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                      sh_degree, near_plane, far_plane, eps2d, radius_clip, tile_size):
+    import gsplat
+
+    render, alpha, meta = gsplat.rasterization(
+        means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
+        sh_degree=sh_degree, packed=False, tile_size=tile_size, backgrounds=None,
+        render_mode="RGB", rasterize_mode="classic", absgrad=True)
+    means2d = meta["means2d"]
+    if means2d.requires_grad:
+        means2d.retain_grad()
+    radii = meta["radii"]
+    if radii.dim() == 3:                     # gsplat >= 1.5 gives per-axis radii [C, N, 2]
+        radii = radii.max(dim=-1).values
+    info = {"means2d": means2d, "radii": radii.to(torch.int32), "depths": meta["depths"],
+            "conics": meta["conics"], "backend": "gsplat", "width": width, "height": height, "n_cameras": viewmats.shape[0]}
+    return render, alpha, info
+
+
+# --------------------------------------------------------------------------- torch backend
+
+@dataclass
+class _Projected:
+    """Gaussians projected into C cameras (the torch backend's intermediate state).
+
+    means2d: [C, N, 2] pixel centres; conics: [C, N, 3] inverse 2D covariance (xx, xy, yy);
+    depths: [C, N]; radii: [C, N, 2] int32 per-axis pixel radius, 0 where culled.
+    """
+
+    means2d: Tensor
+    conics: Tensor
+    depths: Tensor
+    radii: Tensor
+
+
+def _quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
+    """[N, 4] wxyz quaternions and [N, 3] scales -> [N, 3, 3] covariances R S S^T R^T."""
+    w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
+    R = torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1).reshape(-1, 3, 3)
+    M = R * scales[:, None, :]
+    return M @ M.transpose(1, 2)
+
+
+def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
+             near_plane, far_plane, eps2d, radius_clip) -> _Projected:
+    """EWA splatting projection, as gsplat's fully fused projection (pinhole, classic)."""
+    covars = _quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
+    Rv, tv = viewmats[:, :3, :3], viewmats[:, :3, 3]                     # [C, 3, 3], [C, 3]
+    means_c = torch.einsum("cij,nj->cni", Rv, means) + tv[:, None, :]    # [C, N, 3]
+    cov_c = torch.einsum("cij,njk,clk->cnil", Rv, covars, Rv)            # [C, N, 3, 3]
+    x, y, z = means_c.unbind(-1)
+    valid = (z > near_plane) & (z < far_plane)
+    z = torch.where(valid, z, torch.ones_like(z))                        # keep culled ones finite
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]                        # [C, 1]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    # The Jacobian is taken at the centre clamped to 1.3x the field of view (as gsplat).
+    lim_x_pos = (width - cx) / fx + 0.3 * (0.5 * width / fx)
+    lim_x_neg = cx / fx + 0.3 * (0.5 * width / fx)
+    lim_y_pos = (height - cy) / fy + 0.3 * (0.5 * height / fy)
+    lim_y_neg = cy / fy + 0.3 * (0.5 * height / fy)
+    tx = z * torch.minimum(torch.maximum(x / z, -lim_x_neg), lim_x_pos)
+    ty = z * torch.minimum(torch.maximum(y / z, -lim_y_neg), lim_y_pos)
+    j00, j02 = fx / z, -fx * tx / (z * z)
+    j11, j12 = fy / z, -fy * ty / (z * z)
+    s00, s01, s02 = cov_c[..., 0, 0], cov_c[..., 0, 1], cov_c[..., 0, 2]
+    s11, s12, s22 = cov_c[..., 1, 1], cov_c[..., 1, 2], cov_c[..., 2, 2]
+    a = j00 * j00 * s00 + 2 * j00 * j02 * s02 + j02 * j02 * s22 + eps2d
+    b = j00 * j11 * s01 + j00 * j12 * s02 + j02 * j11 * s12 + j02 * j12 * s22
+    c = j11 * j11 * s11 + 2 * j11 * j12 * s12 + j12 * j12 * s22 + eps2d
+    det = a * c - b * b
+    valid = valid & (det > 0)
+    det = torch.where(valid, det, torch.ones_like(det))
+    conics = torch.stack([c / det, -b / det, a / det], dim=-1)           # [C, N, 3]
+    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)    # [C, N, 2]
+
+    with torch.no_grad():
+        # Opacity-aware extent: beyond it alpha < 1/255 (gsplat passes opacities for this).
+        op = opacities.detach()[None, :].expand_as(a)
+        valid = valid & (op >= ALPHA_THRESHOLD)
+        extend = torch.sqrt(2.0 * torch.log(op.clamp(min=ALPHA_THRESHOLD) / ALPHA_THRESHOLD))
+        extend = extend.clamp(max=EXTENT_SIGMAS)
+        rx = torch.ceil(extend * torch.sqrt(a.detach().clamp(min=0)))
+        ry = torch.ceil(extend * torch.sqrt(c.detach().clamp(min=0)))
+        valid = valid & ~((rx <= radius_clip) & (ry <= radius_clip))
+        mx, my = means2d.detach().unbind(-1)
+        valid = valid & (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
+        radii = torch.where(valid[..., None], torch.stack([rx, ry], dim=-1), 0).to(torch.int32)
+    return _Projected(means2d, conics, means_c[..., 2], radii)
+
+
+@dataclass
+class _Pairs:
+    """(Gaussian, pixel) pairs to composite, ordered by pixel and front to back within one.
+
+    gauss: [M] flat Gaussian index ``c * N + n``; pixel: [M] flat pixel index
+    ``c * H * W + y * W + x``; px, py: [M] pixel column and row.
+    """
+
+    gauss: Tensor
+    pixel: Tensor
+    px: Tensor
+    py: Tensor
+
+
+def _falloff(g: Tensor, px: Tensor, py: Tensor) -> Tensor:
+    """``log(opacity * exp(-sigma))`` at pixel centres.
+
+    g: [M, >=6] rows of (mean x, mean y, conic xx, conic xy, conic yy, log opacity, ...);
+    px, py: [M] pixel column and row.
+    """
+    mx, my, ca, cb, cc, log_op = g[:, :6].unbind(-1)
+    dx = mx - (px.to(g.dtype) + 0.5)
+    dy = my - (py.to(g.dtype) + 0.5)
+    return log_op - (0.5 * (ca * dx * dx + cc * dy * dy) + cb * dx * dy)
+
+
+@torch.no_grad()
+def _bin_to_pixels(proj: _Projected, packed: Tensor, width: int, height: int) -> _Pairs:
+    """Pairs of every drawn Gaussian with the pixels of its box where alpha >= 1/255.
+
+    packed: [C * N, >=6] per-Gaussian rows as ``_falloff`` reads them.
+    """
+    C, N = proj.depths.shape
+    device = proj.depths.device
+    radii = proj.radii.reshape(-1, 2)
+    visible = torch.nonzero((radii > 0).all(dim=-1)).flatten()           # flat c * N + n
+    # Front to back: order the Gaussians by depth; the stable pixel sort below keeps it.
+    visible = visible[torch.argsort(proj.depths.reshape(-1)[visible], stable=True)]
+    rows = packed[:, :6].index_select(0, visible)                       # [V, 6]
+    r = radii.index_select(0, visible).to(rows.dtype)
+    x0 = torch.floor(rows[:, 0] - r[:, 0]).clamp(0, width).long()
+    x1 = torch.ceil(rows[:, 0] + r[:, 0]).clamp(0, width).long()
+    y0 = torch.floor(rows[:, 1] - r[:, 1]).clamp(0, height).long()
+    y1 = torch.ceil(rows[:, 1] + r[:, 1]).clamp(0, height).long()
+    counts = (x1 - x0) * (y1 - y0)
+    # Enumerate every box row-major: pair k of Gaussian i is pixel (x0 + k % w, y0 + k // w).
+    owner = torch.repeat_interleave(torch.arange(visible.numel(), device=device), counts)
+    per_gauss = torch.stack([x0, y0, x1 - x0, torch.cumsum(counts, 0) - counts, visible], dim=1)
+    x0, y0, bw, first, gauss = per_gauss.index_select(0, owner).unbind(1)
+    local = torch.arange(owner.numel(), device=device) - first
+    ly = torch.div(local, bw, rounding_mode="floor")
+    px, py = x0 + (local - ly * bw), y0 + ly
+    # Drop the pairs gsplat skips (alpha < 1/255) before anything is differentiated.
+    keep = _falloff(rows.index_select(0, owner), px, py) >= math.log(ALPHA_THRESHOLD)
+    keep = torch.nonzero(keep).flatten()
+    gauss, px, py = gauss.index_select(0, keep), px.index_select(0, keep), py.index_select(0, keep)
+    pixel = (torch.div(gauss, N, rounding_mode="floor") * height + py) * width + px
+    if C * height * width < 2**31:
+        pixel = pixel.int()                                              # sorts twice as fast
+    pixel, perm = torch.sort(pixel, stable=True)
+    return _Pairs(gauss.index_select(0, perm), pixel.long(), px.index_select(0, perm),
+                  py.index_select(0, perm))
+
+
+def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+                     sh_degree, near_plane, far_plane, eps2d, radius_clip):
+    C, N = viewmats.shape[0], means.shape[0]
+    device, dtype = means.device, means.dtype
+    proj = _project(means, quats, scales, opacities, viewmats, Ks, width, height,
+                    near_plane, far_plane, eps2d, radius_clip)
+    means2d = proj.means2d
+    if means2d.requires_grad:
+        means2d.retain_grad()
+
+    if sh_degree is None:
+        rgb = colors[None].expand(C, N, 3)                               # [C, N, 3]
+    else:
+        R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
+        campos = -torch.einsum("cji,cj->ci", R, t)                       # [C, 3] camera centres
+        dirs = means[None, :, :] - campos[:, None, :]                    # [C, N, 3]
+        rgb = eval_sh(sh_degree, dirs, colors[None].expand(C, *colors.shape))
+        rgb = torch.clamp_min(rgb + 0.5, 0.0)
+    log_op = torch.log(opacities.clamp(min=1e-30))[None, :, None].expand(C, N, 1)
+    # One row per (camera, Gaussian): mean2d (2), conic (3), log opacity, r, g, b, 1.
+    packed = torch.cat([means2d, proj.conics, log_op, rgb, torch.ones_like(log_op)], dim=-1)
+    packed = packed.reshape(C * N, 10)
+
+    pairs = _bin_to_pixels(proj, packed.detach(), width, height)
+    rows = packed.index_select(0, pairs.gauss)                           # [M, 10]
+    alpha = torch.exp(_falloff(rows, pairs.px, pairs.py)).clamp(max=ALPHA_MAX)
+    # Front to back within each pixel: a running sum of log(1 - alpha), restarted at every
+    # pixel; float64, so the running total over all pixels keeps its precision.
+    log_1ma = torch.log1p(-alpha).double()
+    cum = torch.cumsum(log_1ma, dim=0)
+    before = cum - log_1ma                                               # log T before the pair
+    with torch.no_grad():
+        new_pixel = torch.ones_like(pairs.pixel, dtype=torch.bool)
+        new_pixel[1:] = pairs.pixel[1:] != pairs.pixel[:-1]
+        pixel_first = torch.nonzero(new_pixel).flatten()
+        first = pixel_first.index_select(0, torch.cumsum(new_pixel, 0) - 1)
+    base = before.index_select(0, first)
+    live = (cum - base) > math.log(TRANSMITTANCE_MIN)                    # pixel done: exclusive
+    weights = alpha * (torch.exp(before - base).to(dtype) * live)        # alpha_i * T_i
+    # An empty image stays on the autograd graph, so backward and means2d.grad still work.
+    image = torch.zeros(C * height * width, 4, device=device, dtype=dtype) + 0.0 * packed.sum()
+    image = image.index_add(0, pairs.pixel, weights[:, None] * rows[:, 6:])
+    image = image.reshape(C, height, width, 4)
+    info = {"means2d": means2d, "radii": proj.radii.max(dim=-1).values, "depths": proj.depths,
+            "conics": proj.conics, "backend": "torch", "width": width, "height": height, "n_cameras": C}
+    return image[..., :3], image[..., 3:], info
