@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
+from numpy.lib.recfunctions import structured_to_unstructured
 import torch
 import yaml
 from PIL import Image
@@ -130,25 +131,28 @@ def write_ply(path: str | Path, gaussians: Gaussians) -> Path:
     normals are zero; ``f_rest`` is ``shN: [N, K-1, 3]`` transposed to ``[N, 3, K-1]`` and flattened.
     """
     n = _check_gaussians(gaussians)
-    names = ply_property_names(gaussians.sh_degree)
     g = gaussians
-    columns = np.concatenate(
-        [
-            _np32(g.means),
-            np.zeros((n, 3), np.float32),
-            _np32(g.sh0).transpose(0, 2, 1).reshape(n, 3),
-            _np32(g.shN).transpose(0, 2, 1).reshape(n, 3 * g.shN.shape[1]),
-            _np32(g.opacity_logits).reshape(n, 1),
-            _np32(g.log_scales),
-            _np32(g.quats),
-        ],
-        axis=1,
-    )
-    assert columns.shape[1] == len(names)
-    records = np.ascontiguousarray(columns, dtype="<f4")
-    header = "ply\nformat binary_little_endian 1.0\n" f"element vertex {n}\n"
+    names = ply_property_names(g.sh_degree)
+    k1 = g.shN.shape[1]
+    records = np.empty((n, len(names)), dtype="<f4")        # one copy of the model, filled in place
+    records[:, 0:3] = _np32(g.means)
+    records[:, 3:6] = 0.0
+    records[:, 6:9] = _np32(g.sh0)[:, 0, :]
+    records[:, 9 : 9 + 3 * k1] = _np32(g.shN).transpose(0, 2, 1).reshape(n, 3 * k1)
+    rest_end = 9 + 3 * k1
+    records[:, rest_end] = _np32(g.opacity_logits)
+    records[:, rest_end + 1 : rest_end + 4] = _np32(g.log_scales)
+    records[:, rest_end + 4 : rest_end + 8] = _np32(g.quats)
+    header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
     header += "".join(f"property float {name}\n" for name in names) + "end_header\n"
-    return atomic_write(path, header.encode("ascii") + records.tobytes())
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "xb") as f:
+            f.write(header.encode("ascii"))
+            records.tofile(f)
+            f.flush()
+            os.fsync(f.fileno())
+    return path
 
 
 def _read_header(f: io.BufferedReader, path: Path) -> list[tuple[str, int, list[tuple[str, str]]]]:
@@ -191,26 +195,28 @@ def read_ply(path: str | Path) -> Gaussians:
     path = Path(path)
     with open(path, "rb") as f:
         elements = _read_header(f, path)
-        body = f.read()
-    if not elements or elements[0][0] != "vertex":
-        raise ValueError(f"{path}: expected 'vertex' as the first PLY element, got {[e[0] for e in elements]}")
-    _, n, props = elements[0]
-    dtype = np.dtype([(name, "<" + t) for name, t in props])
-    if len(body) < n * dtype.itemsize:
-        raise ValueError(f"{path}: truncated: {n} vertices need {n * dtype.itemsize} bytes, found {len(body)}")
-    v = np.frombuffer(body, dtype=dtype, count=n)
+        if not elements or elements[0][0] != "vertex":
+            raise ValueError(f"{path}: expected 'vertex' as the first PLY element, got {[e[0] for e in elements]}")
+        _, n, props = elements[0]
+        dtype = np.dtype([(name, "<" + t) for name, t in props])
+        v = np.fromfile(f, dtype=dtype, count=n)
+    if len(v) < n:
+        raise ValueError(f"{path}: truncated: {n} vertices of {dtype.itemsize} bytes expected, found {len(v)}")
     present = set(dtype.names or ())
     n_rest = sum(1 for name in present if name.startswith("f_rest_"))
     k = n_rest // 3 + 1
     if n_rest % 3 or math.isqrt(k) ** 2 != k:
         raise ValueError(f"{path}: {n_rest} f_rest_* properties; expected 3 * (K - 1) with K = 1, 4, 9 or 16")
     degree = math.isqrt(k) - 1
-    missing = [name for name in ply_property_names(degree) if name not in present and name[0] != "n"]
+    missing = [name for name in ply_property_names(degree) if name not in present and name not in ("nx", "ny", "nz")]
     if missing:
         raise ValueError(f"{path}: missing 3DGS vertex properties {missing}")
 
+    table = structured_to_unstructured(v, dtype=np.float32)      # [N, properties], a view when all are float
+    index = {name: i for i, name in enumerate(dtype.names or ())}
+
     def cols(*names: str) -> Tensor:
-        return torch.from_numpy(np.stack([v[name].astype(np.float32) for name in names], axis=1))
+        return torch.from_numpy(np.ascontiguousarray(table[:, [index[name] for name in names]]))
 
     rest = [f"f_rest_{i}" for i in range(n_rest)]
     return Gaussians(
