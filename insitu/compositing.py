@@ -142,7 +142,6 @@ class _Composite(torch.autograd.Function):
         band, trans, alphas = _forward(rgb, alpha, perm, comm, transfer_dtype)
         ctx.comm = comm
         ctx.save_for_backward(rgb, alpha, perm, trans, alphas)
-        ctx.mark_non_differentiable(perm)
         return band
 
     @staticmethod

@@ -23,6 +23,11 @@ Errors. A failure on one rank must never leave the others waiting in a collectiv
   first stuck in a torch collective still reaches the agreement), after which it prints
   the reason and calls ``MPI_Abort`` (:meth:`Comm.abort`), which ends the whole job.
   Launchers (``mpiexec``, ``srun``) also end the job when a process exits abnormally.
+- An exception that escapes to the top level on one rank (outside any phase) would leave
+  the others waiting in their next collective, and ``MPI_Finalize`` may then never
+  return; with more than one rank, :func:`init_comm` therefore installs a
+  ``sys.excepthook`` that prints the traceback as usual and then aborts the job
+  (what ``python -m mpi4py`` does); :func:`shutdown` removes it.
 """
 from __future__ import annotations
 
@@ -100,6 +105,7 @@ class Comm:
     watchdog_s: float = 600.0
     traffic: Traffic = field(default_factory=Traffic)
     _owns: str = field(default="", repr=False)     # "default", "group" or "" (what shutdown frees)
+    _hooks: tuple | None = field(default=None, repr=False)   # (our excepthook, the one it replaced)
 
     # ---------------------------------------------------------------- error handling
     def agree(self, ok: bool, message: str = "", *, where: str = "check") -> None:
@@ -280,6 +286,8 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
 
     if timeout_s <= 0:
         raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s}")
+    if watchdog_s is not None and watchdog_s <= 0:
+        raise ValueError(f"watchdog_s: expected > 0 seconds or None, got {watchdog_s}")
     base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     mpi = base.Dup()
     rank, size = mpi.Get_rank(), mpi.Get_size()
@@ -300,7 +308,21 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     except RankFailure:
         mpi.Free()
         raise
+    if size > 1:
+        _install_abort_hook(comm)
     return comm
+
+
+def _install_abort_hook(comm: Comm) -> None:
+    previous = sys.excepthook
+
+    def abort_on_exception(kind, value, traceback):
+        previous(kind, value, traceback)
+        if comm.mpi is not None:
+            comm.abort(f"unhandled {kind.__name__}; ending the job so no rank waits for this one")
+
+    sys.excepthook = abort_on_exception
+    comm._hooks = (abort_on_exception, previous)
 
 
 def _init_group(comm: Comm, *, single_node: bool) -> None:
@@ -360,6 +382,11 @@ def shutdown(comm: Comm) -> None:
     """Free what :func:`init_comm` created (process group it made, MPI duplicate). Collective."""
     if comm.mpi is None:
         return
+    if comm._hooks is not None:
+        ours, previous = comm._hooks
+        if sys.excepthook is ours:
+            sys.excepthook = previous
+        comm._hooks = None
     if comm._owns:
         import torch.distributed as dist
 

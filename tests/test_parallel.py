@@ -114,3 +114,13 @@ def test_agree_watchdog_aborts_when_a_rank_hangs():
 def test_rank_dying_outright_ends_the_job():
     out = run_mpi(2, "phase_worker.py", "die", timeout=60)
     assert out.returncode != 0, out.stdout
+
+
+@pytest.mark.mpi
+def test_unhandled_exception_outside_a_phase_ends_the_job():
+    start = time.monotonic()
+    out = run_mpi(2, "phase_worker.py", "stray", timeout=60)
+    assert out.returncode != 0
+    assert time.monotonic() - start < 40, out.stdout
+    assert "KeyError: 'stray failure'" in out.stdout, out.stdout
+    assert "insitu: rank 1/2: fatal: unhandled KeyError; ending the job" in out.stdout, out.stdout

@@ -6,6 +6,8 @@ MODE uncaught:   same, but nobody catches it: every rank exits non-zero with the
 MODE collective: rank 1 raises while the others wait in a torch collective (gloo timeout 3 s).
 MODE hang:       rank 1 never reaches the phase boundary: the agree watchdog (2 s) aborts the job.
 MODE die:        rank 1 exits outright (no MPI_Finalize) before the boundary: the job ends too.
+MODE stray:      rank 1 raises outside any phase while rank 0 waits in an MPI collective:
+                 the excepthook installed by init_comm aborts the job.
 """
 import os
 import sys
@@ -23,6 +25,10 @@ def main(mode):
         time.sleep(50)
     if mode == "die" and comm.rank == 1:
         os._exit(3)
+    if mode == "stray":
+        if comm.rank == 1:
+            raise KeyError("stray failure")
+        comm.allgather_object(None)
     try:
         with comm.phase("seeds"):
             if comm.rank == 1:
