@@ -110,7 +110,7 @@ static void exchange_axis(Domain *d, double *f, int a)
     int n[3] = {d->nx + 2, d->ny + 2, d->nz + 2};
     int b = (a + 1) % 3, c = (a + 2) % 3;   /* the two other axes */
     size_t m = (size_t)n[b] * n[c];
-    double *buf = malloc(4 * m * sizeof(double));
+    double *buf = calloc(4 * m, sizeof(double));
     if (!buf) {
         fprintf(stderr, "gray_scott: out of memory for the halo buffers\n");
         MPI_Abort(d->cart, 1);
