@@ -1,0 +1,696 @@
+"""Timestep sources: ``for step in source:`` yields this rank's block of each timestep.
+
+Sources:
+
+- ``ArraySource``: a whole numpy array (one step), cut for this rank.
+- ``RawSource``: a raw volume file (``NAME_XxYxZ_uint8.raw``), read and cut for this rank.
+- ``BPSource``: replay of an ADIOS2 BP file, each rank reading only its own block.
+- ``SSTSource``: a live ADIOS2 SST stream, each rank reading only its own block.
+
+Every source is a context manager and an iterable of ``Step``::
+
+    with open_source("run.bp", cfg, rank, size) as source:
+        for step in source:
+            train(step.block)
+
+ADIOS2 readers are serial (the PyPI wheel has no MPI): every rank opens its own reader
+and selects its block with a start/count selection (ghost layers included). Over SST
+every rank is therefore its own reader cohort, and the writer must expect them all:
+set its ``RendezvousReaderCount`` to the number of reader ranks (or 0 to start without
+waiting for readers, in which case steps written before a reader joins are not seen by
+it). With ``QueueFullPolicy=Discard`` the cohorts may see different steps; give the
+sources an MPI communicator (``comm=``) and they agree collectively, at every step, on the
+step they all hold (ranks that are behind skip forward), on the end of the stream, and on
+errors, so that no rank is left waiting in a collective.
+
+Failures raise ``SourceError`` (a ``RuntimeError``): a stream that ends unexpectedly, or
+one that delivers no step in time. Input that cannot be used (a missing file or
+variable, a variable that is not 3D, a truncated or corrupt BP file) raises
+``SourceInputError``, which is both a ``SourceError`` and an ``insitu.volume.InputError``.
+Every step completed before a failure has been yielded.
+"""
+from __future__ import annotations
+
+import struct
+import time as _time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .config import Config
+from .decomposition import block_extent, cut_block, split_dims
+from .volume import Block, InputError, check_field, downsample, read_raw
+
+
+class SourceError(RuntimeError):
+    """A timestep source failed: the stream ended unexpectedly or no step arrived in time."""
+
+
+class SourceInputError(SourceError, InputError):
+    """The file or stream given as input cannot be used; the message says why."""
+
+
+@dataclass
+class Step:
+    """One timestep as this rank sees it.
+
+    step:  the simulation's step number (the ``step`` variable when the writer wrote one,
+           else the ADIOS2 step index).
+    time:  the simulation time (the ``time`` variable when written, else ``float(step)``).
+    block: this rank's block, one ghost layer included (``block.fields`` holds the colour field).
+    """
+
+    step: int
+    time: float
+    block: Block
+
+
+class _Source:
+    """Context manager and iterable of Step; subclasses implement ``_steps``."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[Step]:
+        return self._steps()
+
+    def _steps(self) -> Iterator[Step]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _check_rank(rank: int, size: int) -> None:
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank/size: expected 0 <= rank < size and size >= 1, got rank={rank}, size={size}")
+
+
+def _xyz3(name: str, value: Sequence[float]) -> tuple[float, float, float]:
+    v = tuple(float(x) for x in np.asarray(value, dtype=np.float64).ravel())
+    if len(v) != 3:
+        raise SourceInputError(f"{name}: expected 3 values (x, y, z), got {value!r}")
+    return v  # type: ignore[return-value]
+
+
+class ArraySource(_Source):
+    """A whole [nz, ny, nx] array as a single step, cut for this rank.
+
+    array:  [nz, ny, nx] the global field (every rank passes the same array).
+    fields: name -> [nz, ny, nx] other fields on the same samples (e.g. a colour field).
+    downsample: keep every k-th sample per axis (box filter); spacing grows by k.
+    """
+
+    def __init__(self, array: np.ndarray, *, rank: int = 0, size: int = 1,
+                 origin: Sequence[float] = (0.0, 0.0, 0.0), spacing: Sequence[float] = (1.0, 1.0, 1.0),
+                 fields: dict[str, np.ndarray] | None = None, step: int = 0, time: float = 0.0,
+                 downsample: int = 1, name: str = "field"):
+        _check_rank(rank, size)
+        if downsample < 1:
+            raise ValueError(f"downsample: expected an integer >= 1, got {downsample}")
+        array = check_field(array, name)
+        for key, other in (fields or {}).items():
+            if np.shape(other) != array.shape:
+                raise SourceInputError(f"{key}: expected the shape of {name} {array.shape}, got {np.shape(other)}")
+        self.array = _downsample(array, downsample)
+        self.fields = {k: _downsample(np.asarray(v), downsample) for k, v in (fields or {}).items()}
+        self.origin = _xyz3("origin", origin)
+        self.spacing = tuple(s * downsample for s in _xyz3("spacing", spacing))
+        if min(self.spacing) <= 0:
+            raise SourceInputError(f"spacing: expected values > 0, got {spacing!r}")
+        self.rank, self.size = rank, size
+        self.step, self.time = int(step), float(time)
+
+    def _steps(self) -> Iterator[Step]:
+        block = cut_block(self.array, self.rank, self.size, self.origin, self.spacing, self.fields)
+        yield Step(self.step, self.time, block)
+
+
+def _downsample(array: np.ndarray, factor: int) -> np.ndarray:
+    out = downsample(array, factor)
+    if min(out.shape) < 2:
+        raise SourceInputError(f"downsample {factor}: leaves {out.shape} samples, expected >= 2 per axis")
+    return out
+
+
+class RawSource(ArraySource):
+    """A raw volume file ``NAME_XxYxZ_DTYPE.raw`` (Open SciVis convention) as one step.
+
+    Each rank reads the file and keeps its block. dims (x, y, z) and dtype default to
+    those in the file name.
+    """
+
+    def __init__(self, path: str | Path, *, rank: int = 0, size: int = 1, dims: Sequence[int] | None = None,
+                 dtype: str | None = None, downsample: int = 1,
+                 origin: Sequence[float] = (0.0, 0.0, 0.0), spacing: Sequence[float] = (1.0, 1.0, 1.0)):
+        self.path = Path(path)
+        array = read_raw(self.path, tuple(dims) if dims is not None else None, dtype)
+        super().__init__(array, rank=rank, size=size, origin=origin, spacing=spacing,
+                         downsample=downsample, name=self.path.name)
+
+
+# ---- ADIOS2 ------------------------------------------------------------------------------
+
+
+def _adios2():
+    try:
+        import adios2
+    except ImportError as e:  # pragma: no cover - adios2 is installed where sources are used
+        raise SourceError(f"reading ADIOS2 data needs the adios2 package ({e}); pip install adios2") from None
+    return adios2
+
+
+def _first_line(e: BaseException) -> str:
+    """ADIOS2 exception text without its colour codes and time stamp."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    text = re.sub(r"^\w+(Error|Exception):\s*", "", text)
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@dataclass
+class _BP5Index:
+    """What a BP5 directory's ``md.idx`` says: per step, metadata extent and data positions."""
+
+    steps: list[tuple[int, int, list[int]]]   # (metadata pos, metadata size, data pos per writer)
+    subfile: list[int]                        # subfile index of each writer
+
+
+def check_bp5(path: str | Path) -> _BP5Index | None:
+    """Check that a BP5 directory is complete before ADIOS2 reads it.
+
+    ADIOS2 2.12 hangs or crashes on truncated BP5 files, so the index (``md.idx``), the
+    metadata (``md.0``, ``mmd.0``) and the data subfiles (``data.N``) are checked against
+    each other first. Returns the parsed index, or None for other BP versions (left to ADIOS2).
+    Raises SourceInputError naming the file at fault.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SourceInputError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        raise SourceInputError(f"{path}: expected an ADIOS2 BP directory (BP4/BP5), got a file")
+    idx = path / "md.idx"
+    if not idx.is_file():
+        present = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
+        raise SourceInputError(f"{path}: not an ADIOS2 BP directory (no md.idx; it holds {present})")
+    raw = idx.read_bytes()
+    if len(raw) < 64 or not raw.startswith(b"ADIOS-BP"):
+        raise SourceInputError(f"{idx}: truncated or corrupt index ({len(raw)} bytes, expected a 64-byte "
+                               "'ADIOS-BP' header)")
+    if raw[37] != 5:
+        return None
+    corrupt = f"{path}: truncated or corrupt BP5 file"
+    pos, nwriters, subfile, steps = 64, 0, [], []
+    while pos < len(raw):
+        if pos + 9 > len(raw):
+            raise SourceInputError(f"{corrupt} (md.idx ends inside a record header at byte {pos})")
+        kind, length = raw[pos:pos + 1], struct.unpack_from("<Q", raw, pos + 1)[0]
+        body = raw[pos + 9:pos + 9 + length]
+        if len(body) != length or length % 8:
+            raise SourceInputError(f"{corrupt} (md.idx record at byte {pos} is cut short)")
+        words = struct.unpack(f"<{length // 8}Q", body)
+        if kind == b"w":
+            if len(words) < 3 or len(words) < 3 + words[0]:
+                raise SourceInputError(f"{corrupt} (md.idx writer map at byte {pos} is inconsistent)")
+            nwriters = words[0]
+            subfile = list(words[3:3 + nwriters])
+        elif kind == b"s":
+            if len(words) < 3 or nwriters == 0:
+                raise SourceInputError(f"{corrupt} (md.idx step record at byte {pos} is inconsistent)")
+            md_pos, md_size, flushes = words[:3]
+            per_writer = 2 * flushes + 1
+            if len(words) != 3 + nwriters * per_writer:
+                raise SourceInputError(f"{corrupt} (md.idx step record at byte {pos} has {len(words)} entries, "
+                                       f"expected {3 + nwriters * per_writer})")
+            data, flush_ranges = [], []
+            for w in range(nwriters):
+                chunk = words[3 + w * per_writer:3 + (w + 1) * per_writer]
+                flush_ranges += [(w, chunk[2 * f], chunk[2 * f + 1]) for f in range(flushes)]
+                data.append(chunk[-1])
+            steps.append((md_pos, md_size, data))
+            for w, p, n in flush_ranges:
+                _need(path / f"data.{subfile[w]}", p + n, corrupt, f"step {len(steps) - 1}")
+        else:
+            raise SourceInputError(f"{corrupt} (md.idx has an unknown record type {kind!r} at byte {pos})")
+        pos += 9 + length
+    if steps:
+        md_end = max(p + n for p, n, _ in steps)
+        _need(path / "md.0", md_end, corrupt, f"the metadata of step {len(steps) - 1}")
+    _check_mmd(path / "mmd.0", corrupt)
+    for i, (_, _, data) in enumerate(steps):
+        for w, p in enumerate(data):
+            # the data of step i-1 ends where step i's starts: the file must reach that far
+            _need(path / f"data.{subfile[w]}", p, corrupt, f"step {max(i - 1, 0)}")
+    return _BP5Index(steps, subfile)
+
+
+_PROBE = """
+import sys
+sys.modules["torch"] = None     # adios2 imports torch and cupy when present: slow, not needed here
+sys.modules["cupy"] = None
+import adios2
+with adios2.Stream(sys.argv[1], "r") as s:
+    while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
+        s.available_variables()
+        s.available_attributes()
+        s.end_step()
+"""
+
+
+def probe_bp(path: str | Path, timeout_s: float = 60.0) -> None:
+    """Read every step's metadata of a BP file in a child process.
+
+    ADIOS2 can crash (segmentation fault) or hang on corrupt metadata; a child process
+    turns either into a SourceInputError here instead of taking the reader down.
+    """
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True,
+                           timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SourceInputError(f"{path}: ADIOS2 does not finish reading the metadata within {timeout_s:g} s "
+                               "(corrupt file?)") from None
+    if r.returncode < 0:
+        raise SourceInputError(f"{path}: truncated or corrupt BP file (ADIOS2 crashed reading its metadata, "
+                               f"signal {-r.returncode})")
+    if r.returncode != 0:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        raise SourceInputError(f"{path}: truncated or corrupt BP file "
+                               f"({_first_line(RuntimeError(lines[-1])) if lines else 'exit ' + str(r.returncode)})")
+
+
+def _need(file: Path, size: int, corrupt: str, what: str) -> None:
+    if not file.is_file():
+        raise SourceInputError(f"{corrupt} ({file.name} is missing)")
+    have = file.stat().st_size
+    if have < size:
+        raise SourceInputError(f"{corrupt} ({file.name} has {have} bytes; {what} needs at least {size})")
+
+
+def _check_mmd(file: Path, corrupt: str) -> None:
+    """``mmd.0``: records of (u64 id length, u64 info length, id, info) that tile the file."""
+    if not file.is_file():
+        raise SourceInputError(f"{corrupt} (mmd.0 is missing)")
+    raw = file.read_bytes()
+    pos = 0
+    while pos < len(raw):
+        if pos + 16 > len(raw):
+            raise SourceInputError(f"{corrupt} (mmd.0 ends inside a record header at byte {pos})")
+        a, b = struct.unpack_from("<QQ", raw, pos)
+        pos += 16 + a + b
+        if pos > len(raw):
+            raise SourceInputError(f"{corrupt} (mmd.0 is cut short: a record needs {pos} bytes, "
+                                   f"the file has {len(raw)})")
+
+
+class _AdiosSource(_Source):
+    """Shared step loop of BPSource and SSTSource (one serial ADIOS2 reader per rank)."""
+
+    engine = "BP5"
+
+    def __init__(self, name: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
+                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None):
+        _check_rank(rank, size)
+        if every < 1:
+            raise ValueError(f"every: expected an integer >= 1, got {every}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+        if comm is not None and (comm.Get_rank() != rank or comm.Get_size() != size):
+            raise ValueError(f"comm: rank/size {comm.Get_rank()}/{comm.Get_size()} differ from rank={rank}, size={size}")
+        self.name = str(name)
+        self.var, self.color_var = var, color_var
+        self.rank, self.size = rank, size
+        self.steps = None if steps is None else {int(s) for s in steps}
+        self.every = int(every)
+        self.timeout_s = float(timeout_s)
+        self.comm = comm if comm is not None and comm.Get_size() > 1 else None
+        self.last_step: int | None = None        # the last step completed (yielded or skipped)
+        self._stream = None
+        self._used = False
+        self._open()
+
+    # -- subclass hooks ----------------------------------------------------------------------
+    def _params(self) -> dict[str, str]:
+        return {}
+
+    def _open_error(self, e: Exception) -> SourceError:
+        return SourceInputError(f"{self.name}: cannot open as ADIOS2 {self.engine} ({_first_line(e)})")
+
+    def _check_step_data(self, stream) -> None:
+        pass
+
+    def _after(self) -> str:
+        return f"after step {self.last_step}" if self.last_step is not None else "before its first step"
+
+    def _ended_unexpectedly(self) -> SourceError:
+        return SourceError(f"{self.name}: stream ended unexpectedly {self._after()} "
+                           "(the writer stopped without closing it)")
+
+    def _step_error(self, e: Exception) -> SourceError:
+        return SourceError(f"{self.name}: reading the next step failed {self._after()} ({_first_line(e)})")
+
+    # -- opening and closing -----------------------------------------------------------------
+    def _open(self) -> None:
+        adios2 = _adios2()
+        error = None
+        try:
+            self._adios = adios2.Adios()
+            io = self._adios.declare_io(f"insitu-reader-{self.engine}")
+            io.set_engine(self.engine)
+            io.set_parameters(self._params())
+            self._stream = adios2.Stream(io, self.name, "r")
+        except SourceError as e:
+            error = e
+        except Exception as e:
+            error = self._open_error(e)
+        self._agree_error(error)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            try:
+                stream.close()
+            except Exception:
+                pass             # a dead writer can make close complain; nothing is left to release
+
+    def _agree_error(self, error: SourceError | None) -> None:
+        """Raise on every rank when any rank failed (no rank is left waiting)."""
+        if self.comm is not None:
+            msgs = self.comm.allgather(None if error is None else str(error))
+            bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
+            if bad and error is None:
+                self.close()
+                r, m = bad[0]
+                raise SourceError(f"rank {r}: {m}")
+        if error is not None:
+            self.close()
+            raise error
+
+    # -- one step ------------------------------------------------------------------------------
+    def _begin(self) -> tuple[str, int | None]:
+        """Begin the next step: ("ok", step number) | ("end", None); raises SourceError."""
+        adios2 = _adios2()
+        s = self._stream
+        try:
+            status = s.begin_step(timeout=self.timeout_s)
+        except Exception as e:
+            raise self._step_error(e) from None
+        if status == adios2.bindings.StepStatus.EndOfStream:
+            return "end", None
+        if status == adios2.bindings.StepStatus.NotReady:
+            raise SourceError(f"{self.name}: no step arrived within {self.timeout_s:g} s {self._after()}")
+        if status != adios2.bindings.StepStatus.OK:
+            raise self._ended_unexpectedly()
+        available = s.available_variables()
+        if "step" in available and available["step"].get("SingleValue") == "true":
+            return "ok", int(s.read("step"))
+        return "ok", int(s.current_step())
+
+    def _begin_agreed(self) -> tuple[str, int | None]:
+        """Begin a step that every rank holds (ranks behind skip forward); collective with comm."""
+        error = None
+        try:
+            state = self._begin()
+        except SourceError as e:
+            error, state = e, ("error", None)
+        if self.comm is None:
+            if error is not None:
+                raise error
+            return state
+        while True:
+            states = self.comm.allgather((state[0], state[1], None if error is None else str(error)))
+            for r, (kind, _, msg) in enumerate(states):
+                if kind == "error":
+                    self.close()
+                    raise error if error is not None else SourceError(f"rank {r}: {msg}")
+            if any(kind == "end" for kind, _, _ in states):
+                if state[0] == "ok":
+                    self._stream.end_step()
+                # a rank whose stream ended cannot catch up: the stream ends for all
+                if any(kind == "ok" for kind, _, _ in states):
+                    held = sorted({n for kind, n, _ in states if kind == "ok"})
+                    if self.rank == 0:
+                        print(f"{self.name}: stream ended on some ranks; steps {held} held by others are dropped",
+                              flush=True)
+                return "end", None
+            target = max(n for _, n, _ in states)
+            if all(n == target for _, n, _ in states):
+                return state
+            if state[1] < target:           # behind (Discard policy): drop this step, take the next
+                self._stream.end_step()
+                try:
+                    state = self._begin()
+                except SourceError as e:
+                    error, state = e, ("error", None)
+
+    def _attr3(self, name: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
+        s = self._stream
+        if name not in s.available_attributes():
+            return default
+        try:
+            return _xyz3(f"{self.name}: attribute {name}", s.read_attribute(name))
+        except SourceInputError:
+            raise
+        except Exception as e:
+            raise SourceInputError(f"{self.name}: attribute {name} cannot be read ({_first_line(e)})") from None
+
+    def _shape_of(self, var: str, available: dict, number: int) -> tuple[int, ...]:
+        if var not in available:
+            names = ", ".join(sorted(available)) or "none"
+            raise SourceInputError(f"{self.name}: no variable {var!r} at step {number}; variables present: {names}")
+        info = available[var]
+        text = info.get("Shape", "")
+        shape = tuple(int(x) for x in text.split(",") if x.strip())
+        if len(shape) != 3 or min(shape) < 2:
+            what = "a single value" if not shape else f"shape {shape}"
+            raise SourceInputError(f"{self.name}: variable {var!r} is {what} ({info.get('Type', '?')}), "
+                                   "expected a 3D global array [z, y, x] with >= 2 samples per axis")
+        return shape
+
+    def _read(self, number: int) -> Step:
+        s = self._stream
+        available = s.available_variables()
+        zyx = self._shape_of(self.var, available, number)
+        if self.color_var is not None:
+            czyx = self._shape_of(self.color_var, available, number)
+            if czyx != zyx:
+                raise SourceInputError(f"{self.name}: colour variable {self.color_var!r} has shape {czyx}, "
+                                       f"expected the shape of {self.var!r} {zyx}")
+        gshape = tuple(reversed(zyx))                                  # (x, y, z)
+        ext = block_extent(self.rank, split_dims(gshape, self.size), gshape)
+        start, count = list(reversed(ext.start)), list(reversed(ext.count))
+        self._check_step_data(s)
+        try:
+            data = s.read(self.var, start, count)
+            fields = {self.color_var: s.read(self.color_var, start, count)} if self.color_var else {}
+        except Exception as e:
+            raise SourceInputError(f"{self.name}: reading {self.var!r} at step {number} failed "
+                                   f"({_first_line(e)})") from None
+        t = float(s.read("time")) if "time" in available and available["time"].get("SingleValue") == "true" \
+            else float(number)
+        block = Block(data, ext.start, gshape, ext.owned_lo, ext.owned_hi,
+                      self._attr3("origin", (0.0, 0.0, 0.0)), self._attr3("spacing", (1.0, 1.0, 1.0)), fields)
+        return Step(number, t, block)
+
+    def _steps(self) -> Iterator[Step]:
+        if self._used:
+            raise SourceError(f"{self.name}: a stream can be iterated once; open a new source to read it again")
+        self._used = True
+        if self._stream is None:
+            raise SourceError(f"{self.name}: the source is closed")
+        arrived = 0
+        try:
+            while True:
+                kind, number = self._begin_agreed()
+                if kind == "end":
+                    return
+                keep = self.steps is None or number in self.steps
+                if keep:
+                    keep = arrived % self.every == 0
+                    arrived += 1
+                error, step = None, None
+                if keep:
+                    try:
+                        step = self._read(number)
+                    except SourceError as e:
+                        error = e
+                if error is None:
+                    self._stream.end_step()
+                self._agree_error(error)
+                self.last_step = number
+                if step is not None:
+                    yield step
+        finally:
+            self.close()
+
+
+class BPSource(_AdiosSource):
+    """Replay an ADIOS2 BP file step by step; this rank reads only its block.
+
+    path:      the BP directory (e.g. ``gs.bp``) written with ``var`` as a global 3D array.
+    var:       the field to read; color_var: an optional second field on the same grid.
+    steps:     only these step numbers; every: then keep every k-th of those (0, k, 2k, ...).
+    timeout_s: a file still being written: give up when no new step comes for this long.
+    comm:      optional MPI communicator of the readers: errors are then raised on every rank.
+    probe:     first read all metadata in a child process (``probe_bp``), so that a corrupt
+               file gives an error instead of crashing this process (rank 0 only with comm).
+    """
+
+    engine = "BP5"
+
+    def __init__(self, path: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
+                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None,
+                 probe: bool = True):
+        self._index = None
+        error = None
+        try:
+            self._index = check_bp5(path)
+            if probe and (comm is None or comm.Get_rank() == 0):
+                probe_bp(path, timeout_s)
+        except SourceError as e:
+            error = e
+        if comm is not None and comm.Get_size() > 1:
+            msgs = comm.allgather(None if error is None else str(error))
+            if error is None and any(msgs):
+                r = next(i for i, m in enumerate(msgs) if m)
+                raise SourceError(f"rank {r}: {msgs[r]}")
+        if error is not None:
+            raise error
+        super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
+                         timeout_s=timeout_s, comm=comm)
+
+    def _params(self) -> dict[str, str]:
+        return {"OpenTimeoutSecs": str(max(1, int(np.ceil(self.timeout_s))))}
+
+    def _ended_unexpectedly(self) -> SourceError:
+        return SourceInputError(f"{self.name}: the file cannot be read {self._after()} (truncated or corrupt?)")
+
+    def _step_error(self, e: Exception) -> SourceError:
+        return SourceInputError(f"{self.name}: truncated or corrupt BP file: reading the next step failed "
+                                f"{self._after()} ({_first_line(e)})")
+
+    def _check_step_data(self, stream) -> None:
+        """The step's data must be in the file (a truncated last step would hang ADIOS2)."""
+        if self._index is None:
+            return
+        i = int(stream.current_step())
+        if i >= len(self._index.steps):               # the file grew since it was opened
+            self._index = check_bp5(self.name)
+            if self._index is None or i >= len(self._index.steps):
+                return
+        if i + 1 < len(self._index.steps):
+            return                                    # check_bp5 saw step i+1 start inside the file
+        need: dict[int, int] = {}
+        for var, info in stream.available_variables().items():
+            if info.get("SingleValue") == "true" or stream.inquire_variable(var).operations():
+                continue
+            itemsize = np.dtype(_adios_dtype(info.get("Type", ""))).itemsize
+            for b in stream.engine.blocks_info(var, i):
+                count = [int(c) for c in b["Count"].split(",") if c.strip()]
+                w = int(b.get("WriterID", 0))
+                need[w] = need.get(w, 0) + int(np.prod(count)) * itemsize
+        corrupt = f"{self.name}: truncated or corrupt BP5 file"
+        for w, nbytes in need.items():
+            if w < len(self._index.subfile):
+                _need(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
+                      corrupt, f"step {i}")
+
+
+def _adios_dtype(name: str):
+    table = {"int8_t": np.int8, "char": np.int8, "uint8_t": np.uint8, "int16_t": np.int16,
+             "uint16_t": np.uint16, "int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64,
+             "uint64_t": np.uint64, "float": np.float32, "double": np.float64,
+             "float complex": np.complex64, "complex": np.complex64, "double complex": np.complex128}
+    return table.get(name, np.uint8)
+
+
+class SSTSource(_AdiosSource):
+    """Read a live ADIOS2 SST stream as its steps arrive; this rank reads only its block.
+
+    name:      the stream name the writer opened (its contact file is ``name + ".sst"``,
+               relative to the writer's working directory).
+    timeout_s: how long to wait for the writer to appear, and then for each next step.
+    The writer must expect this rank as a reader: ``RendezvousReaderCount`` = number of
+    reader ranks (each is its own cohort), or 0. A writer that closes the stream ends the
+    iteration; a writer that dies raises SourceError after the last completed step.
+    Other arguments as for BPSource.
+    """
+
+    engine = "SST"
+
+    def __init__(self, name: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
+                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None):
+        self._opened_at = _time.monotonic()
+        super().__init__(name, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
+                         timeout_s=timeout_s, comm=comm)
+
+    def _params(self) -> dict[str, str]:
+        return {"OpenTimeoutSecs": str(max(1, int(np.ceil(self.timeout_s)))), "DataTransport": "WAN"}
+
+    def _open_error(self, e: Exception) -> SourceError:
+        contact = Path(self.name + ".sst")
+        waited = _time.monotonic() - self._opened_at
+        if contact.exists() and waited < self.timeout_s:
+            return SourceError(f"{self.name}: the writer's contact file {contact} exists but its writer does not "
+                               f"answer (it died without closing the stream; remove the stale file) "
+                               f"({_first_line(e)})")
+        if not contact.exists():
+            return SourceError(f"{self.name}: no SST writer appeared within {self.timeout_s:g} s "
+                               f"(no contact file {contact}; is the simulation running, in this directory?)")
+        return SourceError(f"{self.name}: cannot connect to the SST writer ({_first_line(e)})")
+
+
+def open_source(kind_or_path: Any, cfg: Config, rank: int = 0, size: int = 1, *, kind: str | None = None,
+                comm: Any = None) -> _Source:
+    """Open the source that ``kind_or_path`` names, configured by ``cfg.input``.
+
+    kind_or_path: a numpy array (ArraySource); ``"sst:NAME"`` (SSTSource), ``"bp:PATH"``
+                  (BPSource), ``"raw:PATH"`` (RawSource); or a path: ``*.raw`` -> raw, a BP
+                  directory or ``*.bp`` -> bp.
+    kind:         force the kind ("array", "raw", "bp", "sst"): the CLI's ``stream NAME``
+                  passes ``kind="sst"``, its ``replay PATH`` ``kind="bp"``.
+    comm:         optional MPI communicator of the ranks (BP/SST: collective step agreement
+                  and errors raised on every rank).
+    """
+    inp = cfg.input
+    if isinstance(kind_or_path, np.ndarray):
+        kind, target = kind or "array", kind_or_path
+    else:
+        text = str(kind_or_path)
+        prefix, sep, rest = text.partition(":")
+        if sep and prefix in ("sst", "bp", "raw") and kind is None:
+            kind, target = prefix, rest
+        else:
+            target = text
+            if kind is None:
+                p = Path(text)
+                if p.suffix == ".raw":
+                    kind = "raw"
+                elif p.suffix == ".bp" or (p / "md.idx").is_file():
+                    kind = "bp"
+                else:
+                    raise SourceInputError(f"{text}: cannot tell the kind of source; expected a .raw file, a BP "
+                                           "directory (.bp), or sst:NAME for a stream")
+    if kind not in ("array", "raw", "bp", "sst"):
+        raise ValueError(f"kind: expected one of array, raw, bp, sst; got {kind!r}")
+    if kind in ("array", "raw") and inp.color_var is not None:
+        raise SourceInputError(f"input.color_var={inp.color_var!r}: a colour field needs a BP or SST source "
+                               f"with that variable; a {kind} source has one field")
+    if kind == "array":
+        if not isinstance(target, np.ndarray):
+            raise SourceInputError(f"array source: expected a numpy array, got {type(target).__name__}")
+        return ArraySource(target, rank=rank, size=size, downsample=inp.downsample, name=inp.var)
+    if kind == "raw":
+        return RawSource(target, rank=rank, size=size, dims=inp.dims, dtype=inp.dtype, downsample=inp.downsample)
+    cls = BPSource if kind == "bp" else SSTSource
+    return cls(target, inp.var, rank=rank, size=size, color_var=inp.color_var, steps=inp.steps, every=inp.every,
+               timeout_s=inp.timeout_s, comm=comm)
