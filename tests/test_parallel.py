@@ -1,5 +1,6 @@
 """insitu.parallel: single-process set-up and error agreement, multi-rank runs under mpiexec."""
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,10 @@ WORKERS = Path(__file__).resolve().parent / "mpi"
 def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``mpiexec -n n python tests/mpi/script args``; output in ``.stdout`` (stderr merged)."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    if not mpiexec.exists():                       # a system MPI (GPU machines)
+        mpiexec = Path(shutil.which("mpiexec") or mpiexec)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           timeout=timeout, cwd=ROOT)

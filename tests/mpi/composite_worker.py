@@ -1,6 +1,7 @@
 """Multi-rank check of insitu.compositing against the serial front-to-back composite.
 
-Run as ``mpiexec -n P python composite_worker.py``; exits non-zero on any mismatch.
+Run as ``mpiexec -n P python composite_worker.py [DEVICE]`` (DEVICE ``cpu``, the default, or
+``cuda`` for NCCL with one GPU per rank); exits non-zero on any mismatch.
 """
 import sys
 
@@ -41,14 +42,16 @@ def serial(rgb, alpha, order):
 
 
 def check(name, got, want, tol):
+    got = got.detach().cpu()
     err = (got - want).abs().max().item() if got.numel() else 0.0
     if not (got.shape == want.shape and err <= tol):
         print(f"FAIL {name}: shape {tuple(got.shape)} vs {tuple(want.shape)}, max error {err:.3g}", flush=True)
         sys.exit(1)
 
 
-def main():
-    comm = init_comm(device="cpu", timeout_s=60)
+def main(device):
+    comm = init_comm(device=device, timeout_s=60)
+    dev = comm.device
     P, r = comm.size, comm.rank
     for (B, H, W) in [(3, 7, 5), (2, 3, 4)]:          # H not a multiple of P; H < P gives empty bands
         rgb_all, alpha_all, order = layers(P, B, H, W, seed=17 + H)
@@ -58,8 +61,8 @@ def main():
         weight = torch.randn(B, H, W, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
         (full * weight).sum().backward()
 
-        rgb = rgb_all[r].clone().requires_grad_(True)
-        alpha = alpha_all[r].clone().requires_grad_(True)
+        rgb = rgb_all[r].to(dev).requires_grad_(True)
+        alpha = alpha_all[r].to(dev).requires_grad_(True)
         comm.traffic.reset()
         band = composite(rgb, alpha, order, comm)
         a, b = band_rows(H, P)[r]
@@ -69,15 +72,16 @@ def main():
         if P > 1 and not (comm.traffic.calls == 2 and abs(comm.traffic.bytes - want_fwd) <= 2):
             print(f"FAIL traffic: {comm.traffic}, expected {want_fwd} bytes in 2 calls", flush=True)
             sys.exit(1)
-        (band * weight[:, a:b]).sum().backward()       # every rank its own band loss
+        (band * weight[:, a:b].to(dev)).sum().backward()       # every rank its own band loss
         check("grad rgb", rgb.grad, ref_rgb.grad[r], 1e-10)
         check("grad alpha", alpha.grad, ref_alpha.grad[r], 1e-10)
 
-        gt = composite_full(rgb_all[r], alpha_all[r], order, comm)
+        gt = composite_full(rgb_all[r].to(dev), alpha_all[r].to(dev), order.to(dev), comm)
         check("composite_full", gt, full.detach()[:, a:b], 1e-10)
         check("gather_bands", gather_bands(gt, comm), full.detach(), 1e-10)
 
-        half = composite_full(rgb_all[r].float(), alpha_all[r].float(), order, comm, transfer_dtype=torch.bfloat16)
+        half = composite_full(rgb_all[r].float().to(dev), alpha_all[r].float().to(dev), order, comm,
+                              transfer_dtype=torch.bfloat16)
         check("bfloat16 transfer", half.double(), full.detach()[:, a:b], 2e-2)
 
     if P == 2:
@@ -126,12 +130,12 @@ def gradcheck(comm):
         band = composite(_Select.apply(rgb_all, comm), _Select.apply(alpha_all, comm), order, comm)
         return _Assemble.apply(band, comm, band_rows(H, P)[comm.rank])
 
-    ok = torch.autograd.gradcheck(fn, (rgb_all.requires_grad_(True), alpha_all.requires_grad_(True)),
-                                  eps=1e-6, atol=1e-8, raise_exception=False)
+    inputs = (rgb_all.to(comm.device).requires_grad_(True), alpha_all.to(comm.device).requires_grad_(True))
+    ok = torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, raise_exception=False)
     if not ok:
         print("FAIL gradcheck", flush=True)
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
