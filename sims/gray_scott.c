@@ -5,15 +5,16 @@
  *     --steps N      simulation steps (default 1000)
  *     --plotgap N    call the adaptor every N steps (default 100)
  *     --config PATH  adaptor YAML configuration (default: adaptor defaults)
- *     --F --k --Du --Dv --dt --noise   model parameters (defaults below)
+ *     --F --k --Du --Dv --dt --noise   model parameters (defaults: 0.02 0.048 0.2 0.1 1.0 0.1)
  *     --seed N       noise seed (default 0)
  *     --no-insitu    run without the adaptor (baseline timing)
  *
  * Same model as sims/gray_scott.py (and the ADIOS2 Gray-Scott tutorial):
  *   du/dt = Du lap(u) - u v^2 + F (1 - u) + noise * r,   dv/dt = Dv lap(v) + u v^2 - (F + k) v
  * with a 7-point Laplacian (divided by 6), explicit Euler, periodic boundaries,
- * U = 1, V = 0 except a centred cube of edge 2*6+1 (U = 0.25, V = 0.33). The noise r in
- * [-1, 1) is a hash of (global index, step, seed): identical for any decomposition.
+ * U = 1, V = 0 except the centred cube [L/2 - d, L/2 + d)^3, d = min(6, L/4) (U = 0.25,
+ * V = 0.33). The noise r in [-1, 1) is a hash of (seed, step, global index), the same
+ * function as in gray_scott.py: identical for any decomposition.
  *
  * Decomposition: MPI_Dims_create + MPI_Cart_create (periodic), one ghost layer, halo
  * exchange by MPI_Sendrecv of faces (x, then y, then z, so edges and corners come along).
@@ -52,11 +53,12 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* Deterministic noise in [-1, 1) for a global sample and step. */
+/* Deterministic noise in [-1, 1) for a global sample before step `step` (0-based), as
+ * sims/gray_scott.py draws it: splitmix64(index + splitmix64(seed * 0x1000003 + step)). */
 static double noise_at(uint64_t seed, int step, int64_t gx, int64_t gy, int64_t gz, int L)
 {
     uint64_t id = ((uint64_t)gz * (uint64_t)L + (uint64_t)gy) * (uint64_t)L + (uint64_t)gx;
-    uint64_t h = splitmix64(splitmix64(seed) ^ splitmix64(id + ((uint64_t)step << 40)));
+    uint64_t h = splitmix64(id + splitmix64(seed * 0x1000003ull + (uint64_t)step));
     return (double)(h >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
 
@@ -70,18 +72,15 @@ static void domain_init(Domain *d, const Settings *s, MPI_Comm world)
 {
     int size, dims[3] = {0, 0, 0}, periods[3] = {1, 1, 1}, coords[3], rank;
     MPI_Comm_size(world, &size);
-    MPI_Dims_create(size, 3, dims); /* dims[0] is the slowest: use it for z */
-    int pz = dims[0], py = dims[1], px = dims[2];
-    int cdims[3] = {pz, py, px};
-    MPI_Cart_create(world, 3, cdims, periods, 0, &d->cart);
+    MPI_Dims_create(size, 3, dims);  /* (px, py, pz): cart axes are x, y, z as in gray_scott.py */
+    MPI_Cart_create(world, 3, dims, periods, 0, &d->cart);
     MPI_Comm_rank(d->cart, &rank);
     MPI_Cart_coords(d->cart, rank, 3, coords);
-    split(s->L, px, coords[2], &d->nx, &d->start[0]);
-    split(s->L, py, coords[1], &d->ny, &d->start[1]);
-    split(s->L, pz, coords[0], &d->nz, &d->start[2]);
-    /* cart dimension 2 is x, 1 is y, 0 is z */
+    split(s->L, dims[0], coords[0], &d->nx, &d->start[0]);
+    split(s->L, dims[1], coords[1], &d->ny, &d->start[1]);
+    split(s->L, dims[2], coords[2], &d->nz, &d->start[2]);
     for (int a = 0; a < 3; a++)
-        MPI_Cart_shift(d->cart, 2 - a, 1, &d->nbr[a][0], &d->nbr[a][1]);
+        MPI_Cart_shift(d->cart, a, 1, &d->nbr[a][0], &d->nbr[a][1]);
     size_t n = (size_t)(d->nx + 2) * (d->ny + 2) * (d->nz + 2);
     d->u = malloc(n * sizeof(double));
     d->v = malloc(n * sizeof(double));
@@ -91,14 +90,14 @@ static void domain_init(Domain *d, const Settings *s, MPI_Comm world)
         fprintf(stderr, "gray_scott: out of memory for a %dx%dx%d block\n", d->nx, d->ny, d->nz);
         MPI_Abort(world, 1);
     }
-    const int half = s->L / 2, r = 6;
+    const int half = s->L / 2, r = s->L / 4 < 6 ? s->L / 4 : 6;   /* cube [L/2 - r, L/2 + r) */
     for (int k = 0; k < d->nz + 2; k++)
         for (int j = 0; j < d->ny + 2; j++)
             for (int i = 0; i < d->nx + 2; i++) {
                 int64_t g[3] = {d->start[0] + i - 1, d->start[1] + j - 1, d->start[2] + k - 1};
                 int inside = 1;
                 for (int a = 0; a < 3; a++)
-                    inside &= g[a] >= half - r && g[a] <= half + r;
+                    inside &= g[a] >= half - r && g[a] < half + r;
                 d->u[IDX(d, i, j, k)] = inside ? 0.25 : 1.0;
                 d->v[IDX(d, i, j, k)] = inside ? 0.33 : 0.0;
             }
@@ -166,7 +165,7 @@ static void advance(Domain *d, const Settings *s, int step)
                 double lv = (d->v[c - sx] + d->v[c + sx] + d->v[c - sy] + d->v[c + sy] + d->v[c - sz] +
                              d->v[c + sz] - 6.0 * v) / 6.0;
                 double r = s->noise == 0.0 ? 0.0
-                         : noise_at(s->seed, step, d->start[0] + i - 1, d->start[1] + j - 1, d->start[2] + k - 1, s->L);
+                         : noise_at(s->seed, step - 1, d->start[0] + i - 1, d->start[1] + j - 1, d->start[2] + k - 1, s->L);
                 double uvv = u * v * v;
                 d->u2[c] = u + s->dt * (s->Du * lu - uvv + s->F * (1.0 - u) + s->noise * r);
                 d->v2[c] = v + s->dt * (s->Dv * lv + uvv - (s->F + s->k) * v);
@@ -215,7 +214,7 @@ int main(int argc, char **argv)
     int provided, rank;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  /* background training needs it */
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    Settings s = {64, 1000, 100, 1, 0.02, 0.048, 0.2, 0.1, 2.0, 0.01, 0, NULL};
+    Settings s = {64, 1000, 100, 1, 0.02, 0.048, 0.2, 0.1, 1.0, 0.1, 0, NULL};
     int bad = parse(argc, argv, &s);
     if (bad) {
         if (rank == 0)
@@ -244,7 +243,7 @@ int main(int argc, char **argv)
     double t0 = MPI_Wtime(), t_insitu = 0.0;
     for (int step = 1; step <= s.steps && rc == 0; step++) {
         advance(&d, &s, step);
-        if (s.insitu && step % s.plotgap == 0) {
+        if (s.insitu && (step % s.plotgap == 0 || step == s.steps)) {
             double t = MPI_Wtime();
             owned(&d, d.u, u);
             owned(&d, d.v, v);
@@ -263,6 +262,16 @@ int main(int argc, char **argv)
         if (!rc)
             rc = 5;
     }
+    double sums[2] = {0.0, 0.0}, total[2];
+    for (int k = 1; k <= d.nz; k++)
+        for (int j = 1; j <= d.ny; j++)
+            for (int i = 1; i <= d.nx; i++) {
+                sums[0] += d.u[IDX(&d, i, j, k)];
+                sums[1] += d.v[IDX(&d, i, j, k)];
+            }
+    MPI_Reduce(sums, total, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("gray_scott: sum U = %.12e, sum V = %.12e\n", total[0], total[1]);
     if (rank == 0 && rc == 0)
         printf("gray_scott: %d steps of %d^3 in %.3f s (%.3f s in insitu_execute), thread level %d\n", s.steps,
                s.L, elapsed, t_insitu, provided);

@@ -95,3 +95,18 @@ def test_c_python_exception_in_execute_returns_an_error_on_every_rank(gray_scott
         assert f"gray_scott: rank {rank}: insitu_execute failed at step 20: insitu_execute: InputError" in proc.stderr
     assert proc.stderr.count("field 'W' (input.var) is not among the fields given: 'U', 'V'") >= 2
     assert not (tmp_path / "out" / "step_000020").exists()
+
+
+@pytest.mark.mpi
+def test_c_gray_scott_matches_the_python_one_for_any_split(gray_scott_c, tmp_path):
+    sys.path.insert(0, str(ROOT / "sims"))
+    from gray_scott import GrayScott, GrayScottSettings
+
+    sim = GrayScott(GrayScottSettings(L=20, steps=30, engine="none"))
+    for _ in range(30):
+        sim.step()
+    expected = f"sum U = {sim.u.sum():.12e}, sum V = {sim.v.sum():.12e}"
+    for n in ("1", "3"):
+        proc = _run([MPIEXEC, "-n", n, gray_scott_c, "--L", "20", "--steps", "30", "--no-insitu"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert expected in proc.stdout, (n, proc.stdout)
