@@ -23,6 +23,10 @@ to front (``Q = p_next + (1 - A_next) * Q``), so nothing is divided by ``1 - A``
 alpha may be exactly 1). Forward and backward call their collectives unconditionally
 on every rank, so all ranks always traverse the same collectives.
 
+Traffic per rank and call, in values of the transfer dtype (``comm.traffic`` counts the
+bytes): forward ``(P - 1) * BHW`` (alphas) + ``4 (P - 1) / P * BHW`` (colour bands);
+backward ``4 (P - 1) / P * BHW`` (band gradients) + ``(P - 1) * BHW`` (``p``).
+
 Each rank's loss on its band is a term of the global loss; ranks call ``backward`` on
 their own band loss, and the gradients each rank gets for its layer are those of the sum
 of all band losses.
