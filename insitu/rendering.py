@@ -4,19 +4,18 @@
 batch of cameras. Two backends compute the same image:
 
 - ``"gsplat"``: ``gsplat.rasterization`` (CUDA kernels; classic mode, no background).
-- ``"torch"``: a pure-PyTorch tile rasterizer that follows gsplat's math step by step
+- ``"torch"``: a pure-PyTorch rasterizer that follows gsplat's math step by step
   (EWA projection, ``eps2d`` blur, opacity-aware 3.33-sigma extent, alpha clamped at
   0.999, alphas below 1/255 skipped, front-to-back compositing that stops once the
   transmittance would fall to 1e-4). It runs on any device, is differentiable through
   autograd, and is the CPU training path and the oracle in tests.
 
-The torch backend bins Gaussians to the screen tiles their bounding box touches, sorts
-every tile's list by depth, and evaluates groups of tiles at once on a
-``[tiles, pixels, gaussians]`` grid padded to the group's longest list; groups are
-formed after sorting tiles by list length, so memory follows the work done rather
-than ``N x H x W``. The Gaussian falloff is evaluated as one matrix product: it is a
-quadratic polynomial in the pixel offset from the tile centre, so
-``sigma = [u^2, v^2, uv, u, v, 1] @ coefficients``.
+The torch backend works on (Gaussian, pixel) pairs rather than padded tiles: every
+drawn Gaussian is paired with the pixels of its extent box, pairs below the alpha
+threshold are dropped before autograd sees them, the rest are sorted by pixel with
+depth order kept inside a pixel, and transmittance is a running sum of log(1 - alpha)
+restarted at every pixel. Memory and time follow the pairs that are composited (the
+projected area of the Gaussians), never ``N x H x W``, and nothing loops in Python.
 
 Camera model (as ``insitu.views`` and gsplat): ``viewmats`` world-to-camera, OpenCV
 axes (+x right, +y down, +z forward); pinhole ``Ks`` in pixels; pixel ``(u, v)`` has
@@ -51,8 +50,8 @@ _SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
 _SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154,
           -0.4570457994644658, 1.445305721320277, -0.5900435899266435)
 
-# Upper bound on the elements of one [tiles, pixels, gaussians] group in the torch backend.
-_GROUP_ELEMENTS = 1 << 22
+# The torch backend takes Gaussians front to back in runs of at most this many box pixels.
+_PAIR_BUDGET = 1 << 16
 
 
 def eval_sh(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
@@ -126,7 +125,8 @@ def rasterize(
         near_plane, far_plane: Gaussians with camera depth outside (near, far) are culled.
         eps2d: added to the diagonal of every projected 2D covariance.
         radius_clip: Gaussians whose pixel radius is <= this in both axes are culled.
-        tile_size: screen tile edge in pixels.
+        tile_size: gsplat's screen tile edge in pixels (the torch backend pairs
+            Gaussians with pixels directly and does not use tiles).
 
     Returns:
         render: [C, H, W, 3] premultiplied colour ``sum_i w_i c_i`` (no background).
@@ -135,9 +135,12 @@ def rasterize(
             backward; with gsplat, ``.absgrad`` too), ``radii`` [C, N] int32 pixel radius,
             > 0 where the Gaussian is drawn, ``depths`` [C, N] camera depths, ``conics``
             [C, N, 3] inverse 2D covariances (xx, xy, yy) including ``eps2d``, ``backend``
-            (the one that ran), ``width``, ``height``, ``n_cameras``.
+            (the one chosen), ``width``, ``height``, ``n_cameras``. ``means2d``, ``depths``
+            and ``conics`` are meaningful only where ``radii > 0`` (gsplat leaves the others
+            uninitialised).
 
-    With N = 0 the images are zeros (still part of the autograd graph of the inputs).
+    With N = 0 the images are zeros, on the autograd graph of the inputs, and no kernel
+    runs (whichever backend was chosen).
     """
     N, C = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size)
@@ -260,7 +263,8 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
     if radii.dim() == 3:                     # gsplat >= 1.5 gives per-axis radii [C, N, 2]
         radii = radii.max(dim=-1).values
     info = {"means2d": means2d, "radii": radii.to(torch.int32), "depths": meta["depths"],
-            "conics": meta["conics"], "backend": "gsplat", "width": width, "height": height, "n_cameras": viewmats.shape[0]}
+            "conics": meta["conics"], "backend": "gsplat", "width": width, "height": height,
+            "n_cameras": viewmats.shape[0]}
     return render, alpha, info
 
 
@@ -366,47 +370,113 @@ def _falloff(g: Tensor, px: Tensor, py: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def _bin_to_pixels(proj: _Projected, packed: Tensor, width: int, height: int) -> _Pairs:
-    """Pairs of every drawn Gaussian with the pixels of its box where alpha >= 1/255.
+def _pixel_boxes(proj: _Projected, width: int, height: int) -> tuple[Tensor, Tensor]:
+    """Drawn Gaussians front to back and the pixel boxes their extents cover.
 
-    packed: [C * N, >=6] per-Gaussian rows as ``_falloff`` reads them.
+    Returns ``order`` [V] flat indices ``c * N + n`` sorted by depth, and ``boxes`` [V, 4]
+    int64 (x0, y0, box width, box height), clipped to the image.
     """
-    C, N = proj.depths.shape
-    device = proj.depths.device
     radii = proj.radii.reshape(-1, 2)
-    visible = torch.nonzero((radii > 0).all(dim=-1)).flatten()           # flat c * N + n
-    # Front to back: order the Gaussians by depth; the stable pixel sort below keeps it.
-    visible = visible[torch.argsort(proj.depths.reshape(-1)[visible], stable=True)]
-    rows = packed[:, :6].index_select(0, visible)                       # [V, 6]
-    r = radii.index_select(0, visible).to(rows.dtype)
-    x0 = torch.floor(rows[:, 0] - r[:, 0]).clamp(0, width).long()
-    x1 = torch.ceil(rows[:, 0] + r[:, 0]).clamp(0, width).long()
-    y0 = torch.floor(rows[:, 1] - r[:, 1]).clamp(0, height).long()
-    y1 = torch.ceil(rows[:, 1] + r[:, 1]).clamp(0, height).long()
-    counts = (x1 - x0) * (y1 - y0)
-    # Enumerate every box row-major: pair k of Gaussian i is pixel (x0 + k % w, y0 + k // w).
-    owner = torch.repeat_interleave(torch.arange(visible.numel(), device=device), counts)
-    per_gauss = torch.stack([x0, y0, x1 - x0, torch.cumsum(counts, 0) - counts, visible], dim=1)
-    x0, y0, bw, first, gauss = per_gauss.index_select(0, owner).unbind(1)
+    order = torch.nonzero((radii > 0).all(dim=-1)).flatten()
+    order = order[torch.argsort(proj.depths.reshape(-1)[order], stable=True)]
+    m = proj.means2d.detach().reshape(-1, 2).index_select(0, order)
+    r = radii.index_select(0, order).to(m.dtype)
+    size = torch.tensor([width, height], device=m.device, dtype=m.dtype)
+    lo = torch.minimum(torch.floor(m - r).clamp(min=0), size)
+    hi = torch.minimum(torch.ceil(m + r).clamp(min=0), size)
+    return order, torch.cat([lo, hi - lo], dim=1).long()
+
+
+@torch.no_grad()
+def _pairs(gauss: Tensor, boxes: Tensor, rows: Tensor, done: Tensor, N: int, width: int,
+           height: int) -> _Pairs:
+    """Pairs of Gaussians with the pixels of their boxes where alpha >= 1/255 and the pixel
+    is not done yet, sorted by pixel; within a pixel they keep the order of ``gauss``.
+
+    gauss: [V] flat indices; boxes: [V, 4]; rows: [V, >=6] as ``_falloff`` reads them;
+    done: [C * H * W] bool, pixels whose transmittance already fell to 1e-4.
+    """
+    device = gauss.device
+    counts = boxes[:, 2] * boxes[:, 3]
+    owner = torch.repeat_interleave(torch.arange(gauss.numel(), device=device), counts)
+    # Pair k of Gaussian i is pixel (x0 + k % w, y0 + k // w) of its box.
+    per_gauss = torch.cat([boxes[:, :3], (torch.cumsum(counts, 0) - counts)[:, None], gauss[:, None]], 1)
+    x0, y0, bw, first, g = per_gauss.index_select(0, owner).unbind(1)
     local = torch.arange(owner.numel(), device=device) - first
     ly = torch.div(local, bw, rounding_mode="floor")
     px, py = x0 + (local - ly * bw), y0 + ly
+    pixel = (torch.div(g, N, rounding_mode="floor") * height + py) * width + px
     # Drop the pairs gsplat skips (alpha < 1/255) before anything is differentiated.
     keep = _falloff(rows.index_select(0, owner), px, py) >= math.log(ALPHA_THRESHOLD)
-    keep = torch.nonzero(keep).flatten()
-    gauss, px, py = gauss.index_select(0, keep), px.index_select(0, keep), py.index_select(0, keep)
-    pixel = (torch.div(gauss, N, rounding_mode="floor") * height + py) * width + px
-    if C * height * width < 2**31:
+    keep = torch.nonzero(keep & ~done[pixel]).flatten()
+    g, px, py, pixel = (t.index_select(0, keep) for t in (g, px, py, pixel))
+    if done.numel() < 2**31:
         pixel = pixel.int()                                              # sorts twice as fast
     pixel, perm = torch.sort(pixel, stable=True)
-    return _Pairs(gauss.index_select(0, perm), pixel.long(), px.index_select(0, perm),
+    return _Pairs(g.index_select(0, perm), pixel.long(), px.index_select(0, perm),
                   py.index_select(0, perm))
+
+
+def _chunks(counts: Tensor, budget: int) -> list[tuple[int, int]]:
+    """Split consecutive Gaussians into [start, stop) runs of at most ``budget`` box pixels
+    (a Gaussian larger than that gets a run of its own)."""
+    total = torch.cumsum(counts, 0)
+    bounds, start = [], 0
+    while start < counts.numel():
+        before = total[start - 1] if start > 0 else 0
+        stop = int(torch.searchsorted(total, before + budget, right=True))
+        stop = max(stop, start + 1)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _composite(packed: Tensor, proj: _Projected, width: int, height: int, budget: int) -> Tensor:
+    """Front-to-back alpha compositing of every camera's image; returns [C * H * W, 4].
+
+    packed: [C * N, 10] rows (mean2d, conic, log opacity, r, g, b, 1). Gaussians are taken
+    in depth runs of at most ``budget`` box pixels; the log transmittance of every pixel
+    is carried from run to run, and pixels that are done are skipped by later runs.
+    """
+    C, N = proj.depths.shape
+    n_pixels = C * height * width
+    device, dtype = packed.device, packed.dtype
+    order, boxes = _pixel_boxes(proj, width, height)
+    # An empty image stays on the autograd graph, so backward and means2d.grad still work.
+    image = torch.zeros(n_pixels, 4, device=device, dtype=dtype) + 0.0 * packed.sum()
+    # Log transmittance per pixel, float64: sums over many pairs keep their precision.
+    log_t = torch.zeros(n_pixels, device=device, dtype=torch.float64)
+    done = torch.zeros(n_pixels, device=device, dtype=torch.bool)
+    for start, stop in _chunks(boxes[:, 2] * boxes[:, 3], budget):
+        gauss = order[start:stop]
+        pairs = _pairs(gauss, boxes[start:stop], packed.detach().index_select(0, gauss), done,
+                       N, width, height)
+        if pairs.gauss.numel() == 0:
+            continue
+        rows = packed.index_select(0, pairs.gauss)                       # [M, 10]
+        alpha = torch.exp(_falloff(rows, pairs.px, pairs.py)).clamp(max=ALPHA_MAX)
+        # Within a pixel: a running sum of log(1 - alpha), restarted at every pixel.
+        log_1ma = torch.log1p(-alpha).double()
+        cum = torch.cumsum(log_1ma, dim=0)
+        with torch.no_grad():
+            new_pixel = torch.ones_like(pairs.pixel, dtype=torch.bool)
+            new_pixel[1:] = pairs.pixel[1:] != pairs.pixel[:-1]
+            first = torch.nonzero(new_pixel).flatten()
+            first = first.index_select(0, torch.cumsum(new_pixel, 0) - 1)
+        offset = log_t.index_select(0, pairs.pixel) - (cum - log_1ma).index_select(0, first)
+        log_t_after = cum + offset
+        with torch.no_grad():
+            live = log_t_after > math.log(TRANSMITTANCE_MIN)             # pixel done: exclusive
+            done[pairs.pixel[~live]] = True
+        weights = alpha * (torch.exp(log_t_after - log_1ma).to(dtype) * live)  # alpha_i * T_i
+        image = image.index_add(0, pairs.pixel, weights[:, None] * rows[:, 6:])
+        log_t = log_t.index_add(0, pairs.pixel, log_1ma * live)
+    return image
 
 
 def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      sh_degree, near_plane, far_plane, eps2d, radius_clip):
     C, N = viewmats.shape[0], means.shape[0]
-    device, dtype = means.device, means.dtype
     proj = _project(means, quats, scales, opacities, viewmats, Ks, width, height,
                     near_plane, far_plane, eps2d, radius_clip)
     means2d = proj.means2d
@@ -426,26 +496,8 @@ def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, widt
     packed = torch.cat([means2d, proj.conics, log_op, rgb, torch.ones_like(log_op)], dim=-1)
     packed = packed.reshape(C * N, 10)
 
-    pairs = _bin_to_pixels(proj, packed.detach(), width, height)
-    rows = packed.index_select(0, pairs.gauss)                           # [M, 10]
-    alpha = torch.exp(_falloff(rows, pairs.px, pairs.py)).clamp(max=ALPHA_MAX)
-    # Front to back within each pixel: a running sum of log(1 - alpha), restarted at every
-    # pixel; float64, so the running total over all pixels keeps its precision.
-    log_1ma = torch.log1p(-alpha).double()
-    cum = torch.cumsum(log_1ma, dim=0)
-    before = cum - log_1ma                                               # log T before the pair
-    with torch.no_grad():
-        new_pixel = torch.ones_like(pairs.pixel, dtype=torch.bool)
-        new_pixel[1:] = pairs.pixel[1:] != pairs.pixel[:-1]
-        pixel_first = torch.nonzero(new_pixel).flatten()
-        first = pixel_first.index_select(0, torch.cumsum(new_pixel, 0) - 1)
-    base = before.index_select(0, first)
-    live = (cum - base) > math.log(TRANSMITTANCE_MIN)                    # pixel done: exclusive
-    weights = alpha * (torch.exp(before - base).to(dtype) * live)        # alpha_i * T_i
-    # An empty image stays on the autograd graph, so backward and means2d.grad still work.
-    image = torch.zeros(C * height * width, 4, device=device, dtype=dtype) + 0.0 * packed.sum()
-    image = image.index_add(0, pairs.pixel, weights[:, None] * rows[:, 6:])
-    image = image.reshape(C, height, width, 4)
+    image = _composite(packed, proj, width, height, _PAIR_BUDGET).reshape(C, height, width, 4)
     info = {"means2d": means2d, "radii": proj.radii.max(dim=-1).values, "depths": proj.depths,
-            "conics": proj.conics, "backend": "torch", "width": width, "height": height, "n_cameras": C}
+            "conics": proj.conics, "backend": "torch", "width": width, "height": height,
+            "n_cameras": C}
     return image[..., :3], image[..., 3:], info

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from insitu import rendering
 from insitu.rendering import ALPHA_MAX, ALPHA_THRESHOLD, TRANSMITTANCE_MIN, eval_sh, rasterize
 from insitu.views import look_at, orbit_views
 
@@ -110,7 +111,9 @@ def test_gradients_reach_every_parameter_and_means2d():
     assert (g2d[info["radii"] == 0] == 0).all()
 
 
-def test_gradients_match_finite_differences():
+@pytest.mark.parametrize("budget", [1 << 16, 8])
+def test_gradients_match_finite_differences(budget, monkeypatch):
+    monkeypatch.setattr(rendering, "_PAIR_BUDGET", budget)   # 8: one Gaussian per depth run
     dtype = torch.float64
     means, quats, scales, opacities, colors = gaussians(
         [[0.1, -0.05, 3.0], [-0.1, 0.1, 3.5], [0.0, 0.05, 4.0]],
@@ -205,7 +208,9 @@ def test_batched_views_equal_single_views():
         assert torch.equal(info["radii"][c:c + 1], i1["radii"])
 
 
-def test_alpha_stays_in_range_and_opaque_stack_saturates():
+@pytest.mark.parametrize("budget", [1 << 16, 8])
+def test_alpha_stays_in_range_and_opaque_stack_saturates(budget, monkeypatch):
+    monkeypatch.setattr(rendering, "_PAIR_BUDGET", budget)
     # Twenty nearly opaque Gaussians on the axis: compositing stops once T would drop to 1e-4.
     n = 20
     viewmats, Ks = camera(50.0, 8.5, 8.5)
@@ -328,7 +333,10 @@ def _gsplat_kernel_reference(means, quats, scales, opacities, colors, viewmats, 
     return torch.tensor(render, dtype=torch.float32), torch.tensor(alpha, dtype=torch.float32)
 
 
-def test_render_matches_gsplat_kernel_transcription():
+@pytest.mark.parametrize("budget", [1 << 16, 40])
+def test_render_matches_gsplat_kernel_transcription(budget, monkeypatch):
+    # A small budget splits the Gaussians into many depth runs (transmittance carried over).
+    monkeypatch.setattr(rendering, "_PAIR_BUDGET", budget)
     means, quats, scales, opacities, colors = random_scene(60, seed=5, scale=0.08)
     # A stack of near-opaque Gaussians in front, so some pixels stop at T <= 1e-4.
     stack = random_scene(6, seed=6, radius=0.05, scale=0.12)
@@ -373,8 +381,13 @@ def test_gsplat_and_torch_backends_agree_on_cuda():
     assert a_g.mean() > 0.05                  # the scene is in view
     assert (r_g - r_t).abs().mean() < 1e-3
     assert (a_g - a_t).abs().mean() < 1e-3
-    assert torch.equal(i_g["radii"] > 0, i_t["radii"] > 0)
-    torch.testing.assert_close(i_g["means2d"].detach(), i_t["means2d"].detach(), rtol=1e-5, atol=1e-3)
+    # Same Gaussians drawn (a float ulp may flip a Gaussian right at the image border).
+    drawn_g, drawn_t = i_g["radii"] > 0, i_t["radii"] > 0
+    assert (drawn_g != drawn_t).float().mean() < 1e-3
+    both = drawn_g & drawn_t                  # gsplat leaves culled entries uninitialised
+    torch.testing.assert_close(i_g["means2d"].detach()[both], i_t["means2d"].detach()[both],
+                               rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(i_g["depths"][both], i_t["depths"][both], rtol=1e-5, atol=1e-5)
     assert i_g["means2d"].absgrad is not None
 
     def rel(a, b):
@@ -382,8 +395,10 @@ def test_gsplat_and_torch_backends_agree_on_cuda():
 
     names = ["means", "quats", "scales", "opacities", "sh"]
     for name, gg, gt in zip(names, grads_g, grads_t):
-        assert rel(gg, gt) < 2e-2, name
-    assert rel(i_g["means2d"].grad, i_t["means2d"].grad) < 2e-2
+        err = rel(gg, gt)
+        assert err < 2e-2, f"{name}: gradient relative error {err:.3g}"
+    err = rel(i_g["means2d"].grad, i_t["means2d"].grad)
+    assert err < 2e-2, f"means2d: gradient relative error {err:.3g}"
 
 
 @pytest.mark.gpu
