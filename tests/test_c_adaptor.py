@@ -71,7 +71,7 @@ def test_c_gray_scott_trains_in_situ(gray_scott_c, tmp_path):
         d = out / f"step_{step:06d}"
         metrics = json.loads((d / "metrics.json").read_text())
         assert metrics["step"] == step and metrics["ranks"] == 2
-        assert metrics["time"] == pytest.approx(2.0 * step)     # step * dt, as passed by the simulation
+        assert metrics["time"] == pytest.approx(1.0 * step)     # step * dt (default 1.0), as passed by the sim
         assert len(read_ply(d / "model.ply")) == metrics["gaussians"] > 0
         assert (d / "views" / "view_000.png").is_file()
     assert json.loads((out / "step_000040" / "metrics.json").read_text())["iterations"] == 10  # warm start
