@@ -23,11 +23,11 @@ sources an MPI communicator (``comm=``) and they agree collectively, at every st
 step they all hold (ranks that are behind skip forward), on the end of the stream, and on
 errors, so that no rank is left waiting in a collective.
 
-Failures raise ``SourceError`` (a ``RuntimeError``): a stream that ends unexpectedly, or
-one that delivers no step in time. Input that cannot be used (a missing file or
-variable, a variable that is not 3D, a truncated or corrupt BP file) raises
-``SourceInputError``, which is both a ``SourceError`` and an ``insitu.volume.InputError``.
-Every step completed before a failure has been yielded.
+Failures raise ``SourceError`` (an ``insitu.volume.InputError`` and a ``RuntimeError``):
+a stream that ends unexpectedly, or one that delivers no step in time. Input that cannot
+be used (a missing file or variable, a variable that is not 3D, a truncated or corrupt
+BP file) raises its subclass ``SourceInputError``. Every step completed before a
+failure has been yielded.
 """
 from __future__ import annotations
 
@@ -44,12 +44,14 @@ from .decomposition import block_extent, cut_block, split_dims
 from .volume import Block, InputError, check_field, downsample, read_raw
 
 
-class SourceError(RuntimeError):
-    """A timestep source failed: the stream ended unexpectedly or no step arrived in time."""
+class SourceError(InputError, RuntimeError):
+    """A timestep source failed: the stream ended unexpectedly, no step arrived in time,
+    or the input cannot be used. An ``InputError`` (so command lines report it as bad
+    input, with its message) and a ``RuntimeError``."""
 
 
-class SourceInputError(SourceError, InputError):
-    """The file or stream given as input cannot be used; the message says why."""
+class SourceInputError(SourceError):
+    """The file or stream content cannot be used (missing, not 3D, truncated, corrupt)."""
 
 
 @dataclass
@@ -649,39 +651,51 @@ class SSTSource(_AdiosSource):
         return SourceError(f"{self.name}: cannot connect to the SST writer ({_first_line(e)})")
 
 
-def open_source(kind_or_path: Any, cfg: Config, rank: int = 0, size: int = 1, *, kind: str | None = None,
-                comm: Any = None) -> _Source:
-    """Open the source that ``kind_or_path`` names, configured by ``cfg.input``.
+_KINDS = {"array": "array", "raw": "raw", "bp": "bp", "replay": "bp", "sst": "sst", "stream": "sst"}
 
-    kind_or_path: a numpy array (ArraySource); ``"sst:NAME"`` (SSTSource), ``"bp:PATH"``
-                  (BPSource), ``"raw:PATH"`` (RawSource); or a path: ``*.raw`` -> raw, a BP
-                  directory or ``*.bp`` -> bp.
-    kind:         force the kind ("array", "raw", "bp", "sst"): the CLI's ``stream NAME``
-                  passes ``kind="sst"``, its ``replay PATH`` ``kind="bp"``.
-    comm:         optional MPI communicator of the ranks (BP/SST: collective step agreement
-                  and errors raised on every rank).
+
+def open_source(*args: Any, comm: Any = None) -> _Source:
+    """Open a source configured by ``cfg.input``; two call forms::
+
+        open_source(path_or_array, cfg, rank=0, size=1)
+        open_source(kind, path, cfg, rank=0, size=1)
+
+    path_or_array: a numpy array [nz, ny, nx] (ArraySource); ``"sst:NAME"`` (SSTSource),
+                   ``"bp:PATH"`` (BPSource), ``"raw:PATH"`` (RawSource); or a path:
+                   ``*.raw`` -> raw, a BP directory or ``*.bp`` -> bp.
+    kind:          "replay" or "bp", "stream" or "sst", "raw", "array" (the CLI command).
+    comm:          optional mpi4py communicator of the ranks (BP/SST): steps, the end of
+                   the stream and errors are then agreed collectively at every step.
     """
-    inp = cfg.input
-    if isinstance(kind_or_path, np.ndarray):
-        kind, target = kind or "array", kind_or_path
+    if len(args) >= 2 and isinstance(args[1], Config):
+        target, cfg, rest, kind = args[0], args[1], args[2:], None
+    elif len(args) >= 3 and isinstance(args[2], Config):
+        kind, target, cfg, rest = args[0], args[1], args[2], args[3:]
+        if kind not in _KINDS:
+            raise ValueError(f"kind: expected one of {', '.join(_KINDS)}, got {kind!r}")
     else:
-        text = str(kind_or_path)
-        prefix, sep, rest = text.partition(":")
-        if sep and prefix in ("sst", "bp", "raw") and kind is None:
-            kind, target = prefix, rest
+        raise TypeError("open_source: expected (path_or_array, cfg, rank, size) or (kind, path, cfg, rank, size)")
+    if len(rest) > 2:
+        raise TypeError(f"open_source: too many arguments ({len(args)})")
+    rank, size = (tuple(rest) + (0, 1)[len(rest):])
+    inp = cfg.input
+    if kind is None and isinstance(target, np.ndarray):
+        kind = "array"
+    elif kind is None:
+        text = str(target)
+        prefix, sep, rest_ = text.partition(":")
+        if sep and prefix in ("sst", "bp", "raw"):
+            kind, target = prefix, rest_
         else:
-            target = text
-            if kind is None:
-                p = Path(text)
-                if p.suffix == ".raw":
-                    kind = "raw"
-                elif p.suffix == ".bp" or (p / "md.idx").is_file():
-                    kind = "bp"
-                else:
-                    raise SourceInputError(f"{text}: cannot tell the kind of source; expected a .raw file, a BP "
-                                           "directory (.bp), or sst:NAME for a stream")
-    if kind not in ("array", "raw", "bp", "sst"):
-        raise ValueError(f"kind: expected one of array, raw, bp, sst; got {kind!r}")
+            p = Path(text)
+            if p.suffix == ".raw":
+                kind = "raw"
+            elif p.suffix == ".bp" or (p / "md.idx").is_file():
+                kind = "bp"
+            else:
+                raise SourceInputError(f"{text}: cannot tell the kind of source; expected a .raw file, a BP "
+                                       "directory (.bp), or sst:NAME for a stream")
+    kind = _KINDS[kind]
     if kind in ("array", "raw") and inp.color_var is not None:
         raise SourceInputError(f"input.color_var={inp.color_var!r}: a colour field needs a BP or SST source "
                                f"with that variable; a {kind} source has one field")
@@ -692,5 +706,5 @@ def open_source(kind_or_path: Any, cfg: Config, rank: int = 0, size: int = 1, *,
     if kind == "raw":
         return RawSource(target, rank=rank, size=size, dims=inp.dims, dtype=inp.dtype, downsample=inp.downsample)
     cls = BPSource if kind == "bp" else SSTSource
-    return cls(target, inp.var, rank=rank, size=size, color_var=inp.color_var, steps=inp.steps, every=inp.every,
-               timeout_s=inp.timeout_s, comm=comm)
+    return cls(str(target), inp.var, rank=rank, size=size, color_var=inp.color_var, steps=inp.steps,
+               every=inp.every, timeout_s=inp.timeout_s, comm=comm)

@@ -432,6 +432,10 @@ def parse_args(argv: list[str] | None = None) -> GrayScottSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # adios2 imports torch and cupy when installed (for device buffers); this process
+    # writes numpy arrays only, and skipping them saves seconds at start-up.
+    for name in ("torch", "cupy"):
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     settings = parse_args(argv)
     comm = MPI.COMM_WORLD
     stats = run(settings, comm)
