@@ -159,9 +159,9 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     t0 = _time.perf_counter()
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
-    with comm.phase("input check"):
+    with comm.phase("input check"):              # local checks only: no collective inside a phase
         check_field(block.data, cfg.input.var)
-        check_iso(comm, block, cfg.input.iso)
+    check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)
     total_area = comm.mpi.allreduce(seeds.total_area)
@@ -182,8 +182,6 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         scene = make_scene(block, cfg, comm, progress=show)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t_gt = _time.perf_counter()
-
     lo, hi = block.box
     margin = 2.0 * spacing
     box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
@@ -193,10 +191,15 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     iters = iterations if iterations is not None else tc.iterations
     trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=max(int(tc.max_gaussians * share), len(shard)),
                       device=device, total_iterations=iters)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_gt = _time.perf_counter()
     train_ids = scene.views.train_ids
     generator = torch.Generator().manual_seed(tc.seed)
     band_fraction = (scene.rows[1] - scene.rows[0]) / scene.views.height
-    history, perm, bar = [], torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
+    q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
+    history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
+    perm, bar = torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
     reached = None
     for it in range(iters):
         if len(perm) < tc.batch:
@@ -225,7 +228,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     gaussians = trainer.gaussians()
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
-        "psnr": q.psnr, "ssim": q.ssim, "lpips": q.lpips if q.lpips is not None else "unavailable",
+        "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
         "seeds_seconds": round(t_seed - t0, 3), "ground_truth_seconds": round(t_gt - t_seed, 3),
@@ -238,9 +241,9 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         from .export import gather_gaussians
 
         merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)
-        if comm.rank == 0:
-            writer.write(step, merged, images, metrics, cfg)
-        comm.mpi.Barrier()
+        with comm.phase("export"):                  # a failed write (disk full...) ends every rank
+            if comm.rank == 0:
+                writer.write(step, merged, images, metrics, cfg)
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
     return StepResult(gaussians, metrics)
 
