@@ -1,0 +1,81 @@
+"""Reader process for the source tests: read a BP file or SST stream with one reader per rank.
+
+    [mpiexec -n P] python source_worker.py {bp|sst} NAME VAR REFERENCE.bp [--timeout S]
+        [--steps N ...] [--every K] [--kill-pid PID --kill-after N]
+
+Every rank reads its own block of every step and compares it (ghost layers included)
+with the same box of the global array in REFERENCE.bp (read whole with ADIOS2). One JSON
+line per rank and step ({"rank", "step", "time", "start", "count", "equal"}), then one
+final line per rank: {"rank", "end": "clean"} or {"rank", "error": type, "message"}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+# adios2 imports torch when installed; this reader does not need it (seconds at start-up)
+sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import adios2  # noqa: E402
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from insitu.sources import BPSource, SourceError, SSTSource  # noqa: E402
+
+
+def reference(path: str, var: str) -> dict[int, np.ndarray]:
+    with adios2.FileReader(path) as f:
+        n = f.num_steps()
+        numbers = np.atleast_1d(f.read("step", step_selection=[0, n]))
+        full = f.read(var, step_selection=[0, n])
+    per = full.shape[0] // n
+    return {int(s): full[i * per:(i + 1) * per] for i, s in enumerate(numbers)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("kind", choices=("bp", "sst"))
+    p.add_argument("name")
+    p.add_argument("var")
+    p.add_argument("reference")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--steps", type=int, nargs="+")
+    p.add_argument("--every", type=int, default=1)
+    p.add_argument("--kill-pid", type=int)
+    p.add_argument("--kill-after", type=int, default=0)
+    a = p.parse_args()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    ref = reference(a.reference, a.var)
+    cls = BPSource if a.kind == "bp" else SSTSource
+    seen = 0
+
+    def say(obj):
+        print(json.dumps({"rank": rank, **obj}), flush=True)
+
+    try:
+        with cls(a.name, a.var, rank=rank, size=size, steps=a.steps, every=a.every, timeout_s=a.timeout,
+                 comm=comm if size > 1 else None) as source:
+            for step in source:
+                b = step.block
+                (x, y, z), (nz, ny, nx) = b.start, b.data.shape
+                expect = ref[step.step][z:z + nz, y:y + ny, x:x + nx]
+                say({"step": step.step, "time": step.time, "start": list(b.start), "count": [nx, ny, nz],
+                     "owned": [list(b.owned_lo), list(b.owned_hi)], "global": list(b.global_shape),
+                     "equal": bool(np.array_equal(b.data, expect))})
+                seen += 1
+                if a.kill_pid and seen == a.kill_after:
+                    os.kill(a.kill_pid, signal.SIGKILL)
+        say({"end": "clean"})
+    except SourceError as e:
+        say({"error": type(e).__name__, "message": str(e)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
