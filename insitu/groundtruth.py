@@ -13,10 +13,15 @@ axes), ``Ks [C, 3, 3]`` intrinsics in pixels, pixel ``(u, v)`` centred at ``(u +
 
 Speed: rays are marched together as tensors. Empty space is skipped with a coarse grid
 of macro cells (``MACRO`` voxels a side): a macro cell is *active* when the range of its
-samples brackets an iso value; active cells are dilated by one, and every other cell
-stores its Chebyshev distance to the nearest active one, so a ray in empty space jumps
-over the whole empty cube around it at once. Rays that hit or leave the box are dropped
-from the working set after every pass.
+samples, which bounds the trilinear field everywhere inside it, brackets an iso value;
+every other cell stores its Chebyshev distance to the nearest active one, so a ray in
+empty space jumps over the whole empty cube of cells around it at once. The jump ends
+exactly where the ray leaves that cube (the field's side of every iso value is known up
+to there) and fine sampling resumes on the ray's sample lattice, so no crossing is
+skipped and no dilation of the active cells is needed. Samples lie at multiples of the
+step along each ray (independent of the box it was clipped to), so blocks and the whole
+domain sample alike. Rays that hit or leave the box are dropped from the working set
+after every pass.
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ class _Field:
     volume:     [1, 1, nz, ny, nx] samples (ghosts included), float32.
     size:       [3] samples per axis (x, y, z), float32.
     distance:   [mz * my * mx] Chebyshev distance of each macro cell to the nearest active
-                (dilated) one, in macro cells, capped; 0 for active cells. float32.
+                one, in macro cells, capped at SKIP_RADIUS_CAP; 0 for active cells. float32.
     macro_dims: [3] macro cells per axis (x, y, z), float32.
     """
 
@@ -120,7 +125,7 @@ def _prepare_field(data: np.ndarray, isos: Tensor, device: torch.device) -> _Fie
     hi = F.max_pool3d(padded, kernel_size=MACRO + 1, stride=MACRO)
     lo = -F.max_pool3d(-padded, kernel_size=MACRO + 1, stride=MACRO)
     del padded
-    reach = (torch.bucketize(lo, isos, right=True) != torch.bucketize(hi, isos, right=True)).float()
+    reach = (_bins(lo, isos) != _bins(hi, isos)).float()
     distance = torch.zeros_like(reach)
     for _ in range(SKIP_RADIUS_CAP):
         empty = reach == 0
@@ -205,7 +210,7 @@ def _check_inputs(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
 def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int, iso: float | Sequence[float], *,
             color=(0.85, 0.8, 0.7), color_field: str | None = None, color_range: tuple[float, float] | None = None,
             colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
-            device: str | torch.device | None = None, chunk_rays: int = 1 << 20,
+            device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
             progress: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor]:
     """Ray-cast the isosurface(s) of ``block``'s field, inside its owned box, for C cameras.
 
@@ -224,7 +229,8 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         step: march step in voxels (units of the smallest spacing), in (0, MACRO].
         refine: bisection steps on each crossing (a secant step follows).
         device: where to compute and return; default the device of ``viewmats``.
-        chunk_rays: rays marched together, bounding memory.
+        chunk_rays: rays marched together, bounding memory (about 300 bytes a ray at the peak);
+            large chunks keep the GPU busy: a chunk takes as many passes as its longest ray.
         progress: called as ``progress(views_done, C)`` each time a view is complete.
 
     Returns:
@@ -246,6 +252,8 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         spacing=torch.tensor(block.spacing, dtype=torch.float32, device=device),
         box_lo=torch.tensor(np.asarray(block.owned_lo) - start, dtype=torch.float32, device=device),
         box_hi=torch.tensor(np.asarray(block.owned_hi) - start, dtype=torch.float32, device=device),
+        domain_lo=torch.tensor(-start, dtype=torch.float32, device=device),
+        domain_hi=torch.tensor(np.asarray(block.global_shape) - 1 - start, dtype=torch.float32, device=device),
         step=float(step) * float(min(block.spacing)),
         refine=int(refine),
         color=torch.tensor(color, dtype=torch.float32, device=device),
@@ -320,6 +328,8 @@ class _Scene:
     spacing: Tensor            # [3]
     box_lo: Tensor             # [3] owned box, local index space
     box_hi: Tensor             # [3]
+    domain_lo: Tensor          # [3] the whole domain's box, local index space
+    domain_hi: Tensor          # [3]
     step: float                # march step, world units
     refine: int
     color: Tensor              # [3]
@@ -338,18 +348,18 @@ def _cast(scene: _Scene, origin: Tensor, direction: Tensor) -> tuple[Tensor, Ten
     qo = (origin - scene.origin) / scene.spacing
     qd = direction / scene.spacing
     qd = torch.where(qd.abs() < 1e-12, torch.full_like(qd, 1e-12), qd)
-    t1 = (scene.box_lo - qo) / qd
-    t2 = (scene.box_hi - qo) / qd
-    t_enter = torch.minimum(t1, t2).amax(1).clamp_min(0.0)
-    t_exit = torch.maximum(t1, t2).amin(1)
+    t_enter, t_exit = _slab(qo, qd, scene.box_lo, scene.box_hi)
     inside = torch.nonzero(t_exit > t_enter).squeeze(1)
     if inside.numel() == 0:
         return rgb, depth
     qo, qd, t_enter, t_exit = qo[inside], qd[inside], t_enter[inside], t_exit[inside]
     dt = scene.step / direction[inside].norm(dim=1)
-    f0 = scene.field.sample(qo + t_enter[:, None] * qd)
-    k0 = torch.floor(t_enter / dt)
-    state = torch.cat([qo, qd, dt[:, None], t_enter[:, None], k0[:, None], t_exit[:, None], f0[:, None]], 1)
+    # samples lie at t0 + k * dt, t0 where the ray enters the whole domain: the same for every block
+    t0 = torch.minimum(_slab(qo, qd, scene.domain_lo, scene.domain_hi)[0], t_enter)
+    b0 = _bins(scene.field.sample(qo + t_enter[:, None] * qd), scene.isos).float()
+    k0 = torch.floor((t_enter - t0) / dt)
+    state = torch.cat([qo, qd, dt[:, None], t0[:, None], t_enter[:, None], k0[:, None], t_exit[:, None],
+                       b0[:, None]], 1)
     ray, ta, tb, iso_idx = _march(scene, state)
     if ray.numel() == 0:
         return rgb, depth
@@ -362,15 +372,31 @@ def _cast(scene: _Scene, origin: Tensor, direction: Tensor) -> tuple[Tensor, Ten
 
 
 # columns of the marching state
-_QO, _QD, _DT, _T, _K, _TEXIT, _F = slice(0, 3), slice(3, 6), 6, 7, 8, 9, 10
+_QO, _QD, _DT, _T0, _T, _K, _TEXIT, _BIN = slice(0, 3), slice(3, 6), 6, 7, 8, 9, 10, 11
+
+
+def _slab(qo: Tensor, qd: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """Where rays ``qo + t * qd`` ([n, 3] each, no zero in qd) enter and leave the box lo..hi
+    ([3] each), entry clamped to t >= 0: t_enter, t_exit [n]; they miss it if t_exit <= t_enter."""
+    t1 = (lo - qo) / qd
+    t2 = (hi - qo) / qd
+    return torch.minimum(t1, t2).amax(1).clamp_min(0.0), torch.maximum(t1, t2).amin(1)
+
+
+def _bins(f: Tensor, isos: Tensor) -> Tensor:
+    """How many iso values are <= f (int32, same shape as ``f``): a crossing changes it."""
+    if isos.numel() == 1:
+        return (f >= isos[0]).to(torch.int32)
+    return torch.bucketize(f, isos, out_int32=True, right=True)
 
 
 def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """March rays to their first iso crossing.
 
-    state: [n, 11] per ray: qo (3), qd (3) local-index origin and direction, dt (march step in
-    the ray parameter), t (current position), k (its lattice index: samples lie at k * dt, so
-    the samples along a ray do not depend on the box it was clipped to), t_exit, f (field at t).
+    state: [n, 12] per ray: qo (3), qd (3) local-index origin and direction, dt (march step in
+    the ray parameter), t0 (where the ray enters the whole domain), t (current position), k (its
+    lattice index: samples lie at t0 + k * dt, so they do not depend on the box the ray was
+    clipped to), t_exit, and the bin of the field at t (how many iso values are <= f).
 
     Returns, for the rays that cross: their rows in ``state`` [h], the bracket ta, tb [h] and
     the index of the iso value crossed [h].
@@ -382,9 +408,14 @@ def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     mdims = field.macro_dims
     scale = 2.0 / (field.size - 1.0)
     found: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
-    while ray.numel():
+    # every pass moves a ray SAMPLES_PER_PASS lattice steps on (or more): a bound on the passes
+    longest = float(((state[:, _TEXIT] - state[:, _T]) / state[:, _DT]).max()) if state.shape[0] else 0.0
+    for _ in range(int(longest) // SAMPLES_PER_PASS + 3):
+        if ray.numel() == 0:
+            break
         qo, qd, dt = state[:, _QO], state[:, _QD], state[:, _DT]
-        t, k, t_exit, f = state[:, _T], state[:, _K], state[:, _TEXIT], state[:, _F]
+        t0, t, k, t_exit = state[:, _T0], state[:, _T], state[:, _K], state[:, _TEXIT]
+        b0 = state[:, _BIN].to(torch.int32)
         # 1. empty space: jump out of the empty cube of macro cells around the current one
         cell = torch.minimum(torch.floor((qo + t[:, None] * qd) / MACRO).clamp_min(0.0), mdims - 1)
         lin = (cell[:, 0] + mdims[0] * (cell[:, 1] + mdims[1] * cell[:, 2])).long()
@@ -392,30 +423,30 @@ def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
         radius = (dist - 1.0).clamp_min(0.0)[:, None]
         bound = torch.where(qd > 0, (cell + radius + 1.0) * MACRO, (cell - radius) * MACRO)
         t_leave = ((bound - qo) / qd).amin(1)
-        # the field keeps one side of every iso value from t to t_leave, so f's bins hold there
+        # the field keeps one side of every iso value from t to t_leave: its bin holds there
         empty = dist > 0
         t = torch.where(empty, torch.minimum(torch.maximum(t_leave, t), t_exit), t)
-        k = torch.where(empty, torch.maximum(torch.floor(t / dt), k), k)
+        k = torch.where(empty, torch.maximum(torch.floor((t - t0) / dt), k), k)
         # 2. fine samples on the lattice
         kk = k[:, None] + offsets
-        tt = torch.minimum(kk * dt[:, None], t_exit[:, None])
+        tt = torch.minimum(torch.addcmul(t0[:, None], kk, dt[:, None]), t_exit[:, None])
         go, gd = qo * scale - 1.0, qd * scale                        # normalised grid coordinates
         fs = _grid_sample(field.volume, torch.addcmul(go[:, None, :], tt[:, :, None], gd[:, None, :]))
-        bins = torch.bucketize(torch.cat([f[:, None], fs], 1), isos, out_int32=True, right=True)
-        change = bins[:, 1:] != bins[:, :-1]
+        bins = _bins(fs, isos)
+        change = bins != b0[:, None]               # the first change is the first crossing
         crossed = change.any(1)
         hit = torch.nonzero(crossed).squeeze(1)
         if hit.numel():
             j = change[hit].to(torch.uint8).argmax(1, keepdim=True)
             t_all = torch.cat([t[hit, None], tt[hit]], 1)
-            b_a = bins[hit].gather(1, j)[:, 0]
-            b_b = bins[hit].gather(1, j + 1)[:, 0]
+            b_a = b0[hit]
+            b_b = bins[hit].gather(1, j)[:, 0]
             found.append((ray[hit], t_all.gather(1, j)[:, 0], t_all.gather(1, j + 1)[:, 0],
                           torch.where(b_b > b_a, b_a, b_a - 1).long()))
         go_on = torch.nonzero(~crossed & (tt[:, -1] < t_exit)).squeeze(1)
         state[:, _T] = tt[:, -1]
         state[:, _K] = kk[:, -1]
-        state[:, _F] = fs[:, -1]
+        state[:, _BIN] = bins[:, -1].float()
         state = state[go_on]
         ray = ray[go_on]
     if not found:
