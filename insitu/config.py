@@ -90,6 +90,7 @@ class OutputConfig:
 class ParallelConfig:
     timeout_s: float = 300.0            # collective timeout: a failed rank never hangs the rest
     device: str = "auto"                # auto | cpu | cuda
+    transfer: str = "float32"           # dtype of the composited colour bands: float32 | bfloat16 | float16
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Config:
 _CHOICES = {
     "train.backend": ("auto", "gsplat", "torch"),
     "parallel.device": ("auto", "cpu", "cuda"),
+    "parallel.transfer": ("float32", "bfloat16", "float16"),
     "insitu.mode": ("background", "sync"),
     "insitu.policy": ("block", "discard"),
 }

@@ -206,7 +206,8 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
             perm = train_ids[torch.randperm(len(train_ids), generator=generator)].cpu()
         ids, perm = perm[:tc.batch].to(device), perm[tc.batch:]
         render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
-                                        sh_degree=trainer.sh_degree, backend=tc.backend)
+                                        sh_degree=trainer.sh_degree, backend=tc.backend,
+                                        transfer=cfg.parallel.transfer)
         loss = trainer.step(render, scene.gt[ids].float(), band_fraction)
         if show and (it % 10 == 0 or it == iters - 1):
             bar.set_postfix(loss=f"{loss:.4f}", gaussians=len(trainer))

@@ -37,13 +37,15 @@ def from_params(params: dict[str, Tensor]) -> Gaussians:
 
 
 def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
-                 background: Tensor, sh_degree: int, backend: str = "auto") -> tuple[Tensor, dict]:
+                 background: Tensor, sh_degree: int, backend: str = "auto",
+                 transfer: str = "float32") -> tuple[Tensor, dict]:
     """Render this rank's shard for views ``ids`` and composite across ranks.
 
     params: the shard (gsplat names, pre-activation).
     order:  [N_views, P] visibility keys of every rank for every view.
     Returns ``pred [B, h_band, W, 3]`` (this rank's row band, background applied) and
-    the rasterizer's info (``means2d`` for densification).
+    the rasterizer's info (``means2d`` for densification). ``transfer`` is the dtype the
+    colour bands travel in between ranks.
     """
     colors = torch.cat([params["sh0"], params["shN"]], dim=1)
     rgb, alpha, info = rasterize(
@@ -52,7 +54,8 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
-    rgba = composite(rgb, alpha, order[ids.to(order.device)], comm)
+    rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
+                     transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
     return rgba[..., :3] + (1.0 - rgba[..., 3:]) * background, info
 
 

@@ -1,0 +1,103 @@
+"""Time per training step of a fixed model on P ranks (run under mpirun -n P).
+
+A model of about ``--budget`` Gaussians is seeded on the isosurface (points drawn on
+the marching-cubes triangles up to the budget), split over the ranks by block; each
+step renders ``--batch`` views at ``--resolution``, composites them across ranks,
+computes the loss on each rank's band and runs backward and Adam. Densification is
+off, so every P times the same model. Prints one JSON line (rank 0).
+
+    mpirun -n 2 python benchmarks/bench_step.py --data ../shared/data/bonsai_256x256x256_uint8.raw \
+        --iso 40 --budget 4000000 --resolution 2048 --steps 50
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from insitu.config import load_config
+from insitu.decomposition import cut_block
+from insitu.parallel import init_comm, shutdown
+from insitu.pipeline import make_scene
+from insitu.seeds import extract_seeds, init_gaussians
+from insitu.training import Trainer, render_bands
+from insitu.volume import read_raw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--iso", type=float, default=40.0)
+    ap.add_argument("--budget", type=int, default=4_000_000)
+    ap.add_argument("--resolution", type=int, default=2048)
+    ap.add_argument("--views", type=int, default=16, help="distinct GT views to cycle through")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--sh-degree", type=int, default=3)
+    ap.add_argument("--transfer", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+
+    comm = init_comm(device=args.device)
+    cfg = load_config(None, {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
+                             "views.test_every": args.views, "train.sh_degree": args.sh_degree,
+                             "train.batch": args.batch, "train.densify_from": 10 ** 9, "train.opacity_reset_every": 0,
+                             "train.progress": False, "parallel.transfer": args.transfer})
+    block = cut_block(read_raw(args.data), comm.rank, comm.size)
+    seeds = extract_seeds(block, args.iso)
+    total = comm.mpi.allreduce(seeds.total_area)
+    budget = int(round(args.budget * seeds.total_area / total))
+    g = init_gaussians(seeds, budget, fill=True, sh_degree=args.sh_degree, seed=comm.rank, device=comm.device)
+    n_all = comm.mpi.allreduce(len(g))
+    t = time.perf_counter()
+    scene = make_scene(block, cfg, comm)
+    gt_s = time.perf_counter() - t
+    lo, hi = block.box
+    box = (torch.as_tensor(lo - 2, dtype=torch.float32, device=comm.device),
+           torch.as_tensor(hi + 2, dtype=torch.float32, device=comm.device))
+    glo, ghi = block.global_box
+    trainer = Trainer(g, cfg.train, extent=0.5 * float(np.linalg.norm(ghi - glo)), box=box,
+                      max_gaussians=len(g), device=comm.device, total_iterations=args.steps + args.warmup)
+    ids_all = scene.views.train_ids
+    frac = (scene.rows[1] - scene.rows[0]) / scene.views.height
+    times = []
+    if comm.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(comm.device)
+    for i in range(args.warmup + args.steps):
+        ids = ids_all[torch.arange(i * args.batch, (i + 1) * args.batch) % len(ids_all)].to(comm.device)
+        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
+                                        sh_degree=trainer.sh_degree, backend="auto",
+                                        transfer=args.transfer)
+        if i == args.warmup:
+            comm.traffic.reset()
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        comm.mpi.Barrier()
+        t = time.perf_counter()
+        trainer.step(render, scene.gt[ids].float(), frac)
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+    step_ms = comm.mpi.allreduce(statistics.median(times) * 1e3, op=__import__("mpi4py").MPI.MAX)
+    peak = torch.cuda.max_memory_allocated(comm.device) / 2**30 if comm.device.type == "cuda" else float("nan")
+    peaks = comm.mpi.gather(round(peak, 2))
+    moved = comm.mpi.gather(comm.traffic.bytes / args.steps)
+    if comm.rank == 0:
+        print(json.dumps({
+            "ranks": comm.size, "device": str(comm.device), "gaussians": n_all, "resolution": args.resolution,
+            "batch": args.batch, "sh_degree": args.sh_degree, "transfer": args.transfer,
+            "step_ms_median": round(step_ms, 2), "images_per_s": round(1e3 * args.batch / step_ms, 1),
+            "peak_gpu_gb_per_rank": peaks, "mb_moved_per_step_per_rank": [round(m / 2**20, 1) for m in moved],
+            "gt_seconds_for_views": round(gt_s, 2), "gt_views": args.views,
+        }), flush=True)
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
