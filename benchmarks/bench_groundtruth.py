@@ -31,9 +31,10 @@ def sphere(n: int = 128) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="sphere", help="a NAME_XxYxZ_dtype.raw file, or 'sphere' (128^3)")
+    parser.add_argument("--data", default="sphere", help="a NAME_XxYxZ_dtype.raw file, or 'sphere'")
+    parser.add_argument("--sphere-size", type=int, default=128, help="samples per axis of the sphere field")
     parser.add_argument("--iso", type=float, nargs="+", default=None,
-                        help="iso value(s); default 40 for a raw file, 42.67 (radius n/3) for the sphere")
+                        help="iso value(s); default 40 for a raw file, radius n/3 for the sphere")
     parser.add_argument("--views", type=int, default=448)
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--supersample", type=int, default=2)
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.device(args.device)
     if args.data == "sphere":
-        array = sphere()
+        array = sphere(args.sphere_size)
         iso = args.iso if args.iso is not None else [array.shape[0] / 3]
     else:
         array = read_raw(args.data)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     sync()
     seconds = time.perf_counter() - start
     peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else "n/a (cpu)"
-    name = Path(args.data).name if args.data != "sphere" else "sphere 128^3"
+    name = Path(args.data).name if args.data != "sphere" else f"sphere {args.sphere_size}^3"
     print(f"groundtruth {name} iso={iso}: views={len(views)} resolution={args.resolution}^2 "
           f"supersample={args.supersample}x{args.supersample} device={device} seconds={seconds:.3f} "
           f"views/s={len(views) / seconds:.2f} coverage={float(rgba[..., 3].mean()):.3f} peak_gpu_memory={peak}")

@@ -409,12 +409,11 @@ def _pairs(gauss: Tensor, boxes: Tensor, rows: Tensor, done: Tensor, N: int, wid
     # Drop the pairs gsplat skips (alpha < 1/255) before anything is differentiated.
     keep = _falloff(rows.index_select(0, owner), px, py) >= math.log(ALPHA_THRESHOLD)
     keep = torch.nonzero(keep & ~done[pixel]).flatten()
-    g, px, py, pixel = (t.index_select(0, keep) for t in (g, px, py, pixel))
-    if done.numel() < 2**31:
-        pixel = pixel.int()                                              # sorts twice as fast
-    pixel, perm = torch.sort(pixel, stable=True)
-    return _Pairs(g.index_select(0, perm), pixel.long(), px.index_select(0, perm),
-                  py.index_select(0, perm))
+    kept = torch.stack([g, px, py, pixel], dim=1).index_select(0, keep)   # [M, 4]
+    pixel = kept[:, 3].int() if done.numel() < 2**31 else kept[:, 3]     # int32 sorts faster
+    perm = torch.sort(pixel, stable=True).indices
+    g, px, py, pixel = kept.index_select(0, perm).unbind(1)
+    return _Pairs(g, pixel, px, py)
 
 
 def _chunks(counts: Tensor, budget: int) -> list[tuple[int, int]]:

@@ -256,3 +256,44 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(ValueError, match=message):
             raycast(block, kwargs.pop("viewmats"), kwargs.pop("Ks"), kwargs.pop("width"), kwargs.pop("height"),
                     kwargs.pop("iso"), **kwargs)
+
+
+def blobs_array(shape_xyz=(64, 56, 48), count=12, seed=3) -> np.ndarray:
+    """A few small Gaussian blobs in a mostly empty volume (lots of space to skip)."""
+    rng = np.random.default_rng(seed)
+    x, y, z = (np.arange(n, dtype=np.float64) for n in shape_xyz)
+    z, y, x = np.meshgrid(z, y, x, indexing="ij")
+    f = np.zeros_like(x)
+    for _ in range(count):
+        c = rng.uniform(4, np.array(shape_xyz) - 4)
+        w = rng.uniform(1.5, 4.0)
+        f += np.exp(-((x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2) / (2 * w * w))
+    return f.astype(np.float32)
+
+
+def test_empty_space_skipping_does_not_change_the_image(monkeypatch):
+    import insitu.groundtruth as groundtruth
+
+    block = whole_block(blobs_array())
+    views = orbit_views(*block.global_box, count=3, resolution=40)
+    args = (block, views.viewmats, views.Ks, 40, 40, [0.3, 0.6])
+    skipped = raycast(*args)
+    monkeypatch.setattr(groundtruth, "SKIP_RADIUS_CAP", 0)        # every macro cell marched finely
+    marched = raycast(*args)
+    assert float(skipped[0][..., 3].mean()) > 0.02
+    assert torch.allclose(skipped[0], marched[0], atol=1e-5)
+    assert torch.equal(torch.isinf(skipped[1]), torch.isinf(marched[1]))
+    hit = torch.isfinite(marched[1])
+    assert torch.allclose(skipped[1][hit], marched[1][hit], atol=1e-4)
+
+
+def test_camera_inside_the_volume_sees_the_surface_around_it():
+    # inside a sphere of radius 12 (f < iso), looking along +x: the wall is 12 ahead
+    block = sphere_block()
+    centre = np.array([19.3, 20.1, 18.7])
+    viewmat = torch.tensor(look_at(centre, centre + np.array([1.0, 0.0, 0.0])), dtype=torch.float32)[None]
+    K = torch.tensor([[10.0, 0, 8.0], [0, 10.0, 8.0], [0, 0, 1]])[None]
+    rgba, depth = raycast(block, viewmat, K, 16, 16, 12.0, supersample=1)
+    assert bool((rgba[..., 3] == 1).all())
+    # pixel (7, 7) looks 0.05 rad off the axis: the wall at radius 12 along the ray
+    assert abs(float(depth[0, 7, 7]) - 12.0 / math.sqrt(1 + 2 * (0.5 / 10.0) ** 2)) < 0.05

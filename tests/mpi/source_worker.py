@@ -4,7 +4,8 @@
         [--steps N ...] [--every K] [--kill-pid PID --kill-after N]
 
 Every rank reads its own block of every step and compares it (ghost layers included)
-with the same box of the global array in REFERENCE.bp (read whole with ADIOS2). One JSON
+with the same box of the global array in REFERENCE.bp (read whole with ADIOS2; "-": no
+reference, "equal" is then null). One JSON
 line per rank and step ({"rank", "step", "time", "start", "count", "equal"}), then one
 final line per rank: {"rank", "end": "clean"} or {"rank", "error": type, "message"}.
 """
@@ -51,7 +52,7 @@ def main() -> int:
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    ref = reference(a.reference, a.var)
+    ref = reference(a.reference, a.var) if a.reference != "-" else None
     cls = BPSource if a.kind == "bp" else SSTSource
     seen = 0
 
@@ -64,10 +65,11 @@ def main() -> int:
             for step in source:
                 b = step.block
                 (x, y, z), (nz, ny, nx) = b.start, b.data.shape
-                expect = ref[step.step][z:z + nz, y:y + ny, x:x + nx]
+                equal = None if ref is None else \
+                    bool(np.array_equal(b.data, ref[step.step][z:z + nz, y:y + ny, x:x + nx]))
                 say({"step": step.step, "time": step.time, "start": list(b.start), "count": [nx, ny, nz],
                      "owned": [list(b.owned_lo), list(b.owned_hi)], "global": list(b.global_shape),
-                     "equal": bool(np.array_equal(b.data, expect))})
+                     "equal": equal})
                 seen += 1
                 if a.kill_pid and seen == a.kill_after:
                     os.kill(a.kill_pid, signal.SIGKILL)
