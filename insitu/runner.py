@@ -85,7 +85,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         else:
             from .sources import open_source
 
-            with open_source(args.command, args.input, cfg, comm.rank, comm.size) as source:
+            with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
                 n = train_steps(source, cfg, comm, writer, out)
         say(comm, f"done: {n} step(s) trained; outputs in {out} (report: {out / 'report.html'})")
         return 0
