@@ -10,12 +10,14 @@ batch of cameras. Two backends compute the same image:
   transmittance would fall to 1e-4). It runs on any device, is differentiable through
   autograd, and is the CPU training path and the oracle in tests.
 
-The torch backend works on (Gaussian, pixel) pairs rather than padded tiles: every
-drawn Gaussian is paired with the pixels of its extent box, pairs below the alpha
-threshold are dropped before autograd sees them, the rest are sorted by pixel with
-depth order kept inside a pixel, and transmittance is a running sum of log(1 - alpha)
-restarted at every pixel. Memory and time follow the pairs that are composited (the
-projected area of the Gaussians), never ``N x H x W``, and nothing loops in Python.
+The torch backend works on (Gaussian, pixel) pairs rather than padded tiles. Drawn
+Gaussians are taken front to back in runs of at most ``_PAIR_BUDGET`` box pixels; each
+is paired with the pixels of its extent box, pairs below the alpha threshold or on
+pixels that are already done are dropped before autograd sees them, the rest are sorted
+by pixel (depth order kept inside a pixel), and the transmittance is a running sum of
+log(1 - alpha) restarted at every pixel and carried from run to run. Memory and time
+follow the pairs actually composited (the projected area of the visible Gaussians),
+never ``N x H x W``; the only Python loop is over the depth runs.
 
 Camera model (as ``insitu.views`` and gsplat): ``viewmats`` world-to-camera, OpenCV
 axes (+x right, +y down, +z forward); pinhole ``Ks`` in pixels; pixel ``(u, v)`` has
@@ -23,6 +25,7 @@ its centre at ``(u + 0.5, v + 0.5)``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -163,7 +166,8 @@ def rasterize(
 # --------------------------------------------------------------------------- validation
 
 def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-              sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size) -> tuple[int, int]:
+              sh_degree, backend, near_plane, far_plane, eps2d, radius_clip,
+              tile_size) -> tuple[int, int]:
     named = {"means": means, "quats": quats, "scales": scales, "opacities": opacities,
              "colors": colors, "viewmats": viewmats, "Ks": Ks}
     for name, t in named.items():
@@ -174,7 +178,8 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
     if means.dim() != 2 or means.shape[1] != 3:
         raise ValueError(f"rasterize: means: expected shape [N, 3], got {list(means.shape)}")
     N = means.shape[0]
-    for name, t, tail in (("quats", quats, (4,)), ("scales", scales, (3,)), ("opacities", opacities, ())):
+    for name, t, tail in (("quats", quats, (4,)), ("scales", scales, (3,)),
+                          ("opacities", opacities, ())):
         if tuple(t.shape) != (N, *tail):
             want = ", ".join(["N"] + [str(d) for d in tail])
             raise ValueError(f"rasterize: {name}: expected shape [{want}] = {[N, *tail]} "
@@ -185,13 +190,15 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
             raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} when "
                              f"sh_degree is None, got {list(colors.shape)}{hint}")
     else:
-        if isinstance(sh_degree, bool) or not isinstance(sh_degree, int) or not 0 <= sh_degree <= MAX_SH_DEGREE:
+        if (isinstance(sh_degree, bool) or not isinstance(sh_degree, int)
+                or not 0 <= sh_degree <= MAX_SH_DEGREE):
             raise ValueError(f"rasterize: sh_degree: expected None or an int in 0..{MAX_SH_DEGREE}, "
                              f"got {sh_degree!r}")
         K = (sh_degree + 1) ** 2
         if colors.dim() != 3 or colors.shape[0] != N or colors.shape[2] != 3 or colors.shape[1] < K:
-            raise ValueError(f"rasterize: colors: expected SH coefficients of shape [N, K, 3] with "
-                             f"N = {N} and K >= {K} for sh_degree {sh_degree}, got {list(colors.shape)}")
+            raise ValueError(f"rasterize: colors: expected SH coefficients of shape [N, K, 3] "
+                             f"with N = {N} and K >= {K} for sh_degree {sh_degree}, "
+                             f"got {list(colors.shape)}")
     if viewmats.dim() != 3 or tuple(viewmats.shape[1:]) != (4, 4):
         raise ValueError(f"rasterize: viewmats: expected shape [C, 4, 4], got {list(viewmats.shape)}")
     C = viewmats.shape[0]
@@ -213,8 +220,8 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
     if backend not in BACKENDS:
         raise ValueError(f"rasterize: backend: expected one of {BACKENDS}, got {backend!r}")
     if not 0 <= near_plane < far_plane:
-        raise ValueError(f"rasterize: expected 0 <= near_plane < far_plane, got near_plane={near_plane}, "
-                         f"far_plane={far_plane}")
+        raise ValueError(f"rasterize: expected 0 <= near_plane < far_plane, got "
+                         f"near_plane={near_plane}, far_plane={far_plane}")
     if eps2d < 0:
         raise ValueError(f"rasterize: eps2d: expected >= 0, got {eps2d}")
     if radius_clip < 0:
@@ -222,6 +229,7 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
     return N, C
 
 
+@functools.lru_cache(maxsize=None)
 def _gsplat_import_error() -> str | None:
     """None when gsplat imports, else why it does not."""
     try:
@@ -251,6 +259,8 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
                       sh_degree, near_plane, far_plane, eps2d, radius_clip, tile_size):
     import gsplat
 
+    means, quats, scales, opacities, colors, viewmats, Ks = (
+        t.contiguous() for t in (means, quats, scales, opacities, colors, viewmats, Ks))
     render, alpha, meta = gsplat.rasterization(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
