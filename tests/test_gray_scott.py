@@ -137,10 +137,11 @@ def test_one_and_two_ranks_give_the_same_global_field(bp_runs):
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_bp_output_replays_block_by_block(bp_runs, ranks):
-    cmd = [sys.executable, WORKER, "bp", "two.bp", "U", "one.bp"]
+    cmd = [sys.executable, WORKER, "bp", "two.bp", "U", "one.bp", "--out", f"replay{ranks}"]
     proc = _run([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, bp_runs)
     assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    lines = [json.loads(line) for r in range(ranks)
+             for line in (bp_runs / f"replay{ranks}.{r}.jsonl").read_text().splitlines()]
     for r in range(ranks):
         mine = [x for x in lines if x["rank"] == r]
         assert [x["step"] for x in mine[:-1]] == [10, 20, 30], mine

@@ -1,13 +1,14 @@
 """Reader process for the source tests: read a BP file or SST stream with one reader per rank.
 
     [mpiexec -n P] python source_worker.py {bp|sst} NAME VAR REFERENCE.bp [--timeout S]
-        [--steps N ...] [--every K] [--kill-pid PID --kill-after N]
+        [--steps N ...] [--every K] [--kill-pid PID --kill-after N] [--out PREFIX]
 
 Every rank reads its own block of every step and compares it (ghost layers included)
 with the same box of the global array in REFERENCE.bp (read whole with ADIOS2; "-": no
 reference, "equal" is then null). One JSON
 line per rank and step ({"rank", "step", "time", "start", "count", "equal"}), then one
 final line per rank: {"rank", "end": "clean"} or {"rank", "error": type, "message"}.
+The lines go to stdout, or with --out to PREFIX.RANK.jsonl (ranks' stdout can interleave).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def main() -> int:
     p.add_argument("--every", type=int, default=1)
     p.add_argument("--kill-pid", type=int)
     p.add_argument("--kill-after", type=int, default=0)
+    p.add_argument("--out")
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -56,8 +58,10 @@ def main() -> int:
     cls = BPSource if a.kind == "bp" else SSTSource
     seen = 0
 
+    out = open(f"{a.out}.{rank}.jsonl", "w") if a.out else sys.stdout
+
     def say(obj):
-        print(json.dumps({"rank": rank, **obj}), flush=True)
+        print(json.dumps({"rank": rank, **obj}), file=out, flush=True)
 
     try:
         with cls(a.name, a.var, rank=rank, size=size, steps=a.steps, every=a.every, timeout_s=a.timeout,
