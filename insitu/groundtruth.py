@@ -18,10 +18,10 @@ every other cell stores its Chebyshev distance to the nearest active one, so a r
 empty space jumps over the whole empty cube of cells around it at once. The jump ends
 exactly where the ray leaves that cube (the field's side of every iso value is known up
 to there) and fine sampling resumes on the ray's sample lattice, so no crossing is
-skipped and no dilation of the active cells is needed. Samples lie at multiples of the
-step along each ray (independent of the box it was clipped to), so blocks and the whole
-domain sample alike. Rays that hit or leave the box are dropped from the working set
-after every pass.
+skipped and no dilation of the active cells is needed. Along each ray the samples lie at
+multiples of the step from where the ray enters the whole domain, whatever box it was
+clipped to, so blocks and the whole domain sample alike. Rays that hit or leave the box
+are dropped from the working set after every pass.
 """
 from __future__ import annotations
 
@@ -108,13 +108,18 @@ def _grid_sample(volume: Tensor, g: Tensor) -> Tensor:
 
 
 def _as_volume(array: np.ndarray, device: torch.device) -> Tensor:
+    """[nz, ny, nx] array -> [1, 1, nz, ny, nx] float32 on ``device`` (converted there, so a
+    uint8 volume travels as uint8)."""
     arr = np.ascontiguousarray(array)
     if arr.dtype not in (np.uint8, np.int16, np.int32, np.float32):
         arr = arr.astype(np.float32)
+    elif not arr.flags.writeable:
+        arr = arr.copy()
     return torch.from_numpy(arr).to(device).to(torch.float32)[None, None]
 
 
 def _prepare_field(data: np.ndarray, isos: Tensor, device: torch.device) -> _Field:
+    """Upload ``data: [nz, ny, nx]`` and build the macro-cell distance grid for ``isos: [I]``."""
     volume = _as_volume(data, device)
     nz, ny, nx = volume.shape[2:]
     cells = torch.tensor([nx - 1, ny - 1, nz - 1])
@@ -160,7 +165,7 @@ def _check_inputs(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
         raise ValueError(f"supersample: expected an integer >= 1, got {supersample!r}")
     if isinstance(refine, bool) or not isinstance(refine, (int, np.integer)) or refine < 0:
         raise ValueError(f"refine: expected an integer >= 0, got {refine!r}")
-    if not (isinstance(step, (int, float)) and 0 < step <= MACRO):
+    if isinstance(step, bool) or not (isinstance(step, (int, float, np.number)) and 0 < step <= MACRO):
         raise ValueError(f"step: expected a march step in (0, {MACRO}] voxels, got {step!r}")
     if isinstance(chunk_rays, bool) or not isinstance(chunk_rays, (int, np.integer)) or chunk_rays < 1:
         raise ValueError(f"chunk_rays: expected an integer >= 1, got {chunk_rays!r}")

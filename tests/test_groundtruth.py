@@ -297,3 +297,18 @@ def test_camera_inside_the_volume_sees_the_surface_around_it():
     assert bool((rgba[..., 3] == 1).all())
     # pixel (7, 7) looks 0.05 rad off the axis: the wall at radius 12 along the ray
     assert abs(float(depth[0, 7, 7]) - 12.0 / math.sqrt(1 + 2 * (0.5 / 10.0) ** 2)) < 0.05
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    block = whole_block(blobs_array(), fields={"x": np.broadcast_to(
+        np.arange(64, dtype=np.float32), (48, 56, 64)).copy()})
+    views = orbit_views(*block.global_box, count=4, resolution=64)
+    options = dict(color_field="x", color_range=(0.0, 63.0))
+    cpu = raycast(block, views.viewmats, views.Ks, 64, 64, [0.3, 0.6], **options)
+    gpu = raycast(block, views.viewmats.cuda(), views.Ks.cuda(), 64, 64, [0.3, 0.6], **options)
+    assert gpu[0].device.type == "cuda" and gpu[1].device.type == "cuda"
+    assert float(cpu[0][..., 3].mean()) > 0.02
+    diff = (gpu[0].cpu() - cpu[0]).abs().amax(-1)
+    assert float((diff <= 1e-3).float().mean()) > 0.999
+    assert torch.equal(torch.isinf(gpu[1].cpu()), torch.isinf(cpu[1]))
