@@ -37,7 +37,8 @@ from torch import Tensor
 from .volume import Block
 
 MACRO = 8                 # voxels per macro-cell edge for empty-space skipping
-SAMPLES_PER_PASS = 8      # fine samples a ray takes per marching pass
+SAMPLES_PER_PASS = 8      # fine samples a ray takes per marching pass ...
+MAX_WIDENING = 4          # ... times up to 2**MAX_WIDENING as the active rays thin out
 SKIP_RADIUS_CAP = 16      # largest empty-space distance stored, in macro cells
 GRADIENT_STEP = 1.0       # central-difference offset for normals, in voxels
 
@@ -409,7 +410,8 @@ def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     field, isos = scene.field, scene.isos
     device = state.device
     ray = torch.arange(state.shape[0], device=device)
-    offsets = torch.arange(1, SAMPLES_PER_PASS + 1, dtype=torch.float32, device=device)
+    offsets = torch.arange(1, SAMPLES_PER_PASS * 2 ** MAX_WIDENING + 1, dtype=torch.float32, device=device)
+    n_start = max(1, state.shape[0])
     mdims = field.macro_dims
     scale = 2.0 / (field.size - 1.0)
     found: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
@@ -418,6 +420,9 @@ def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     for _ in range(int(longest) // SAMPLES_PER_PASS + 3):
         if ray.numel() == 0:
             break
+        # as rays finish, the rest take more samples per pass: fewer passes, same work per pass
+        widen = min(MAX_WIDENING, max(0, int(math.log2(n_start / ray.numel()))))
+        steps = offsets[:SAMPLES_PER_PASS << widen]
         qo, qd, dt = state[:, _QO], state[:, _QD], state[:, _DT]
         t0, t, k, t_exit = state[:, _T0], state[:, _T], state[:, _K], state[:, _TEXIT]
         b0 = state[:, _BIN].to(torch.int32)
@@ -433,7 +438,7 @@ def _march(scene: _Scene, state: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
         t = torch.where(empty, torch.minimum(torch.maximum(t_leave, t), t_exit), t)
         k = torch.where(empty, torch.maximum(torch.floor((t - t0) / dt), k), k)
         # 2. fine samples on the lattice
-        kk = k[:, None] + offsets
+        kk = k[:, None] + steps
         tt = torch.minimum(torch.addcmul(t0[:, None], kk, dt[:, None]), t_exit[:, None])
         go, gd = qo * scale - 1.0, qd * scale                        # normalised grid coordinates
         fs = _grid_sample(field.volume, torch.addcmul(go[:, None, :], tt[:, :, None], gd[:, None, :]))
