@@ -32,6 +32,7 @@ failure has been yielded.
 from __future__ import annotations
 
 import struct
+import sys
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,7 +274,6 @@ def probe_bp(path: str | Path, timeout_s: float = 60.0) -> None:
     turns either into a SourceInputError here instead of taking the reader down.
     """
     import subprocess
-    import sys
 
     try:
         r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True,
@@ -336,6 +336,7 @@ class _AdiosSource(_Source):
         self.timeout_s = float(timeout_s)
         self.comm = comm if comm is not None and comm.Get_size() > 1 else None
         self.last_step: int | None = None        # the last step completed (yielded or skipped)
+        self.dropped = 0                         # steps this rank held but dropped to agree with the others
         self._stream = None
         self._used = False
         self._open()
@@ -442,13 +443,14 @@ class _AdiosSource(_Source):
                     held = sorted({n for kind, n, _ in states if kind == "ok"})
                     if self.rank == 0:
                         print(f"{self.name}: stream ended on some ranks; steps {held} held by others are dropped",
-                              flush=True)
+                              file=sys.stderr, flush=True)
                 return "end", None
             target = max(n for _, n, _ in states)
             if all(n == target for _, n, _ in states):
                 return state
             if state[1] < target:           # behind (Discard policy): drop this step, take the next
                 self._stream.end_step()
+                self.dropped += 1
                 try:
                     state = self._begin()
                 except SourceError as e:

@@ -145,7 +145,7 @@ def test_bp_output_replays_block_by_block(bp_runs, ranks):
     for r in range(ranks):
         mine = [x for x in lines if x["rank"] == r]
         assert [x["step"] for x in mine[:-1]] == [10, 20, 30], mine
-        assert mine[-1] == {"rank": r, "end": "clean"}
+        assert mine[-1] == {"rank": r, "end": "clean", "dropped": 0}
         assert all(x["equal"] and x["global"] == [18, 18, 18] and x["time"] == x["step"] for x in mine[:-1])
     if ranks == 2:    # 17 cells split 8 | 9 along x; each block has one ghost layer towards the other
         blocks = sorted((x["start"], x["count"], x["owned"]) for x in lines if "step" in x and x["step"] == 10)

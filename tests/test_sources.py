@@ -58,14 +58,18 @@ def gs_bp(tmp_path_factory) -> Path:
     return path
 
 
-def write_bp(path: Path, variables: dict[str, np.ndarray], attributes: dict | None = None, steps: int = 1) -> Path:
+def write_bp(path: Path, variables: dict[str, np.ndarray], attributes: dict | None = None, steps: int = 1,
+             numbers: list[int] | None = None) -> Path:
+    """A BP file with the same ``variables`` in every step (and a ``step`` variable if ``numbers``)."""
     with adios2.Stream(str(path), "w") as s:
         for name, value in (attributes or {}).items():
             s.write_attribute(name, np.asarray(value, dtype=np.float64))
-        for _ in range(steps):
+        for i in range(len(numbers) if numbers else steps):
             s.begin_step()
             for name, a in variables.items():
                 s.write(name, a, list(a.shape), [0] * a.ndim, list(a.shape))
+            if numbers:
+                s.write("step", int(numbers[i]))
             s.end_step()
     return path
 
@@ -276,7 +280,7 @@ def test_sst_stream_from_a_separate_writer_matches_the_file(gs_bp, tmp_path):
     lines = reader_lines(out)
     assert [x["step"] for x in lines[:-1]] == [10, 20, 30, 40, 50, 60], (out, err)
     assert all(x["equal"] for x in lines[:-1])
-    assert lines[-1] == {"rank": 0, "end": "clean"}
+    assert lines[-1] == {"rank": 0, "end": "clean", "dropped": 0}
     assert "engine=SST" in wout
 
 
@@ -361,3 +365,20 @@ def test_sst_two_reader_ranks_each_their_own_cohort(gs_bp, tmp_path):
         assert all(x["equal"] for x in mine[:-1]) and mine[-1]["end"] == "clean"
     starts = {tuple(x["start"]) for x in lines if "start" in x}
     assert starts == {(0, 0, 0), (6, 0, 0)}      # 15 cells: 7 | 8, one ghost layer
+
+
+@pytest.mark.mpi
+def test_ranks_agree_on_the_steps_they_all_hold(tmp_path):
+    # rank 1's reader missed step 20 (as a cohort can under a Discard policy) and ends before
+    # step 50: with comm, rank 0 skips 20, and both end when rank 1's stream ends
+    a = np.zeros((4, 4, 4))
+    write_bp(tmp_path / "r0.bp", {"U": a}, numbers=[10, 20, 30, 40, 50])
+    write_bp(tmp_path / "r1.bp", {"U": a}, numbers=[10, 30, 40])
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(WORKER), "bp", "r{rank}.bp", "U", "-",
+                           "--out", "agree"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for rank, dropped in ((0, 1), (1, 0)):
+        lines = reader_lines((tmp_path / f"agree.{rank}.jsonl").read_text())
+        assert [x["step"] for x in lines[:-1]] == [10, 30, 40]
+        assert lines[-1] == {"rank": rank, "end": "clean", "dropped": dropped}
+    assert "r0.bp: stream ended on some ranks; steps [50] held by others are dropped" in proc.stderr

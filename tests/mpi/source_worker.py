@@ -1,13 +1,15 @@
 """Reader process for the source tests: read a BP file or SST stream with one reader per rank.
 
     [mpiexec -n P] python source_worker.py {bp|sst} NAME VAR REFERENCE.bp [--timeout S]
-        [--steps N ...] [--every K] [--kill-pid PID --kill-after N] [--out PREFIX]
+        [--steps N ...] [--every K] [--kill-pid PID --kill-after N] [--sleep S] [--out PREFIX]
 
 Every rank reads its own block of every step and compares it (ghost layers included)
 with the same box of the global array in REFERENCE.bp (read whole with ADIOS2; "-": no
 reference, "equal" is then null). One JSON
 line per rank and step ({"rank", "step", "time", "start", "count", "equal"}), then one
-final line per rank: {"rank", "end": "clean"} or {"rank", "error": type, "message"}.
+final line per rank: {"rank", "end": "clean", "dropped"} or {"rank", "error": type, "message"}
+("dropped": steps the rank held but skipped to agree with the others). --sleep: the last
+rank sleeps S seconds after each step (a slow reader).
 The lines go to stdout, or with --out to PREFIX.RANK.jsonl (ranks' stdout can interleave).
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 # adios2 imports torch when installed; this reader does not need it (seconds at start-up)
@@ -51,9 +54,11 @@ def main() -> int:
     p.add_argument("--kill-pid", type=int)
     p.add_argument("--kill-after", type=int, default=0)
     p.add_argument("--out")
+    p.add_argument("--sleep", type=float, default=0.0)
     a = p.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    name = a.name.format(rank=rank)              # "{rank}" in NAME: a different file per rank
     ref = reference(a.reference, a.var) if a.reference != "-" else None
     cls = BPSource if a.kind == "bp" else SSTSource
     seen = 0
@@ -64,7 +69,7 @@ def main() -> int:
         print(json.dumps({"rank": rank, **obj}), file=out, flush=True)
 
     try:
-        with cls(a.name, a.var, rank=rank, size=size, steps=a.steps, every=a.every, timeout_s=a.timeout,
+        with cls(name, a.var, rank=rank, size=size, steps=a.steps, every=a.every, timeout_s=a.timeout,
                  comm=comm if size > 1 else None) as source:
             for step in source:
                 b = step.block
@@ -77,7 +82,9 @@ def main() -> int:
                 seen += 1
                 if a.kill_pid and seen == a.kill_after:
                     os.kill(a.kill_pid, signal.SIGKILL)
-        say({"end": "clean"})
+                if a.sleep and rank == size - 1:
+                    time.sleep(a.sleep)
+        say({"end": "clean", "dropped": source.dropped})
     except SourceError as e:
         say({"error": type(e).__name__, "message": str(e)})
     return 0
