@@ -413,10 +413,13 @@ class _AdiosSource(_Source):
             raise SourceError(f"{self.name}: no step arrived within {self.timeout_s:g} s {self._after()}")
         if status != adios2.bindings.StepStatus.OK:
             raise self._ended_unexpectedly()
-        available = s.available_variables()
-        if "step" in available and available["step"].get("SingleValue") == "true":
-            return "ok", int(s.read("step"))
-        return "ok", int(s.current_step())
+        try:
+            available = s.available_variables()
+            if "step" in available and available["step"].get("SingleValue") == "true":
+                return "ok", int(s.read("step"))
+            return "ok", int(s.current_step())
+        except Exception as e:
+            raise self._step_error(e) from None
 
     def _begin_agreed(self) -> tuple[str, int | None]:
         """Begin a step that every rank holds (ranks behind skip forward); collective with comm."""

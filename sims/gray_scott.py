@@ -316,7 +316,7 @@ class _Writer:
 
     def _open(self, adios2, settings: GrayScottSettings) -> None:
         comm = self.comm
-        ad = adios2.Adios(comm) if self.parallel else adios2.Adios()
+        ad = adios2.Adios(comm=comm) if self.parallel else adios2.Adios()
         io = ad.declare_io("gray_scott")
         io.set_engine(settings.engine)
         if settings.engine == "SST":
