@@ -36,6 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
     g.add_argument("--batch", type=int, metavar="B", help="views per optimiser step")
     g.add_argument("--psnr-target", type=float, metavar="DB", help="stop a step early at this held-out PSNR")
+    g.add_argument("--ssim-target", type=float, metavar="S", help="... and at this held-out SSIM")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
     g.add_argument("--backend", choices=["auto", "gsplat", "torch"], help="rasterizer")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -86,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "input.iso": args.iso, "input.var": args.var, "input.color_var": args.color_var,
         "views.count": args.views, "views.resolution": args.resolution, "train.iterations": args.iterations,
         "seeds.budget": args.budget, "train.batch": args.batch, "train.psnr_target": args.psnr_target,
+        "train.ssim_target": args.ssim_target,
         "parallel.device": args.device, "train.backend": args.backend, "output.dir": args.out,
         "input.dims": getattr(args, "dims", None), "input.dtype": getattr(args, "dtype", None),
         "input.downsample": getattr(args, "downsample", None), "input.steps": getattr(args, "steps", None)

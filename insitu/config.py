@@ -73,6 +73,7 @@ class TrainConfig:
     opacity_reset_every: int = 3000
     max_gaussians: int = 5_000_000
     psnr_target: float | None = None    # stop early once held-out PSNR reaches this
+    ssim_target: float | None = None    # ... and held-out SSIM this (both, when both are set)
     eval_every: int = 0                 # evaluate during training every k iterations (0: at the end)
     seed: int = 0
     backend: str = "auto"               # auto | gsplat | torch

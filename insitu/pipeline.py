@@ -153,6 +153,14 @@ def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, 
     return q, images
 
 
+def target_reached(q, tc) -> bool:
+    """True when a quality target is set and every target that is set is met."""
+    if tc.psnr_target is None and tc.ssim_target is None:
+        return False
+    return ((tc.psnr_target is None or q.psnr >= tc.psnr_target)
+            and (tc.ssim_target is None or q.ssim >= tc.ssim_target))
+
+
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
              warm: Gaussians | None = None, iterations: int | None = None) -> StepResult:
     """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``."""
@@ -217,7 +225,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
             n_all = comm.mpi.allreduce(len(trainer))
             history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": n_all,
                             "seconds": _time.perf_counter() - t_gt})
-            if tc.psnr_target is not None and q.psnr >= tc.psnr_target:
+            if target_reached(q, tc):
                 reached = it + 1
                 break
     bar.close()
