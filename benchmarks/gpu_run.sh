@@ -5,6 +5,7 @@
 #   train1  bonsai iso 40, 448 views at 1024^2, one GPU, to PSNR 30 and SSIM 0.97
 #   step    per-step time of a ~4M-Gaussian model at 2048^2 on 1 and 2 GPUs
 #   train2  the same on 2 GPUs
+#   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
@@ -22,10 +23,15 @@ for stage in "$@"; do
     train2) timeout 540 $MPIRUN -n 2 python -m insitu run "$BONSAI" $TRAIN1 --out /tmp/train2 \
               > "$OUT/train2.log" 2>&1; tail -n 3 "$OUT/train2.log"
             cp /tmp/train2/step_000000/metrics.json "$OUT/train2_metrics.json" ;;
-    step)   for n in 1 2; do
-              timeout 280 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
-                --budget 4000000 --resolution 2048 --views 8 --steps 30 ${STEP_ARGS:-} 2>&1 | tee -a "$OUT/step.log" | tail -n 2
-            done ;;
+    step)   for args in "--batch 1" "--batch 4 --transfer bfloat16"; do for n in 1 2; do
+              timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
+                --budget 4000000 --resolution 2048 --views 8 --steps 30 $args 2>&1 | tee -a "$OUT/step.log" | tail -n 1
+            done; done ;;
+    big1|big2) n=${stage#big}
+            timeout 560 $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
+              --budget 4000000 --set seeds.fill=true --iterations 30000 --psnr-target 30 \
+              --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
+            tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

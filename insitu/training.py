@@ -114,7 +114,9 @@ class Trainer:
         lrs = {"means": cfg.lr_means * self.extent, "scales": cfg.lr_scales, "quats": cfg.lr_quats,
                "opacities": cfg.lr_opacities, "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
         betas = (0.9 ** B, 0.999 ** B)          # batched Adam: lr * sqrt(B), momentum per image kept
-        self.optimizers = {k: torch.optim.Adam([self.params[k]], lr=lr * math.sqrt(B), betas=betas, eps=1e-15)
+        fused = torch.device(device).type == "cuda"     # one kernel per parameter on GPUs
+        self.optimizers = {k: torch.optim.Adam([self.params[k]], lr=lr * math.sqrt(B), betas=betas, eps=1e-15,
+                                               fused=fused or None)
                            for k, lr in lrs.items()}
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
