@@ -34,10 +34,17 @@ with SSTSource(sys.argv[2], "U", rank=comm.rank, size=comm.size, timeout_s=120,
     for step in src:
         n += 1
         nbytes += step.block.data.nbytes
+    read_ms = 1e3 * sum(src.read_seconds) / max(len(src.read_seconds), 1)
 nbytes = comm.allreduce(nbytes)
+read_ms = comm.allreduce(read_ms, op=MPI.MAX)
 if comm.rank == 0:
-    print(f"reader: {n} steps, {nbytes / 1e6:.1f} MB in {time.perf_counter() - t0:.2f} s", flush=True)
+    print(f"reader: {n} steps, {nbytes / 1e6:.1f} MB in {time.perf_counter() - t0:.2f} s, "
+          f"read {read_ms:.1f} ms per step per rank", flush=True)
 """
+
+# the full analysis attached: `insitu stream` trains a small model on every step it gets
+ANALYSIS = ["-m", "insitu", "stream", "{name}", "--var", "V", "--iso", "0.3", "--views", "24", "--resolution", "64",
+            "--iterations", "100", "--budget", "3000", "--quiet", "--timeout", "120", "--out", "analysis_out"]
 
 LINE = re.compile(r"([\d.]+) s, ([\d.]+) steps/s \((\d+) outputs, ([\d.]+) s in output\)")
 
@@ -56,6 +63,11 @@ def run_one(L: int, steps: int, plotgap: int, ranks: int, engine: str, readers: 
     if engine == "SST":
         reader = subprocess.Popen(launch(readers, ["-c", READER, str(ROOT), name]), cwd=workdir,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    elif engine == "SST+analysis":
+        sim[sim.index("SST+analysis")] = "SST"
+        env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+        reader = subprocess.Popen(launch(readers, [a.format(name=name) for a in ANALYSIS]), cwd=workdir,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     t0 = time.perf_counter()
     proc = subprocess.run(sim, cwd=workdir, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
@@ -70,7 +82,10 @@ def run_one(L: int, steps: int, plotgap: int, ranks: int, engine: str, readers: 
         rout, rerr = reader.communicate(timeout=600)
         if reader.returncode != 0:
             raise RuntimeError(f"SST reader failed:\n{rerr}")
-        note = rout.strip().splitlines()[-1] if rout.strip() else ""
+        lines = rout.strip().splitlines()
+        note = lines[-1] if lines else ""
+        if engine == "SST+analysis":
+            note = f"{sum(1 for x in lines if x.startswith('step '))} steps trained"
     mb = outputs * 2 * L ** 3 * 8 / 1e6          # U and V, float64
     return {"engine": engine, "ranks": ranks, "steps/s": sps, "seconds": seconds, "output s": out_s,
             "output MB/s": mb / out_s if out_s > 0 and engine != "none" else float("nan"),
@@ -83,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--plotgap", type=int, default=10)
     p.add_argument("--ranks", type=int, nargs="+", default=[1])
-    p.add_argument("--engines", nargs="+", default=["none", "BP5", "SST"], choices=["none", "BP5", "SST"])
+    p.add_argument("--engines", nargs="+", default=["none", "BP5", "SST"], choices=["none", "BP5", "SST", "SST+analysis"],
+                   help="SST+analysis: `insitu stream` trains on the stream (use --policy Discard)")
     p.add_argument("--readers", type=int, default=1, help="SST reader ranks (each its own cohort)")
     p.add_argument("--policy", default="Block", choices=["Block", "Discard"], help="SST QueueFullPolicy")
     a = p.parse_args(argv)

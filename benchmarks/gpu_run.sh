@@ -5,6 +5,8 @@
 #   train1  bonsai iso 40, 448 views at 1024^2, one GPU, to PSNR 30 and SSIM 0.97
 #   step    per-step time of a ~4M-Gaussian model at 2048^2 on 1 and 2 GPUs
 #   train2  the same on 2 GPUs
+#   adaptor Gray-Scott L=128 with the adaptor off / sync / background, 2 ranks on 2 GPUs
+#   demo    `insitu demo` on one GPU
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"
@@ -28,10 +30,14 @@ for stage in "$@"; do
                 --budget 4000000 --resolution 2048 --views 8 --steps 30 $args 2>&1 | tee -a "$OUT/step.log" | tail -n 1
             done; done ;;
     big1|big2) n=${stage#big}
-            timeout 560 $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
+            timeout ${BIG_TIMEOUT:-560} $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
               --budget 4000000 --set seeds.fill=true --iterations 30000 --psnr-target 30 \
               --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
+    adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
+              --iterations 300 --device cuda > "$OUT/adaptor.log" 2>&1; tail -n 8 "$OUT/adaptor.log" ;;
+    demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
+            tail -n 5 "$OUT/demo.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -337,6 +337,7 @@ class _AdiosSource(_Source):
         self.comm = comm if comm is not None and comm.Get_size() > 1 else None
         self.last_step: int | None = None        # the last step completed (yielded or skipped)
         self.dropped = 0                         # steps this rank held but dropped to agree with the others
+        self.read_seconds: list[float] = []      # per step read: this rank's block (and end_step)
         self._stream = None
         self._used = False
         self._open()
@@ -525,6 +526,7 @@ class _AdiosSource(_Source):
                     keep = arrived % self.every == 0
                     arrived += 1
                 error, step = None, None
+                t0 = _time.perf_counter()
                 if keep:
                     try:
                         step = self._read(number)
@@ -532,6 +534,8 @@ class _AdiosSource(_Source):
                         error = e
                 if error is None:
                     self._stream.end_step()
+                if step is not None:
+                    self.read_seconds.append(_time.perf_counter() - t0)
                 self._agree_error(error)
                 self.last_step = number
                 if step is not None:
