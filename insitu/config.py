@@ -25,7 +25,7 @@ class InputConfig:
     color_var: str | None = None        # optional second field that colours the surface
     dims: list[int] | None = None       # raw files: (x, y, z); read from the name when absent
     dtype: str | None = None            # raw files: numpy dtype; read from the name when absent
-    downsample: int = 1                 # keep every k-th sample per axis (raw/array input)
+    downsample: int = 1                 # box-filter by k per axis (raw/array input)
     steps: list[int] | None = None      # replay/stream: only these step numbers
     every: int = 1                      # replay/stream: train every k-th step that arrives
     timeout_s: float = 60.0             # stream: give up when no step arrives for this long

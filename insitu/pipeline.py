@@ -8,6 +8,7 @@ every rank ends with the same clear error instead of waiting in a collective.
 from __future__ import annotations
 
 import math
+import sys
 import time as _time
 from dataclasses import dataclass, field
 
@@ -124,9 +125,34 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
     return Scene(views, order, gt, rows, background)
 
 
+class _LogProgress:
+    """Progress for logs (stderr is not a terminal): one plain line every tenth of the work."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done, self.info, self.t0 = total, desc, 0, {}, _time.perf_counter()
+        self.next = max(total // 10, 1)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.done >= self.next or self.done == self.total:
+            extra = "".join(f", {k} {v}" for k, v in self.info.items())
+            print(f"{self.desc}: {self.done}/{self.total}{extra} ({_time.perf_counter() - self.t0:.1f} s)",
+                  file=sys.stderr, flush=True)
+            self.next = self.done + max(self.total // 10, 1)
+
+    def set_postfix(self, **info) -> None:
+        self.info = info
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, desc: str, enabled: bool):
+    """A progress bar on a terminal, plain lines in a log, nothing when disabled."""
     from tqdm.auto import tqdm
 
+    if enabled and not sys.stderr.isatty():
+        return _LogProgress(total, desc)
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
