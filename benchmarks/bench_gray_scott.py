@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     print(f"\nGray-Scott L={a.L} ({a.L ** 3 / 1e6:.2f} M cells), {a.steps} steps, output every {a.plotgap} "
           f"(U and V, {2 * a.L ** 3 * 8 / 1e6:.1f} MB per output); SST: {a.readers} reader rank(s), {a.policy}\n")
-    print(f"| engine | sim ranks | steps/s | s in output | output MB/s | reader |")
-    print(f"|---|---:|---:|---:|---:|---|")
+    print("| engine | sim ranks | steps/s | s in output | output MB/s | reader |")
+    print("|---|---:|---:|---:|---:|---|")
     for r in rows:
         mbs = "-" if r["output MB/s"] != r["output MB/s"] else f"{r['output MB/s']:.0f}"
         print(f"| {r['engine']} | {r['ranks']} | {r['steps/s']:.1f} | {r['output s']:.3f} | {mbs} | {r['note']} |")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .config import Config, ConfigError, load_config, parse_override
 from .volume import InputError

@@ -113,7 +113,6 @@ def block_from_local(local: np.ndarray, start: tuple[int, int, int], global_shap
     cells whose lower corner sample it holds; it receives the samples it is missing on
     the upper side (to close its cells) and one more layer on each side for gradients.
     """
-    from mpi4py import MPI
 
     local = np.ascontiguousarray(local)
     nz, ny, nx = local.shape

@@ -7,7 +7,6 @@ every rank ends with the same clear error instead of waiting in a collective.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time as _time
 from dataclasses import dataclass, field

@@ -9,7 +9,6 @@ optimizer-aware ops) and a periodic opacity reset.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 

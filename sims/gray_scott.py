@@ -403,7 +403,6 @@ def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
 
 
 def parse_args(argv: list[str] | None = None) -> GrayScottSettings:
-    defaults = GrayScottSettings()
     p = argparse.ArgumentParser(description="3D Gray-Scott reaction-diffusion (ADIOS2 tutorial model) on MPI.")
     helps = {
         "L": "grid size (L^3 samples)", "Du": "diffusion of U", "Dv": "diffusion of V", "F": "feed rate",

@@ -1,9 +1,4 @@
 """insitu.compositing: visibility order, bands, one-rank identity; P-rank runs vs the serial composite."""
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,20 +7,7 @@ from insitu.compositing import band_rows, composite, composite_full, gather_band
 from insitu.decomposition import rank_coords
 from insitu.parallel import init_comm, shutdown
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKERS = Path(__file__).resolve().parent / "mpi"
-
-
-def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python tests/mpi/script args``; output in ``.stdout`` (stderr merged)."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():                       # a system MPI (GPU machines)
-        mpiexec = Path(shutil.which("mpiexec") or mpiexec)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+from conftest import run_mpi
 
 
 def coords_of(dims):
