@@ -7,6 +7,8 @@
 #   train2  the same on 2 GPUs
 #   adaptor Gray-Scott L=128 with the adaptor off / sync / background, 2 ranks on 2 GPUs
 #   demo    `insitu demo` on one GPU
+#   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
+#   step8   as `step`, 8 views per step, bfloat16 colour transfer
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"
@@ -36,6 +38,16 @@ for stage in "$@"; do
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
               --iterations 300 --device cuda > "$OUT/adaptor.log" 2>&1; tail -n 8 "$OUT/adaptor.log" ;;
+    gs128)  timeout 200 python benchmarks/bench_gray_scott.py --L 128 --steps 200 --plotgap 20 \
+              --engines none SST > "$OUT/gs128.log" 2>&1; tail -n 4 "$OUT/gs128.log"
+            timeout 200 python benchmarks/bench_gray_scott.py --L 128 --steps 200 --plotgap 20 \
+              --engines SST+analysis --policy Discard > "$OUT/gs128_analysis.log" 2>&1
+            tail -n 2 "$OUT/gs128_analysis.log" ;;
+    step8)  for n in 1 2; do
+              timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
+                --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \
+                2>&1 | tee -a "$OUT/step8.log" | tail -n 1
+            done ;;
     demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
             tail -n 5 "$OUT/demo.log" ;;
     *) echo "unknown stage $stage" ;;
