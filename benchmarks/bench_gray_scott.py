@@ -10,6 +10,7 @@ measures what streaming costs the simulation.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def run_one(L: int, steps: int, plotgap: int, ranks: int, engine: str, readers: 
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     elif engine == "SST+analysis":
         sim[sim.index("SST+analysis")] = "SST"
-        env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         reader = subprocess.Popen(launch(readers, [a.format(name=name) for a in ANALYSIS]), cwd=workdir,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     t0 = time.perf_counter()

@@ -60,3 +60,85 @@ def test_ground_truth_matches_one_rank():
     out = run_worker(4, "dist_scene.py")
     assert all_ok(out, 4), out.stdout
     assert "supersample 1, 4 ranks" in out.stdout and "supersample 2, 4 ranks" in out.stdout, out.stdout
+
+
+def test_two_rank_training_matches_one_rank(tmp_path):
+    """run_step on 2 ranks vs 1 rank (24 views at 48 x 48, 2000 Gaussians, 150 iterations, same seed):
+    held-out PSNR within 0.5 dB, and training gained well over the initial model on both."""
+    out = run_worker(2, "dist_train.py", "train", str(tmp_path), timeout=180)
+    assert all_ok(out, 2), out.stdout
+    two = json.loads((tmp_path / "metrics_2.json").read_text())
+    one = json.loads((tmp_path / "metrics_1.json").read_text())
+    print(out.stdout)
+    assert (two["ranks"], one["ranks"]) == (2, 1)
+    assert two["iterations"] == one["iterations"] == 150
+    assert all(n > 0 for n in two["per_rank"]), two["per_rank"]        # the surface crosses the cut plane
+    assert two["gaussians_initial"] == one["gaussians_initial"] == 2000
+    for m in (one, two):
+        assert m["psnr"] > m["psnr_initial"] + 3, m
+    assert abs(two["psnr"] - one["psnr"]) < 0.5, (two["psnr"], one["psnr"])
+    assert abs(two["ssim"] - one["ssim"]) < 0.02, (two["ssim"], one["ssim"])
+
+
+def test_ranks_without_surface_take_part(tmp_path):
+    """A sphere inside rank 0's block only, 4 ranks: the three empty ranks train with 0 Gaussians,
+    every rank finishes, the PSNR is finite and above the initial one."""
+    out = run_worker(4, "dist_train.py", "corner", str(tmp_path), timeout=180)
+    assert all_ok(out, 4), out.stdout
+    m = json.loads((tmp_path / "metrics_4.json").read_text())
+    assert m["per_rank"][1:] == [0, 0, 0] and m["per_rank"][0] == m["gaussians"] > 0, m["per_rank"]
+    assert np.isfinite(m["psnr"]) and m["psnr"] > m["psnr_initial"], m
+
+
+@pytest.fixture(scope="module")
+def failures():
+    """One 2-rank job with two failing steps (see tests/mpi/dist_train.py, MODE fail)."""
+    return run_worker(2, "dist_train.py", "fail", timeout=90)
+
+
+def test_nan_on_one_rank_ends_every_rank(failures):
+    """Rank 1's block holds a NaN: both ranks raise the same RankFailure naming rank 1 and the NaN,
+    at once (the input check agrees at the phase boundary)."""
+    lines = [line for line in failures.stdout.splitlines() if line.startswith("[nan]")]
+    assert len(lines) == 2, failures.stdout
+    for r in range(2):
+        line = next(line for line in lines if f"rank {r} caught RankFailure" in line)
+        assert "phase 'input check' failed on rank 1" in line and "NaN" in line, line
+
+
+def test_missing_colour_field_on_one_rank_ends_every_rank(failures):
+    """cfg.input.color_var names a field rank 1 lacks: rank 1 fails inside the ground-truth stage.
+    Both ranks must end with a RankFailure that names the missing field, well within the
+    timeouts (torch 5 s, agreement watchdog 10 s), and the job must exit cleanly."""
+    lines = [line for line in failures.stdout.splitlines() if line.startswith("[color]")]
+    assert all_ok(failures, 2) and len(lines) == 2, failures.stdout
+    for line in lines:
+        assert "failed on rank 1" in line and "colour field 'c' not given" in line, line
+        seconds = float(line.split(" after ")[1].split(" s:")[0])
+        assert seconds < 5, line
+
+
+def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):
+    """``mpiexec -n 2 python -m insitu run NAME_XxYxZ_uint8.raw``: one model.ply holding every
+    rank's Gaussians (as many as metrics.json's "gaussians"), metrics.json says 2 ranks."""
+    from insitu.export import read_ply
+
+    z, y, x = np.meshgrid(np.arange(22.0), np.arange(20.0), np.arange(24.0), indexing="ij")
+    r = np.sqrt(((x - 11.5) / 9) ** 2 + ((y - 9.5) / 7) ** 2 + ((z - 10.5) / 8) ** 2)
+    raw = tmp_path / "ball_24x20x22_uint8.raw"
+    np.clip(255 * (1.2 - r), 0, 255).astype(np.uint8).tofile(raw)
+    out_dir = tmp_path / "out"
+    out = launch(2, "-m", "insitu", "run", str(raw), "--iso", "100", "--views", "8", "--resolution", "24",
+                 "--iterations", "10", "--budget", "300", "--device", "cpu", "--backend", "torch", "--quiet",
+                 "--out", str(out_dir), "--set", "views.supersample=1", "--set", "output.images=1", timeout=120)
+    assert out.returncode == 0, out.stdout
+    assert "step 0: PSNR" in out.stdout and out.stdout.count("done: 1 step(s) trained") == 1, out.stdout
+    step = out_dir / "step_000000"
+    metrics = json.loads((step / "metrics.json").read_text())
+    model = read_ply(step / "model.ply")
+    assert metrics["ranks"] == 2 and len(model) == metrics["gaussians"] > 0, (metrics["gaussians"], len(model))
+    assert sorted(p.name for p in out_dir.glob("step_*/model.ply")) == ["model.ply"]
+    # the merged model spans both blocks (cut at x = 11.5), inside the ball's bounds
+    xs = model.means[:, 0].numpy()
+    assert xs.min() < 11.5 < xs.max() and xs.min() > 0 and xs.max() < 23, (xs.min(), xs.max())
+    assert (step / "views" / "view_000.png").is_file()
