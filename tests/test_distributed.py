@@ -5,6 +5,7 @@ with a timeout; the workers check their results and print ``OK rank r of P``.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,14 @@ def test_ranks_without_surface_take_part(tmp_path):
     assert np.isfinite(m["psnr"]) and m["psnr"] > m["psnr_initial"], m
 
 
+def caught(stdout: str, case: str) -> dict[int, tuple[float, str]]:
+    """rank -> (seconds, message) of the ``[case] rank r caught RankFailure after S s: MESSAGE`` reports
+    (mpiexec may interleave the ranks' output within a line)."""
+    pattern = (rf"\[{case}\] rank (\d+) caught RankFailure after ([\d.]+) s: "
+               r"(.+?)(?=\[\w+\] rank \d+ caught|OK rank|insitu: |\n|$)")
+    return {int(r): (float(s), m) for r, s, m in re.findall(pattern, stdout)}
+
+
 @pytest.fixture(scope="module")
 def failures():
     """One 2-rank job with two failing steps (see tests/mpi/dist_train.py, MODE fail)."""
@@ -99,23 +108,22 @@ def failures():
 def test_nan_on_one_rank_ends_every_rank(failures):
     """Rank 1's block holds a NaN: both ranks raise the same RankFailure naming rank 1 and the NaN,
     at once (the input check agrees at the phase boundary)."""
-    lines = [line for line in failures.stdout.splitlines() if line.startswith("[nan]")]
-    assert len(lines) == 2, failures.stdout
-    for r in range(2):
-        line = next(line for line in lines if f"rank {r} caught RankFailure" in line)
-        assert "phase 'input check' failed on rank 1" in line and "NaN" in line, line
+    reports = caught(failures.stdout, "nan")
+    assert sorted(reports) == [0, 1], failures.stdout
+    for seconds, message in reports.values():
+        assert "phase 'input check' failed on rank 1" in message and "NaN" in message, message
+        assert seconds < 2, (seconds, message)
 
 
 def test_missing_colour_field_on_one_rank_ends_every_rank(failures):
     """cfg.input.color_var names a field rank 1 lacks: rank 1 fails inside the ground-truth stage.
     Both ranks must end with a RankFailure that names the missing field, well within the
     timeouts (torch 5 s, agreement watchdog 10 s), and the job must exit cleanly."""
-    lines = [line for line in failures.stdout.splitlines() if line.startswith("[color]")]
-    assert all_ok(failures, 2) and len(lines) == 2, failures.stdout
-    for line in lines:
-        assert "failed on rank 1" in line and "colour field 'c' not given" in line, line
-        seconds = float(line.split(" after ")[1].split(" s:")[0])
-        assert seconds < 5, line
+    reports = caught(failures.stdout, "color")
+    assert all_ok(failures, 2) and sorted(reports) == [0, 1], failures.stdout
+    for seconds, message in reports.values():
+        assert "failed on rank 1" in message and "colour field 'c' not given" in message, message
+        assert seconds < 5, (seconds, message)
 
 
 def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):

@@ -1,0 +1,131 @@
+"""``insitu.pipeline.run_step`` on P ranks (CPU, gloo), in several situations.
+
+Run as ``mpiexec -n P python dist_train.py MODE [DIR]``:
+
+MODE train:  a tiny training run on three metaballs (its surface crosses the cut planes) on
+             the P ranks, then the same run on one rank (rank 0 alone, on ``MPI.COMM_SELF``,
+             the whole field as its block); rank 0 writes the metrics of both to
+             DIR/metrics_P.json and DIR/metrics_1.json.
+MODE corner: a small sphere inside rank 0's block only: the other ranks hold no surface and
+             must train (40 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
+             Gaussians of every rank (``per_rank``) to DIR/metrics_P.json.
+MODE fail:   two failing steps on the same ranks, one after the other:
+             (nan)   rank 1's block holds a NaN;
+             (color) cfg.input.color_var names a field that only rank 0 has, so rank 1 fails
+                     inside the ground-truth stage (torch collective timeout
+                     ``parallel.timeout_s`` = 5 s, agreement watchdog 10 s).
+             Every rank must end each with a RankFailure naming rank 1.
+
+Every rank prints ``OK rank r of P`` when it finished as the mode expects; in the failure
+modes a rank prints ``[case] rank r caught RankFailure after S s: MESSAGE`` first. Any
+other outcome raises (and the excepthook of ``init_comm`` aborts the job).
+"""
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from insitu.config import Config
+from insitu.decomposition import cut_block
+from insitu.parallel import RankFailure, init_comm, shutdown
+from insitu.pipeline import run_step
+
+
+def metaballs(n: int = 40) -> np.ndarray:
+    """[n, n, n] sum of three Gaussian blobs (the surface at 0.5 crosses the middle planes)."""
+    z, y, x = np.meshgrid(*(np.linspace(0.0, 1.0, n),) * 3, indexing="ij")
+    u = np.zeros_like(x)
+    for cx, cy, cz, s in [(0.35, 0.45, 0.5, 0.16), (0.65, 0.55, 0.45, 0.14), (0.5, 0.5, 0.7, 0.12)]:
+        u += np.exp(-((x - cx) ** 2 + (y - cy) ** 2 + (z - cz) ** 2) / (2 * s * s))
+    return u.astype(np.float32)
+
+
+def corner_sphere(n: int = 32) -> np.ndarray:
+    """[n, n, n] distance field of a sphere of radius 4 around sample (6, 6, 6) (surface at 0)."""
+    z, y, x = np.meshgrid(*(np.arange(n, dtype=np.float64),) * 3, indexing="ij")
+    return (np.sqrt((x - 6) ** 2 + (y - 6) ** 2 + (z - 6) ** 2) - 4.0).astype(np.float32)
+
+
+def tiny_config(iso: float) -> Config:
+    cfg = Config()
+    cfg.input.iso = [iso]
+    cfg.views.count = 24
+    cfg.views.resolution = 48
+    cfg.views.supersample = 1
+    cfg.seeds.budget = 2000
+    cfg.seeds.fill = True
+    cfg.train.iterations = 150
+    cfg.train.backend = "torch"
+    cfg.train.progress = False
+    cfg.train.seed = 3
+    cfg.output.images = 0
+    cfg.parallel.device = "cpu"
+    return cfg
+
+
+def expect_failure(case: str, comm, cfg, block) -> None:
+    t0 = time.monotonic()
+    try:
+        run_step(block, cfg, comm)
+    except RankFailure as failure:
+        print(f"[{case}] rank {comm.rank} caught RankFailure after {time.monotonic() - t0:.1f} s: {failure}",
+              flush=True)
+        if 1 not in failure.ranks:
+            raise AssertionError(f"expected rank 1 among the failed ranks, got {failure.ranks}") from failure
+        return
+    raise AssertionError(f"[{case}] run_step did not fail")
+
+
+def train(comm, cfg, field, path: Path) -> None:
+    """run_step on comm with this rank's block; rank 0 writes the metrics to ``path``."""
+    block = cut_block(field, comm.rank, comm.size)
+    result = run_step(block, cfg, comm)
+    m = result.metrics
+    per_rank = comm.allgather_object(len(result.gaussians))
+    if not math.isfinite(m["psnr"]) or sum(per_rank) != m["gaussians"]:
+        raise AssertionError(f"PSNR {m['psnr']}, Gaussians per rank {per_rank} vs {m['gaussians']}")
+    if comm.rank == 0:
+        path.write_text(json.dumps({**m, "per_rank": per_rank}, indent=1))
+        print(f"{comm.size} rank(s): PSNR {m['psnr']:.2f} dB (initial {m['psnr_initial']:.2f}), "
+              f"SSIM {m['ssim']:.4f}, Gaussians per rank {per_rank}, ground truth "
+              f"{m['ground_truth_seconds']:.1f} s, train {m['train_seconds']:.1f} s", flush=True)
+
+
+def main(mode: str, out: Path | None) -> None:
+    cfg = tiny_config(0.0 if mode == "corner" else 0.5)
+    if mode == "fail":
+        cfg.parallel.timeout_s = 5.0
+        cfg.train.iterations = 5
+    comm = init_comm(device="cpu", timeout_s=cfg.parallel.timeout_s)
+    P, rank = comm.size, comm.rank
+    if mode == "fail":
+        field = metaballs()
+        block = cut_block(field, rank, P)
+        if rank == 1:
+            block.data = block.data.copy()
+            block.data[2, 3, 4] = np.nan
+        expect_failure("nan", comm, cfg, block)
+        cfg.input.color_var = "c"
+        block = cut_block(field, rank, P, fields={"c": field} if rank == 0 else {})
+        expect_failure("color", comm, cfg, block)
+    elif mode == "corner":
+        cfg.train.iterations = 40
+        train(comm, cfg, corner_sphere(), out / f"metrics_{P}.json")
+    else:
+        field = metaballs()
+        train(comm, cfg, field, out / f"metrics_{P}.json")
+        if rank == 0:
+            one = init_comm(MPI.COMM_SELF, device="cpu")
+            train(one, cfg, field, out / "metrics_1.json")
+            shutdown(one)
+        comm.mpi.Barrier()
+    shutdown(comm)
+    print(f"OK rank {rank} of {P}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]) if len(sys.argv) > 2 else None)
