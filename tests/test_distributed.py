@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,12 +30,24 @@ def mpiexec() -> str:
 
 
 def launch(n: int, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python ARGV``; output in ``.stdout`` (stderr merged), ``.seconds`` the wall time."""
+    """``mpiexec -n n python ARGV``; output in ``.stdout`` (stderr merged), ``.seconds`` the wall time.
+
+    Past ``timeout`` the whole job (mpiexec and every rank) is killed and the test fails with
+    the output so far: a hang is a failure, never a stuck test run.
+    """
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    args = [mpiexec(), "-n", str(n), sys.executable, *argv]
     t0 = time.monotonic()
-    out = subprocess.run([mpiexec(), "-n", str(n), sys.executable, *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env, timeout=timeout, cwd=ROOT)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        pytest.fail(f"{' '.join(args[3:])} on {n} ranks did not end within {timeout:g} s:\n{stdout}")
+    out = subprocess.CompletedProcess(args, proc.returncode, stdout)
     out.seconds = time.monotonic() - t0
     return out
 

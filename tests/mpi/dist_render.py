@@ -128,7 +128,7 @@ def main():
             want = p.grad.numpy()
             scale = max(np.abs(want).max(), 1e-12)
             rel = np.abs(full - want).max() / scale
-            if rel > 1e-9 or (name != "shN" and not np.abs(want).max() > 0):
+            if rel > 1e-9 or not np.abs(want).max() > 0:
                 fail(f"gradient of {name}: relative error {rel:.3g} (max |grad| {scale:.3g})")
             worst = max(worst, rel)
         print(f"images max abs diff {err:.3g}; gradients max relative error {worst:.3g}; {len(model)} Gaussians, "
