@@ -10,7 +10,7 @@ one-rank communicator (``MPI.COMM_SELF``). No Gaussian footprint crosses a cut p
 the per-block compositing equals the per-Gaussian one up to rounding.
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
-import sys
+import time
 
 import numpy as np
 import torch
@@ -72,7 +72,9 @@ def render(params, views, block, comm, weight):
 
 
 def fail(text):
+    """Report and end the job (the other ranks may wait in a collective)."""
     print(f"FAIL rank {MPI.COMM_WORLD.Get_rank()}: {text}", flush=True)
+    time.sleep(0.5)                 # let mpiexec forward the report before the abort
     MPI.COMM_WORLD.Abort(1)
 
 

@@ -11,6 +11,8 @@ are float16), or, with 2 x 2 rays, the mean absolute difference is >= 1e-3 or mo
 two blocks is composited as two partial layers).
 """
 
+import time
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -53,6 +55,13 @@ def compare(images, ref, background, supersample: int, P: int) -> bool:
     return bool(diff.mean() < 1e-3 and pixels >= 0.98 and hit > 0.05)
 
 
+def fail(text):
+    """Report and end the job (the other ranks wait in a collective)."""
+    print(f"FAIL {text}", flush=True)
+    time.sleep(0.5)                 # let mpiexec forward the report before the abort
+    MPI.COMM_WORLD.Abort(1)
+
+
 def main():
     comm = init_comm(device="cpu", timeout_s=60)
     P, rank = comm.size, comm.rank
@@ -65,11 +74,9 @@ def main():
         if rank == 0:
             ref = make_scene(cut_block(u, 0, 1, fields={"c": c}), cfg, one)
             if images.shape != ref.gt.shape:
-                print(f"FAIL shapes {tuple(images.shape)} vs {tuple(ref.gt.shape)}", flush=True)
-                comm.mpi.Abort(1)
+                fail(f"shapes {tuple(images.shape)} vs {tuple(ref.gt.shape)}")
             if not compare(images, ref.gt.float(), scene.background, supersample, P):
-                print("FAIL distributed ground truth differs from the one-rank ground truth", flush=True)
-                comm.mpi.Abort(1)
+                fail("distributed ground truth differs from the one-rank ground truth")
     if one is not None:
         shutdown(one)
     comm.mpi.Barrier()
