@@ -75,3 +75,13 @@ def test_cut_block_matches_the_global_array():
         b = cut_block(a, r, 4)
         s, c = b.start, b.shape_xyz
         np.testing.assert_array_equal(b.data, a[s[2]:s[2] + c[2], s[1]:s[1] + c[1], s[0]:s[0] + c[0]])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_halo_exchange_fills_ghosts_of_a_simulation_split(ranks):
+    from conftest import run_mpi
+
+    proc = run_mpi(ranks, "halo_worker.py", timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count(": ok") == ranks
