@@ -1,0 +1,297 @@
+"""Trainer on one process (CPU, torch rasterizer): opacity reset, densification, the box,
+learning-rate schedules, batched Adam and the band loss scaling."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from insitu.config import Config, TrainConfig
+from insitu.parallel import init_comm, shutdown
+from insitu.pipeline import make_scene
+from insitu.seeds import extract_seeds, init_gaussians
+from insitu.training import Trainer, band_loss, render_bands
+from insitu.volume import whole_block
+
+N = 16          # samples per axis of the test field
+ISO = 5.0       # radius of the sphere (in cells)
+
+
+def sphere_field(n: int = N) -> np.ndarray:
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
+    c = (n - 1) / 2
+    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = init_comm(device="cpu")
+    yield c
+    shutdown(c)
+
+
+@pytest.fixture(scope="module")
+def block():
+    return whole_block(sphere_field())
+
+
+@pytest.fixture(scope="module")
+def scene(block, comm):
+    cfg = Config()
+    cfg.input.iso = [ISO]
+    cfg.views.count, cfg.views.resolution, cfg.views.supersample = 12, 32, 1
+    return make_scene(block, cfg, comm)
+
+
+@pytest.fixture(scope="module")
+def shard(block):
+    return init_gaussians(extract_seeds(block, ISO), 150, opacity=0.5, sh_degree=0, seed=0)
+
+
+def train_config(**kw) -> TrainConfig:
+    """Densification and opacity resets off unless asked for; the torch rasterizer."""
+    base = dict(densify_from=10**6, densify_until=10**7, opacity_reset_every=0, backend="torch", progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_gaussians=10**6, total=100):
+    lo, hi = block.box
+    if extent is None:
+        extent = 0.5 * float(np.linalg.norm(hi - lo))
+    if box is None:
+        box = (torch.tensor(lo - 2.0, dtype=torch.float32), torch.tensor(hi + 2.0, dtype=torch.float32))
+    return Trainer(shard, cfg, extent=extent, box=box, max_gaussians=max_gaussians, device=torch.device("cpu"),
+                   total_iterations=total)
+
+
+def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) -> float:
+    """One Trainer step on the next ``batch`` training views; ``seen`` records the means lr used."""
+    train = scene.views.train_ids
+    B = trainer.cfg.batch
+    ids = train[torch.arange(it * B, (it + 1) * B) % len(train)]
+
+    def render(params):
+        if seen is not None:
+            seen.append(trainer.optimizers["means"].param_groups[0]["lr"])
+        return render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
+                            sh_degree=trainer.sh_degree, backend="torch")
+
+    return trainer.step(render, scene.gt[ids].float(), 1.0)
+
+
+def assert_optimizers_consistent(trainer: Trainer) -> None:
+    n = len(trainer)
+    for name, opt in trainer.optimizers.items():
+        (p,) = opt.param_groups[0]["params"]
+        assert p is trainer.params[name], name
+        assert p.shape[0] == n, name
+        state = opt.state[p]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert state[key].shape == p.shape, (name, key)
+        assert set(opt.state) == {p}, f"{name}: state left behind for a replaced parameter"
+
+
+# ------------------------------------------------------------------------------------------ opacity reset
+
+def test_opacity_reset_runs_at_its_iteration_and_resets_adam(shard, block, scene, comm):
+    cfg = train_config(opacity_reset_every=3, prune_opacity=0.01)
+    trainer = make_trainer(shard, block, cfg, total=10)
+    for it in range(2):
+        step(trainer, scene, comm, it)
+    assert torch.sigmoid(trainer.params["opacities"]).max() > 0.3      # not yet
+    step(trainer, scene, comm, 2)
+    assert trainer.iteration == 3
+    op = torch.sigmoid(trainer.params["opacities"])
+    assert op.max() <= 2 * cfg.prune_opacity * (1 + 1e-5)
+    assert_optimizers_consistent(trainer)
+    state = trainer.optimizers["opacities"].state[trainer.params["opacities"]]
+    assert torch.count_nonzero(state["exp_avg"]) == 0 and torch.count_nonzero(state["exp_avg_sq"]) == 0
+    other = trainer.optimizers["sh0"].state[trainer.params["sh0"]]
+    assert torch.count_nonzero(other["exp_avg"]) > 0                    # only the opacities' state is reset
+    step(trainer, scene, comm, 3)                                       # training goes on from there
+    assert torch.isfinite(trainer.params["opacities"]).all()
+
+
+def test_no_opacity_reset_when_disabled(shard, block, scene, comm):
+    trainer = make_trainer(shard, block, train_config(opacity_reset_every=0, prune_opacity=0.01), total=10)
+    for it in range(3):
+        step(trainer, scene, comm, it)
+    assert torch.sigmoid(trainer.params["opacities"]).min() > 0.3
+
+
+def test_the_last_iteration_does_not_reset_the_opacities(shard, block, scene, comm):
+    """With iterations a multiple of opacity_reset_every (the defaults: 3000 and 3000), the
+    reset must not be the last thing training does: the model handed on would be transparent."""
+    cfg = train_config(opacity_reset_every=3, prune_opacity=0.01)
+    trainer = make_trainer(shard, block, cfg, total=3)
+    for it in range(3):
+        step(trainer, scene, comm, it)
+    assert torch.sigmoid(trainer.params["opacities"]).max() > 0.3
+
+
+# ------------------------------------------------------------------------------------------ densification
+
+def densify_config(**kw) -> TrainConfig:
+    """Densify after every step; every Gaussian with a positional gradient counts as high."""
+    base = dict(densify_from=0, densify_every=1, grad_threshold=0.0, lr_means=1e-9, lr_means_final=1e-10,
+                opacity_reset_every=10**6)
+    base.update(kw)
+    return train_config(**base)
+
+
+def test_clone_adds_copies_of_small_gaussians(shard, block, scene, comm):
+    n0 = len(shard)
+    trainer = make_trainer(shard, block, densify_config(), extent=1e4)      # 0.01 * extent: all small
+    step(trainer, scene, comm, 0)
+    n1 = len(trainer)
+    assert n0 < n1 <= 2 * n0
+    g = trainer.gaussians()
+    head = {k: v[:n0] for k, v in g.tensors().items()}
+    # every appended Gaussian is an exact copy of one of the first n0
+    match = (g.means[n0:, None, :] == head["means"][None]).all(-1)          # [n1 - n0, n0]
+    assert match.any(1).all()
+    src = match.float().argmax(1)
+    for name, t in g.tensors().items():
+        assert torch.equal(t[n0:], head[name][src]), name
+    assert_optimizers_consistent(trainer)
+    state = trainer.optimizers["means"].state[trainer.params["means"]]
+    assert torch.count_nonzero(state["exp_avg"][n0:]) == 0
+    assert len(trainer.state.grad2d) == n1 and len(trainer.state.count) == n1
+    step(trainer, scene, comm, 1)                                           # Adam accepts the new tensors
+    assert len(trainer) > n1
+    assert_optimizers_consistent(trainer)
+
+
+def test_split_replaces_large_gaussians_by_two_smaller(shard, block, scene, comm):
+    n0 = len(shard)
+    before = shard.scales.max().item()
+    trainer = make_trainer(shard, block, densify_config(), extent=1e-3)     # 0.01 * extent: all large
+    step(trainer, scene, comm, 0)
+    n1 = len(trainer)
+    k = n1 - n0
+    assert k > 0
+    g = trainer.gaussians()
+    a, b = slice(n1 - 2 * k, n1 - k), slice(n1 - k, n1)                    # the two halves of each split
+    assert torch.equal(g.log_scales[a], g.log_scales[b]) and torch.equal(g.quats[a], g.quats[b])
+    assert not torch.equal(g.means[a], g.means[b])
+    assert g.scales[n1 - 2 * k:].max() <= before / 1.6 * 1.01
+    assert_optimizers_consistent(trainer)
+    state = trainer.optimizers["scales"].state[trainer.params["scales"]]
+    assert torch.count_nonzero(state["exp_avg"][n1 - 2 * k:]) == 0
+    step(trainer, scene, comm, 1)
+    assert_optimizers_consistent(trainer)
+
+
+def test_prune_removes_low_opacity_gaussians(shard, block, scene, comm):
+    g = dataclasses.replace(shard, opacity_logits=shard.opacity_logits.clone())
+    low = torch.arange(len(g)) % 3 == 0
+    g.opacity_logits[low] = math.log(1e-4 / (1 - 1e-4))
+    keep_means = g.means[~low]
+    trainer = make_trainer(g, block, densify_config(grad_threshold=1e9, prune_opacity=0.005))   # no growth
+    step(trainer, scene, comm, 0)
+    assert len(trainer) == int((~low).sum())
+    assert torch.sigmoid(trainer.params["opacities"]).min() >= 0.005
+    assert torch.allclose(trainer.params["means"], keep_means, atol=1e-4)
+    assert_optimizers_consistent(trainer)
+    step(trainer, scene, comm, 1)
+
+
+@pytest.mark.parametrize("extent", [1e4, 1e-3], ids=["clone", "split"])
+def test_densification_respects_max_gaussians(shard, block, scene, comm, extent):
+    cap = len(shard) + 7
+    trainer = make_trainer(shard, block, densify_config(), extent=extent, max_gaussians=cap)
+    for it in range(3):
+        step(trainer, scene, comm, it)
+        assert len(trainer) <= cap
+    assert len(trainer) == cap
+    assert_optimizers_consistent(trainer)
+
+
+# ------------------------------------------------------------------------------------------ the box
+
+def shrunk_box(block, by: float):
+    lo, hi = block.box
+    return torch.tensor(lo + by, dtype=torch.float32), torch.tensor(hi - by, dtype=torch.float32)
+
+
+def assert_inside(means, box):
+    assert (means >= box[0]).all() and (means <= box[1]).all()
+
+
+def test_means_stay_in_the_box_with_a_huge_learning_rate(shard, block, scene, comm):
+    box = shrunk_box(block, 4.0)                    # smaller than the sphere: many seeds start outside
+    assert not ((shard.means >= box[0]) & (shard.means <= box[1])).all()
+    cfg = train_config(lr_means=100.0, lr_means_final=100.0)
+    trainer = make_trainer(shard, block, cfg, box=box)
+    for it in range(3):
+        step(trainer, scene, comm, it)
+        assert_inside(trainer.params["means"], box)
+        assert torch.isfinite(trainer.params["means"]).all()
+    assert (trainer.params["means"] == box[1]).any() and (trainer.params["means"] == box[0]).any()
+
+
+def test_means_stay_in_the_box_after_a_split(shard, block, scene, comm):
+    """A split draws the new means around the old ones: the step must still leave them in the box."""
+    box = shrunk_box(block, 4.0)
+    trainer = make_trainer(shard, block, densify_config(lr_means=100.0, lr_means_final=100.0), extent=1e-3,
+                           box=box)
+    step(trainer, scene, comm, 0)
+    assert len(trainer) > len(shard)                # it did split
+    assert_inside(trainer.params["means"], box)
+
+
+# ------------------------------------------------------------------------------------------ learning rates
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_means_learning_rate_decays_log_linearly_to_the_final_value(shard, block, scene, comm, batch):
+    cfg = train_config(lr_means=1e-3, lr_means_final=1e-5, batch=batch)
+    extent, T = 3.0, 6
+    trainer = make_trainer(shard, block, cfg, extent=extent, total=T)
+    seen: list[float] = []
+    for it in range(T):
+        step(trainer, scene, comm, it, seen=seen)
+    lr0 = 1e-3 * extent * math.sqrt(batch)
+    lr1 = 1e-5 * extent * math.sqrt(batch)
+    per_step = (lr1 / lr0) ** (1 / T)
+    ratios = np.array(seen[1:]) / np.array(seen[:-1])
+    np.testing.assert_allclose(ratios, per_step, rtol=1e-6)            # geometric, T steps from lr0 to lr1
+    assert lr0 * per_step * (1 - 1e-6) <= seen[0] <= lr0 * (1 + 1e-6)  # starts at lr0 (t = 0 or 1/T) ...
+    assert lr1 * (1 - 1e-6) <= seen[-1] <= lr1 / per_step * (1 + 1e-6)  # ... ends at lr1 (t = 1 - 1/T or 1)
+
+
+def test_batched_adam_scales_lr_by_sqrt_batch_and_powers_the_betas(shard, block, scene, comm):
+    B = 4
+    cfg = train_config(batch=B)
+    trainer = make_trainer(shard, block, cfg)
+    expected = {"scales": cfg.lr_scales, "quats": cfg.lr_quats, "opacities": cfg.lr_opacities,
+                "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
+    for _ in range(2):
+        for name, lr in expected.items():
+            group = trainer.optimizers[name].param_groups[0]
+            assert group["lr"] == pytest.approx(lr * math.sqrt(B), rel=1e-12), name
+            assert group["betas"] == pytest.approx((0.9 ** B, 0.999 ** B), rel=1e-12), name
+        assert trainer.optimizers["means"].param_groups[0]["betas"] == pytest.approx((0.9 ** B, 0.999 ** B))
+        step(trainer, scene, comm, 0)
+    one = make_trainer(shard, block, train_config(batch=1))
+    assert one.optimizers["sh0"].param_groups[0]["lr"] == pytest.approx(cfg.lr_sh0)
+    assert one.optimizers["sh0"].param_groups[0]["betas"] == pytest.approx((0.9, 0.999))
+
+
+# ------------------------------------------------------------------------------------------ band loss
+
+@pytest.mark.parametrize("height", [16, 6], ids=["l1+ssim", "l1 only (band < 11 rows)"])
+@pytest.mark.parametrize("f", [1.0, 0.5, 0.125])
+def test_band_loss_is_scaled_by_the_band_fraction(height, f):
+    g = torch.Generator().manual_seed(3)
+    pred = torch.rand(2, height, 16, 3, generator=g)
+    gt = torch.rand(2, height, 16, 3, generator=g)
+    full = band_loss(pred, gt, ssim_weight=0.2, band_fraction=1.0)
+    assert band_loss(pred, gt, ssim_weight=0.2, band_fraction=f).item() == pytest.approx(f * full.item(), rel=1e-6)
+    l1 = band_loss(pred, gt, ssim_weight=0.0, band_fraction=f)
+    assert l1.item() == pytest.approx(f * (pred - gt).abs().mean().item(), rel=1e-6)
+    if height >= 11:
+        assert full.item() != pytest.approx((pred - gt).abs().mean().item(), rel=1e-3)   # SSIM is in it
