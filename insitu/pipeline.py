@@ -104,9 +104,9 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
     background = torch.tensor(vc.background, dtype=torch.float32, device=device)
     color_range = None
     if cfg.input.color_var:
-        if cfg.input.color_var not in block.fields:
-            raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
-                             f"{', '.join(sorted(block.fields)) or 'none'}")
+        comm.agree(cfg.input.color_var in block.fields,
+                   f"colour field {cfg.input.color_var!r} not given; fields present: "
+                   f"{', '.join(sorted(block.fields)) or 'none'}", where="phase 'ground truth'")
         color_range = global_range(comm, block.fields[cfg.input.color_var])
     rows = band_rows(views.height, comm.size)[comm.rank]
     gt = torch.empty(len(views), rows[1] - rows[0], views.width, 3, dtype=torch.float16, device=device)
@@ -193,7 +193,12 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
     with comm.phase("input check"):              # local checks only: no collective inside a phase
-        check_field(block.data, cfg.input.var)
+        check_field(block.data, cfg.input.var, offset=block.start)
+        if cfg.input.color_var is not None:
+            if cfg.input.color_var not in block.fields:
+                raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
+                                 f"{', '.join(sorted(block.fields)) or 'none'}")
+            check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)

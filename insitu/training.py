@@ -14,7 +14,6 @@ from typing import Callable
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.image import structural_similarity_index_measure as ssim_fn
 
 from .compositing import composite
 from .config import TrainConfig
@@ -65,6 +64,8 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, band_fraction: fl
     """
     l1 = (pred - gt).abs().mean()
     if ssim_weight > 0 and min(pred.shape[1:3]) >= 11:
+        from torchmetrics.functional.image import structural_similarity_index_measure as ssim_fn
+
         ssim = ssim_fn(pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), data_range=1.0)
         loss = (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim)
     else:

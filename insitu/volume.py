@@ -70,8 +70,11 @@ class Block:
         return tuple(self.shape_xyz) == tuple(self.global_shape)
 
 
-def check_field(array: np.ndarray, name: str = "field") -> np.ndarray:
-    """Validate a 3D scalar field: 3 dimensions, at least 2 samples per axis, finite."""
+def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0)) -> np.ndarray:
+    """Validate a 3D scalar field: 3 dimensions, at least 2 samples per axis, finite.
+
+    offset: global index (x, y, z) of ``array[0, 0, 0]``, for the positions in messages.
+    """
     array = np.asarray(array)
     if array.ndim != 3:
         raise InputError(f"{name}: expected a 3D array [nz, ny, nx], got {array.ndim}D with shape {array.shape}")
@@ -83,8 +86,9 @@ def check_field(array: np.ndarray, name: str = "field") -> np.ndarray:
         bad = ~np.isfinite(array)
         if bad.any():
             k, j, i = np.argwhere(bad)[0]
+            x, y, z = i + offset[0], j + offset[1], k + offset[2]
             raise InputError(f"{name}: contains {int(bad.sum())} NaN/Inf value(s), "
-                             f"first at (x={i}, y={j}, z={k}) = {array[k, j, i]}")
+                             f"first at (x={x}, y={y}, z={z}) = {array[k, j, i]}")
     return array
 
 
