@@ -55,7 +55,7 @@ class ViewConfig:
 class TrainConfig:
     iterations: int = 3000
     batch: int = 1                      # views per optimiser step
-    sh_degree: int = 0
+    sh_degree: int = 3                  # reached gradually: one band every sh_increase_every
     sh_increase_every: int = 1000
     lr_means: float = 1.6e-4            # times the scene extent
     lr_means_final: float = 1.6e-6
