@@ -31,6 +31,7 @@ failure has been yielded.
 """
 from __future__ import annotations
 
+import abc
 import struct
 import sys
 import time as _time
@@ -70,7 +71,7 @@ class Step:
     block: Block
 
 
-class _Source:
+class _Source(abc.ABC):
     """Context manager and iterable of Step; subclasses implement ``_steps``."""
 
     def __enter__(self):
@@ -85,8 +86,9 @@ class _Source:
     def __iter__(self) -> Iterator[Step]:
         return self._steps()
 
-    def _steps(self) -> Iterator[Step]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _steps(self) -> Iterator[Step]:
+        """Yield this rank's steps."""
 
 
 def _check_rank(rank: int, size: int) -> None:
