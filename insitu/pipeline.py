@@ -114,9 +114,11 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
     chunk = max(1, (1 << 22) // (views.width * views.height))
     for i in range(0, len(views), chunk):
         ids = torch.arange(i, min(i + chunk, len(views)), device=device)
-        rgba, _ = raycast(block, views.viewmats[ids], views.Ks[ids], views.width, views.height, cfg.input.iso,
-                          color=vc.surface_color, color_field=cfg.input.color_var, color_range=color_range,
-                          colormap=vc.colormap, supersample=vc.supersample, device=device)
+        with comm.phase("ground truth"):      # local ray casting only; the compositing is collective
+            rgba, _ = raycast(block, views.viewmats[ids], views.Ks[ids], views.width, views.height,
+                              cfg.input.iso, color=vc.surface_color, color_field=cfg.input.color_var,
+                              color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
+                              device=device)
         band = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm)
         gt[ids] = (band[..., :3] + (1 - band[..., 3:]) * background).to(gt.dtype)
         bar.update(len(ids))
@@ -216,8 +218,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     n0 = comm.mpi.allreduce(len(shard))
     t_seed = _time.perf_counter()
     show = tc.progress and comm.rank == 0
-    with comm.phase("ground truth"):
-        scene = make_scene(block, cfg, comm, progress=show)
+    scene = make_scene(block, cfg, comm, progress=show)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     lo, hi = block.box
