@@ -188,7 +188,9 @@ def test_replay_trains_the_selected_steps(gray_scott_bp, tmp_path, select, steps
 
 
 def test_iterations_flag_bounds_warm_started_steps_too(gray_scott_bp, tmp_path):
-    """``--iterations N`` is the iterations per step: a warm-started step must not train longer."""
+    """``--iterations N`` is the iterations per step: a warm-started step must not train longer
+    (insitu.warm_iterations is meant to shorten warm steps; with its default of 500, plain
+    ``insitu replay ... --iterations 4`` trains the second step 500 iterations)."""
     r = insitu("replay", gray_scott_bp, "--var", "U", "--iso", "0.6", *TINY, "--steps", "10", "20",
                "--set", "insitu.warm_iterations=30", "--out", "out", cwd=tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
