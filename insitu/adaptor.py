@@ -418,7 +418,8 @@ class Adaptor:
         result = None
         try:
             warm = self._warm if self.cfg.insitu.warm_start else None
-            iterations = self.cfg.insitu.warm_iterations if warm is not None else None
+            iterations = (min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations)
+                          if warm is not None else None)
             result = self._process(block, self.cfg, self._work, step=step, time=time, writer=self._writer,
                                    warm=warm, iterations=iterations)
         except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost

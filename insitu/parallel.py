@@ -44,6 +44,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from .volume import InputError
+
 
 class RankFailure(RuntimeError):
     """Raised on every rank when one or more ranks failed.
@@ -56,6 +58,10 @@ class RankFailure(RuntimeError):
         super().__init__(text)
         self.ranks = ranks
         self.messages = messages
+
+
+class RankInputFailure(RankFailure, InputError):
+    """A :class:`RankFailure` in which every failing rank failed on bad input (an InputError)."""
 
 
 @dataclass
@@ -108,12 +114,14 @@ class Comm:
     _hooks: tuple | None = field(default=None, repr=False)   # (our excepthook, the one it replaced)
 
     # ---------------------------------------------------------------- error handling
-    def agree(self, ok: bool, message: str = "", *, where: str = "check") -> None:
+    def agree(self, ok: bool, message: str = "", *, where: str = "check", input_error: bool = False) -> None:
         """Collective: raise :class:`RankFailure` on every rank if any rank passes ``ok=False``.
 
         ok:      whether this rank succeeded.
         message: why this rank failed (ignored when ``ok``).
         where:   what failed, for the error text (``"phase 'seeds'"``).
+        input_error: the failure is bad input; when it is on every failing rank, the error
+                 raised is a :class:`RankInputFailure` (an ``InputError`` too).
 
         Every rank must call it. The flag travels by a non-blocking MPI all-reduce that
         is given at most ``watchdog_s`` seconds; past that the job is aborted.
@@ -133,19 +141,26 @@ class Comm:
             any_failed = failed
         if not any_failed:
             return
-        reports = self.allgather_object(message if failed else None)
+        reports = self.allgather_object((message, input_error) if failed else None)
         ranks = [r for r, m in enumerate(reports) if m is not None]
-        messages = [reports[r] or "(no message)" for r in ranks]
+        messages = [reports[r][0] or "(no message)" for r in ranks]
         if len(ranks) == 1:
             text = f"{where} failed on rank {ranks[0]}: {messages[0]}"
+        elif len(set(messages)) == 1:
+            text = f"{where} failed on ranks {', '.join(map(str, ranks))}: {messages[0]}"
         else:
             text = (f"{where} failed on ranks {', '.join(map(str, ranks))}: "
                     + "; ".join(f"rank {r}: {m}" for r, m in zip(ranks, messages)))
-        raise RankFailure(text, ranks, messages)
+        kind = RankInputFailure if all(reports[r][1] for r in ranks) else RankFailure
+        raise kind(text, ranks, messages)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Run a block on every rank; if it raises on any rank, raise on every rank.
+
+        With one rank the exception itself is raised. With several, every rank raises a
+        :class:`RankFailure` (:class:`RankInputFailure` when every failing rank had an
+        ``InputError``).
 
         The exception of a failing rank is chained (``raise ... from``) on that rank.
         A :class:`RankFailure` raised inside (by a nested phase or ``agree``) is already
@@ -157,8 +172,11 @@ class Comm:
         except RankFailure:
             raise
         except Exception as exc:
+            if self.size == 1:                  # nobody to tell: the error as it is
+                raise
             try:
-                self.agree(False, f"{type(exc).__name__}: {exc}", where=where)
+                self.agree(False, f"{type(exc).__name__}: {exc}", where=where,
+                           input_error=isinstance(exc, InputError))
             except RankFailure as failure:
                 raise failure from exc
         else:

@@ -39,7 +39,8 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
         if any(ended):
             raise InputError(f"the source ended on rank(s) {[r for r, e in enumerate(ended) if e]} "
                              "but not on the others")
-        iterations = cfg.insitu.warm_iterations if (previous is not None and cfg.insitu.warm_start) else None
+        iterations = (min(cfg.insitu.warm_iterations, cfg.train.iterations)
+                      if previous is not None and cfg.insitu.warm_start else None)
         result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
                           warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
         previous = result.gaussians
@@ -89,9 +90,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                 n = train_steps(source, cfg, comm, writer, out)
         say(comm, f"done: {n} step(s) trained; outputs in {out} (report: {out / 'report.html'})")
         return 0
-    except (InputError, RankFailure) as e:
-        say(comm, f"insitu: error: {e}") if isinstance(e, RankFailure) else print(f"insitu: error: {e}",
-                                                                                 file=sys.stderr, flush=True)
+    except (InputError, RankFailure) as e:     # the same on every rank: rank 0 says it
+        if comm.rank == 0:
+            print(f"insitu: error: {e}", file=sys.stderr, flush=True)
         return 2 if isinstance(e, InputError) else 1
     except Exception:                       # unexpected: never leave the other ranks waiting
         traceback.print_exc()

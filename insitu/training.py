@@ -148,10 +148,10 @@ class Trainer:
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
         self.iteration += 1
         self._densify()
+        with torch.no_grad():                           # after densify: split samples new means too
+            self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
         return float(loss.detach())
 
     @torch.no_grad()
@@ -173,7 +173,8 @@ class Trainer:
 
         cfg, it = self.cfg, self.iteration
         state = {"grad2d": self.state.grad2d, "count": self.state.count}
-        if cfg.densify_from < it <= cfg.densify_until and it % cfg.densify_every == 0 and len(self):
+        until = min(cfg.densify_until, self.total - 1)  # never add untrained Gaussians at the end
+        if cfg.densify_from < it <= until and it % cfg.densify_every == 0 and len(self):
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = torch.exp(self.params["scales"]).max(dim=-1).values > 0.01 * self.extent
             high = grads > cfg.grad_threshold
@@ -196,6 +197,8 @@ class Trainer:
                 remove(self.params, self.optimizers, state, low)
             state["grad2d"].zero_()
             state["count"].zero_()
-        if cfg.opacity_reset_every and it % cfg.opacity_reset_every == 0 and it <= cfg.densify_until:
+        # no reset in the second half of training: the model needs iterations to recover from it
+        if cfg.opacity_reset_every and it % cfg.opacity_reset_every == 0 and it <= min(cfg.densify_until,
+                                                                                        self.total // 2):
             reset_opa(self.params, self.optimizers, state, value=cfg.prune_opacity * 2.0)
         self.state = DensifyState(state["grad2d"], state["count"])
