@@ -15,13 +15,13 @@ from pathlib import Path
 
 DEMO_DEFAULTS = {
     "input.var": "V", "input.iso": [0.3],
-    "views.count": 40, "views.resolution": 64, "views.supersample": 2,
-    "seeds.budget": 3000, "seeds.opacity": 0.8,
-    "train.iterations": 300, "train.sh_degree": 1, "train.sh_increase_every": 100,
-    "train.densify_from": 100, "train.densify_every": 50, "train.densify_until": 250,
-    "train.opacity_reset_every": 0, "train.max_gaussians": 12000,
+    "views.count": 48, "views.resolution": 96, "views.supersample": 2,
+    "seeds.budget": 6000, "seeds.opacity": 0.8,
+    "train.iterations": 600, "train.sh_degree": 1, "train.sh_increase_every": 200,
+    "train.densify_from": 100, "train.densify_every": 100, "train.densify_until": 500,
+    "train.opacity_reset_every": 0, "train.max_gaussians": 20000,
     "insitu.mode": "background", "insitu.queue": 1, "insitu.policy": "block",
-    "insitu.warm_start": True, "insitu.warm_iterations": 150,
+    "insitu.warm_start": True, "insitu.warm_iterations": 300,
     "output.images": 4,
 }
 
