@@ -7,6 +7,7 @@
 #   train2  the same on 2 GPUs
 #   adaptor Gray-Scott L=128 with the adaptor off / sync / background, 2 ranks on 2 GPUs
 #   demo    `insitu demo` on one GPU
+#   ablate  train1 without opacity reset, and with SH bands every 300 iterations (to PSNR 30, 1 GPU)
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
@@ -38,6 +39,12 @@ for stage in "$@"; do
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
               --iterations 300 --device cuda > "$OUT/adaptor.log" 2>&1; tail -n 8 "$OUT/adaptor.log" ;;
+    ablate) for v in "noreset:--set train.opacity_reset_every=0" "sh300:--set train.sh_increase_every=300"; do
+              name=${v%%:*}; CUDA_VISIBLE_DEVICES=0 timeout 110 python -m insitu run "$BONSAI" --iso 40 --views 448 \
+                --resolution 1024 --iterations 30000 --psnr-target 30 --budget 500000 --set train.eval_every=1000 \
+                --set train.sh_degree=3 --quiet ${v#*:} --out /tmp/$name > "$OUT/ablate_$name.log" 2>&1
+              tail -n 2 "$OUT/ablate_$name.log"; cp /tmp/$name/step_000000/metrics.json "$OUT/ablate_${name}_metrics.json"
+            done ;;
     gs128)  timeout 200 python benchmarks/bench_gray_scott.py --L 128 --steps 200 --plotgap 20 \
               --engines none SST > "$OUT/gs128.log" 2>&1; tail -n 4 "$OUT/gs128.log"
             timeout 200 python benchmarks/bench_gray_scott.py --L 128 --steps 200 --plotgap 20 \
