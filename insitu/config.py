@@ -56,7 +56,7 @@ class TrainConfig:
     iterations: int = 3000
     batch: int = 1                      # views per optimiser step
     sh_degree: int = 3                  # reached gradually: one band every sh_increase_every
-    sh_increase_every: int = 1000
+    sh_increase_every: int = 300        # one more SH band every this many iterations
     lr_means: float = 1.6e-4            # times the scene extent
     lr_means_final: float = 1.6e-6
     lr_scales: float = 5e-3
