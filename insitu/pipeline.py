@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from mpi4py import MPI
 from torch import Tensor
 
 from .compositing import band_rows, composite_full, gather_bands, visibility_order
@@ -49,8 +50,6 @@ class Scene:
 
 
 def global_range(comm, array: np.ndarray) -> tuple[float, float]:
-    from mpi4py import MPI
-
     return (comm.mpi.allreduce(float(np.min(array)), op=MPI.MIN),
             comm.mpi.allreduce(float(np.max(array)), op=MPI.MAX))
 
@@ -276,7 +275,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     }
     if device.type == "cuda":
         metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
-                                                           op=_mpi_max())
+                                                           op=MPI.MAX)
     if writer is not None:
         from .export import gather_gaussians
 
@@ -287,8 +286,3 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
     return StepResult(gaussians, metrics)
 
-
-def _mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX

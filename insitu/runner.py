@@ -49,17 +49,18 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
     return done
 
 
-def load_volume(args: argparse.Namespace, cfg: Config) -> np.ndarray:
-    from .volume import downsample, read_raw
+def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
+    """The single-step source of ``insitu run``: a raw file or a .npy array, cut for this rank."""
+    from .sources import ArraySource, RawSource
 
-    path = Path(args.input)
+    path, spacing = Path(args.input), tuple(args.spacing)
     if path.suffix == ".npy":
         if not path.is_file():
             raise InputError(f"{path}: no such file")
-        array = np.load(path, mmap_mode="r")
-    else:
-        array = read_raw(path, cfg.input.dims, cfg.input.dtype)
-    return downsample(array, cfg.input.downsample)
+        return ArraySource(np.load(path, mmap_mode="r"), rank=rank, size=size, spacing=spacing,
+                           downsample=cfg.input.downsample, name=path.name)
+    return RawSource(path, rank=rank, size=size, dims=cfg.input.dims, dtype=cfg.input.dtype,
+                     downsample=cfg.input.downsample, spacing=spacing)
 
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
@@ -75,14 +76,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
 
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
-            from .decomposition import cut_block
-            from .sources import Step
-            from .volume import check_field
-
             with comm.phase("read input"):
-                array = check_field(load_volume(args, cfg), Path(args.input).name)
-                block = cut_block(array, comm.rank, comm.size, spacing=tuple(args.spacing))
-            n = train_steps([Step(0, 0.0, block)], cfg, comm, writer, out)
+                source = volume_source(args, cfg, comm.rank, comm.size)
+            n = train_steps(source, cfg, comm, writer, out)
         else:
             from .sources import open_source
 

@@ -169,12 +169,18 @@ class Trainer:
 
     @torch.no_grad()
     def _densify(self) -> None:
+        cfg, it = self.cfg, self.iteration
+        until = min(cfg.densify_until, self.total - 1)  # never add untrained Gaussians at the end
+        refine = cfg.densify_from < it <= until and it % cfg.densify_every == 0 and len(self) > 0
+        # no reset in the second half of training: the model needs iterations to recover from it
+        reset = bool(cfg.opacity_reset_every) and it % cfg.opacity_reset_every == 0 \
+            and it <= min(cfg.densify_until, self.total // 2)
+        if not (refine or reset):                       # most iterations: nothing to do
+            return
         from gsplat.strategy.ops import duplicate, remove, reset_opa, split
 
-        cfg, it = self.cfg, self.iteration
-        state = {"grad2d": self.state.grad2d, "count": self.state.count}
-        until = min(cfg.densify_until, self.total - 1)  # never add untrained Gaussians at the end
-        if cfg.densify_from < it <= until and it % cfg.densify_every == 0 and len(self):
+        state = {"grad2d": self.state.grad2d, "count": self.state.count}   # gsplat's ops keep it in step
+        if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = torch.exp(self.params["scales"]).max(dim=-1).values > 0.01 * self.extent
             high = grads > cfg.grad_threshold
@@ -197,8 +203,6 @@ class Trainer:
                 remove(self.params, self.optimizers, state, low)
             state["grad2d"].zero_()
             state["count"].zero_()
-        # no reset in the second half of training: the model needs iterations to recover from it
-        if cfg.opacity_reset_every and it % cfg.opacity_reset_every == 0 and it <= min(cfg.densify_until,
-                                                                                        self.total // 2):
+        if reset:
             reset_opa(self.params, self.optimizers, state, value=cfg.prune_opacity * 2.0)
         self.state = DensifyState(state["grad2d"], state["count"])

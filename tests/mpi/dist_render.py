@@ -10,12 +10,12 @@ one-rank communicator (``MPI.COMM_SELF``). No Gaussian footprint crosses a cut p
 the per-block compositing equals the per-Gaussian one up to rounding.
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
-import time
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from worker_report import fail  # tests/mpi is on sys.path
 from insitu.compositing import band_rows, gather_bands, visibility_order
 from insitu.decomposition import block_extent, cut_block, split_dims
 from insitu.parallel import init_comm, shutdown
@@ -69,13 +69,6 @@ def render(params, views, block, comm, weight):
     a, b = band_rows(views.height, comm.size)[comm.rank]
     (pred * weight[:, a:b]).sum().backward()
     return gather_bands(pred.detach(), comm)
-
-
-def fail(text):
-    """Report and end the job (the other ranks may wait in a collective)."""
-    print(f"FAIL rank {MPI.COMM_WORLD.Get_rank()}: {text}", flush=True)
-    time.sleep(0.5)                 # let mpiexec forward the report before the abort
-    MPI.COMM_WORLD.Abort(1)
 
 
 def main():

@@ -11,12 +11,11 @@ are float16), or, with 2 x 2 rays, the mean absolute difference is >= 1e-3 or mo
 two blocks is composited as two partial layers).
 """
 
-import time
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
+from worker_report import fail  # tests/mpi is on sys.path
 from insitu.compositing import gather_bands
 from insitu.config import Config
 from insitu.decomposition import cut_block
@@ -53,13 +52,6 @@ def compare(images, ref, background, supersample: int, P: int) -> bool:
     if supersample == 1:                # one ray per pixel: only the float16 rounding of the bands
         return bool(diff.max() <= 1e-3 and hit > 0.05)
     return bool(diff.mean() < 1e-3 and pixels >= 0.98 and hit > 0.05)
-
-
-def fail(text):
-    """Report and end the job (the other ranks wait in a collective)."""
-    print(f"FAIL {text}", flush=True)
-    time.sleep(0.5)                 # let mpiexec forward the report before the abort
-    MPI.COMM_WORLD.Abort(1)
 
 
 def main():
