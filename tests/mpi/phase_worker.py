@@ -39,7 +39,8 @@ def main(mode):
     except RankFailure as failure:
         if mode == "uncaught":
             raise
-        print(f"rank {comm.rank} caught: {failure}", flush=True)
+        sys.stdout.write(f"rank {comm.rank} caught: {failure}\n")     # one write: one line
+        sys.stdout.flush()
         assert 1 in failure.ranks, failure.ranks
         assert (failure.__cause__ is not None) == (comm.rank in failure.ranks)
         if mode == "collective":        # the timed-out group is spent; the job ends here
