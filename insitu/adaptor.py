@@ -152,8 +152,9 @@ class Adaptor:
     config:  a Config, a nested dict of sections, a YAML path, or None (defaults).
              An invalid config raises ConfigError on every rank.
     process: the function that trains one step, ``process(block, cfg, comm, *, step, time,
-             warm, iterations) -> result`` with ``result.gaussians`` and ``result.metrics``;
-             collective over ``comm`` (a ``parallel.Comm``). Defaults to ``pipeline.run_step``.
+             warm, iterations) -> result`` with ``result.metrics``, where ``warm`` is the
+             previous step's result or None; collective over ``comm`` (a ``parallel.Comm``).
+             Defaults to ``pipeline.run_step``.
     """
 
     def __init__(self, comm=None, config: Config | dict | str | Path | None = None, *,
@@ -431,5 +432,5 @@ class Adaptor:
                 self._worker_error = _report(f"training step {step} failed", gathered)
                 self._cond.notify_all()
             return
-        self._warm = result.gaussians
+        self._warm = result
         self.stats.trained.append(TrainedRecord(int(step), _time.perf_counter() - t0, dict(result.metrics)))

@@ -32,10 +32,12 @@ class StepResult:
 
     gaussians: this rank's trained shard (on the training device).
     metrics:   the step's figures (same on every rank).
+    sh_degree: the SH degree training had reached (a warm start goes on from it).
     """
 
     gaussians: Gaussians
     metrics: dict = field(default_factory=dict)
+    sh_degree: int = 0
 
 
 @dataclass
@@ -70,8 +72,14 @@ def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
     return vmin, vmax
 
 
-def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing: float, device) -> Gaussians:
-    """Previous step's shard refit to the new surface: drop Gaussians far from it, seed where it is new."""
+def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing: float, device, *,
+               near: float = 1.0) -> Gaussians:
+    """Previous step's shard refit to the new surface: drop Gaussians far from it, seed where it is new.
+
+    near: in cells; an old Gaussian is kept when a vertex of the new surface lies within this
+          distance (a Gaussian on the surface is within ~0.7 cells of one), and a new seed is
+          added when no kept Gaussian does. 2 cells kept stale Gaussians: -0.5 dB (BENCHMARKS.md).
+    """
     from scipy.spatial import cKDTree
 
     fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
@@ -80,7 +88,7 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing:
     if len(warm) == 0 or len(seeds) == 0:
         return fresh
     old = warm.to(device)
-    near = 2.0 * spacing
+    near = near * spacing
     d_old, _ = cKDTree(seeds.points).query(old.means.cpu().numpy(), distance_upper_bound=near)
     keep = torch.as_tensor(np.isfinite(d_old), device=device)
     old = old.select(keep)
@@ -188,8 +196,13 @@ def target_reached(q, tc) -> bool:
 
 
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
-             warm: Gaussians | None = None, iterations: int | None = None) -> StepResult:
-    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``."""
+             warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
+    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``.
+
+    warm: the previous step's result on this rank: its shard, refit to this step's surface, is
+          trained on from the SH degree it had reached, instead of fresh seeds.
+    iterations: training iterations (default ``cfg.train.iterations``).
+    """
     t0 = _time.perf_counter()
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
@@ -209,7 +222,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     spacing = float(min(block.spacing))
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard = warm_shard(warm, seeds, budget, cfg, spacing, device)
+            shard = warm_shard(warm.gaussians, seeds, budget, cfg, spacing, device)
         else:
             shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
                                    thickness=cfg.seeds.thickness, sh_degree=tc.sh_degree, seed=tc.seed + comm.rank,
@@ -228,7 +241,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     extent = 0.5 * float(np.linalg.norm(ghi - glo))
     iters = iterations if iterations is not None else tc.iterations
     trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=max(int(tc.max_gaussians * share), len(shard)),
-                      device=device, total_iterations=iters)
+                      device=device, total_iterations=iters, sh_degree_start=warm.sh_degree if warm else 0)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_gt = _time.perf_counter()
@@ -269,6 +282,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
+        "sh_degree": trainer.sh_degree,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
         "seeds_seconds": round(t_seed - t0, 3), "ground_truth_seconds": round(t_gt - t_seed, 3),
         "train_seconds": round(t_train - t_gt, 3), "history": history,
@@ -284,5 +298,5 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
             if comm.rank == 0:
                 writer.write(step, merged, images, metrics, cfg)
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
-    return StepResult(gaussians, metrics)
+    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree)
 

@@ -43,7 +43,7 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
                       if previous is not None and cfg.insitu.warm_start else None)
         result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
                           warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
-        previous = result.gaussians
+        previous = result
         done += 1
         say(comm, summary(result.metrics, out))
     return done

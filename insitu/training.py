@@ -98,10 +98,13 @@ class Trainer:
     extent:       scene extent (radius of the global bounds) that scales position learning rates.
     box:          (lo [3], hi [3]) the means stay inside (this rank's block plus a margin).
     max_gaussians: this rank's cap for densification.
+    total_iterations: length of the learning-rate schedule (default ``cfg.iterations``).
+    sh_degree_start: SH degree at iteration 0 (a warm start goes on at the degree it reached);
+                     one more band every ``cfg.sh_increase_every`` iterations up to the shard's degree.
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
-                 max_gaussians: int, device, total_iterations: int | None = None):
+                 max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0):
         self.cfg = cfg
         self.extent = float(extent)
         self.box = box
@@ -110,6 +113,7 @@ class Trainer:
         self.total = total_iterations or cfg.iterations
         self.params = to_params(gaussians.to(device))
         self.sh_degree_max = gaussians.sh_degree
+        self.sh_degree_start = int(sh_degree_start)
         B = cfg.batch
         lrs = {"means": cfg.lr_means * self.extent, "scales": cfg.lr_scales, "quats": cfg.lr_quats,
                "opacities": cfg.lr_opacities, "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
@@ -126,7 +130,7 @@ class Trainer:
 
     @property
     def sh_degree(self) -> int:
-        return min(self.sh_degree_max, self.iteration // self.cfg.sh_increase_every)
+        return min(self.sh_degree_max, self.sh_degree_start + self.iteration // self.cfg.sh_increase_every)
 
     def gaussians(self) -> Gaussians:
         return from_params(self.params)

@@ -68,7 +68,7 @@ def make_process(delays: dict[int, float], fail: tuple[int, int] | None = None, 
             raise ValueError(f"boom at step {step}")
         if log is not None:
             log.append({"step": step, "thread": threading.current_thread().name,
-                        "warm": warm, "iterations": iterations})
+                        "warm": None if warm is None else warm.gaussians, "iterations": iterations})
         return Result(gaussians=step, metrics={"step": step})
 
     return process

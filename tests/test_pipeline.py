@@ -132,12 +132,32 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
 # ------------------------------------------------------------------------------------------ warm start
 
 def test_warm_start_from_the_previous_step(comm):
-    cfg = tiny_config(densify_from=2, densify_every=4, densify_until=9, grad_threshold=0.0)
+    cfg = tiny_config(densify_from=2, densify_every=4, densify_until=9, grad_threshold=0.0,
+                      sh_degree=2, sh_increase_every=8)
     first = run_step(whole_block(sphere_field()), cfg, comm, step=0)
     assert first.metrics["gaussians"] > cfg.seeds.budget                # densified past the budget
+    assert first.sh_degree == first.metrics["sh_degree"] == 1           # 10 iterations, a band every 8
     grown = sphere_field() - 0.5                                        # the surface moved by half a cell
-    second = run_step(whole_block(grown), cfg, comm, step=1, warm=first.gaussians, iterations=4)
+    second = run_step(whole_block(grown), cfg, comm, step=1, warm=first, iterations=4)
     m = second.metrics
     assert m["iterations"] == 4 and m["step"] == 1
     assert math.isfinite(m["psnr"]) and math.isfinite(m["psnr_initial"])
     assert m["gaussians_initial"] > cfg.seeds.budget                    # the previous model, refit, not a cold start
+    assert second.sh_degree == 1                                        # goes on at the band it had reached
+
+
+def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
+    from insitu.pipeline import warm_shard
+    from insitu.seeds import extract_seeds, init_gaussians
+
+    cfg = tiny_config()
+    old_seeds = extract_seeds(whole_block(sphere_field(24)), [5.0])
+    old = init_gaussians(old_seeds, 10**6, sh_degree=cfg.train.sh_degree)   # a Gaussian on every vertex, radius 5
+    for radius, kept in ((5.3, 1.0), (7.0, 0.0)):                      # the sphere grew by 0.3 or by 2 cells
+        new_seeds = extract_seeds(whole_block(sphere_field(24)), [radius])
+        shard = warm_shard(old, new_seeds, 10**6, cfg, 1.0, torch.device("cpu"))
+        on_old = np.abs(np.linalg.norm(shard.means.numpy() - 11.5, axis=1) - 5.0) < 0.05
+        assert on_old.sum() == pytest.approx(kept * len(old), abs=0.01 * len(old))
+        fresh = shard.means.numpy()[~on_old]
+        assert np.all(np.abs(np.linalg.norm(fresh - 11.5, axis=1) - radius) < 0.1)   # new seeds, on the new surface
+        assert (len(fresh) > 0) == (kept == 0.0)                       # new only where no old Gaussian is near
