@@ -1,4 +1,4 @@
-"""Warm start against cold start on a Gray-Scott step, with the demo's settings (CPU or GPU).
+"""Warm start against cold start on a Gray-Scott step, with the demo's settings (CPU, one rank).
 
 The simulation (L cells, the demo's parameters) runs to step 600; the step ``600 - gap`` is
 trained from fresh seeds, then step 600 is trained for ``--iterations`` from fresh seeds (cold)

@@ -203,6 +203,8 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
           trained on from the SH degree it had reached, instead of fresh seeds.
     iterations: training iterations (default ``cfg.train.iterations``).
     """
+    if warm is not None and not isinstance(warm, StepResult):
+        raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
     t0 = _time.perf_counter()
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
@@ -241,7 +243,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     extent = 0.5 * float(np.linalg.norm(ghi - glo))
     iters = iterations if iterations is not None else tc.iterations
     trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=max(int(tc.max_gaussians * share), len(shard)),
-                      device=device, total_iterations=iters, sh_degree_start=warm.sh_degree if warm else 0)
+                      device=device, total_iterations=iters, sh_degree_start=warm.sh_degree if warm is not None else 0)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_gt = _time.perf_counter()
@@ -264,7 +266,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
             bar.set_postfix(loss=f"{loss:.4f}", gaussians=len(trainer))
         bar.update(1)
         if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
-            q, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
+            q, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend)
             n_all = comm.mpi.allreduce(len(trainer))
             history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": n_all,
                             "seconds": _time.perf_counter() - t_gt})
@@ -275,14 +277,14 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_train = _time.perf_counter()
-    q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend,
+    q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend,
                          keep_images=cfg.output.images)
     gaussians = trainer.gaussians()
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
-        "sh_degree": trainer.sh_degree,
+        "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
         "seeds_seconds": round(t_seed - t0, 3), "ground_truth_seconds": round(t_gt - t_seed, 3),
         "train_seconds": round(t_train - t_gt, 3), "history": history,
@@ -298,5 +300,5 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
             if comm.rank == 0:
                 writer.write(step, merged, images, metrics, cfg)
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
-    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree)
+    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained)
 

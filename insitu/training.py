@@ -130,7 +130,16 @@ class Trainer:
 
     @property
     def sh_degree(self) -> int:
-        return min(self.sh_degree_max, self.sh_degree_start + self.iteration // self.cfg.sh_increase_every)
+        """SH degree the next iteration trains."""
+        return self._sh_degree_at(self.iteration)
+
+    @property
+    def sh_degree_trained(self) -> int:
+        """SH degree the last iteration trained (the start degree before any): the one to render with."""
+        return self._sh_degree_at(max(self.iteration - 1, 0))
+
+    def _sh_degree_at(self, iteration: int) -> int:
+        return min(self.sh_degree_max, self.sh_degree_start + iteration // self.cfg.sh_increase_every)
 
     def gaussians(self) -> Gaussians:
         return from_params(self.params)

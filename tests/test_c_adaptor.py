@@ -153,15 +153,15 @@ def test_fortran_sphere_trains_in_situ_with_the_fortran_axis_order(sphere_f, tmp
     args = ["--config", str(sphere_config(tmp_path)), "--steps", "2"] + (["--real4"] if kind == "real4" else [])
     proc = run_sphere(sphere_f, tmp_path, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "sphere_f: 2 steps done" in proc.stdout
+    assert f"sphere_f: 2 steps done (real(c_{'float' if kind == 'real4' else 'double'}) fields)" in proc.stdout
     for step in (1, 2):
         metrics = json.loads((tmp_path / "out" / f"step_{step:06d}" / "metrics.json").read_text())
         assert metrics["step"] == step and metrics["ranks"] == 2 and metrics["time"] == pytest.approx(step)
-    # step 1: a sphere of radius 6 centred at cell (x, y, z) = (13, 11, 9.5) of a 40 x 28 x 20 grid whose
-    # z-slabs come from the two ranks; a(x, y, z) read in any other axis order or slab offset moves it
+    # step 1: a sphere of radius 6 centred at cell (x, y, z) = (13, 11, 8) of a 40 x 28 x 20 grid whose
+    # z-slabs come from the two ranks; a(x, y, z) read in another axis order, or the slabs swapped, moves it
     means = read_ply(tmp_path / "out" / "step_000001" / "model.ply").means.numpy()
     assert len(means) > 100
-    np.testing.assert_allclose(means.mean(0), [13.0, 11.0, 9.5], atol=0.5)
+    np.testing.assert_allclose(means.mean(0), [13.0, 11.0, 8.0], atol=0.5)
     np.testing.assert_allclose(means.max(0) - means.min(0), [12.0, 12.0, 12.0], atol=1.5)
 
 
@@ -173,3 +173,13 @@ def test_fortran_execute_error_reaches_every_rank_through_insitu_last_error(sphe
         assert f"sphere_f: rank {rank}: insitu_execute failed at step 1: insitu_execute: InputError" in proc.stderr
     assert proc.stderr.count("field 'W' (input.var) is not among the fields given: 'D'") >= 2, proc.stderr
     assert not (tmp_path / "out" / "step_000001").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("args, message", [(["--steps", "x"], "--steps needs an integer >= 0"),
+                                           (["--config"], "--config needs a file name"),
+                                           (["--frobnicate"], "unknown argument --frobnicate")])
+def test_fortran_bad_command_line_exits_2_with_usage(sphere_f, tmp_path, args, message):
+    proc = run_sphere(sphere_f, tmp_path, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"sphere_f: {message}; usage: sphere_f" in proc.stderr

@@ -133,10 +133,10 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
 
 def test_warm_start_from_the_previous_step(comm):
     cfg = tiny_config(densify_from=2, densify_every=4, densify_until=9, grad_threshold=0.0,
-                      sh_degree=2, sh_increase_every=8)
+                      sh_degree=3, sh_increase_every=8, iterations=16)
     first = run_step(whole_block(sphere_field()), cfg, comm, step=0)
     assert first.metrics["gaussians"] > cfg.seeds.budget                # densified past the budget
-    assert first.sh_degree == first.metrics["sh_degree"] == 1           # 10 iterations, a band every 8
+    assert first.sh_degree == first.metrics["sh_degree"] == 1           # iterations 8-15 trained band 1
     grown = sphere_field() - 0.5                                        # the surface moved by half a cell
     second = run_step(whole_block(grown), cfg, comm, step=1, warm=first, iterations=4)
     m = second.metrics
@@ -144,6 +144,8 @@ def test_warm_start_from_the_previous_step(comm):
     assert math.isfinite(m["psnr"]) and math.isfinite(m["psnr_initial"])
     assert m["gaussians_initial"] > cfg.seeds.budget                    # the previous model, refit, not a cold start
     assert second.sh_degree == 1                                        # goes on at the band it had reached
+    with pytest.raises(TypeError, match="StepResult"):
+        run_step(whole_block(grown), cfg, comm, step=1, warm=first.gaussians, iterations=4)
 
 
 def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
