@@ -262,8 +262,9 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
                                         sh_degree=trainer.sh_degree, backend=tc.backend,
                                         transfer=cfg.parallel.transfer)
         loss = trainer.step(render, scene.gt[ids].float(), band_fraction)
-        if show and (it % 10 == 0 or it == iters - 1):
-            bar.set_postfix(loss=f"{loss:.4f}", gaussians=len(trainer))
+        if tc.progress and (it % 10 == 0 or it == iters - 1):     # on every rank: whole-model figures
+            loss_all, n_all = comm.mpi.allreduce(np.array([float(loss), len(trainer)]))
+            bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))
         bar.update(1)
         if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
             q, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend)

@@ -151,8 +151,12 @@ class Trainer:
         for group in self.optimizers["means"].param_groups:
             group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
 
-    def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, band_fraction: float) -> float:
-        """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band."""
+    def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, band_fraction: float) -> Tensor:
+        """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band.
+
+        Returns this rank's share of the loss, a 0-dim tensor on the device (reading it waits
+        for the GPU, so callers read it only when they show it).
+        """
         self._schedule()
         pred, info = render(self.params)
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, band_fraction=band_fraction)
@@ -165,7 +169,7 @@ class Trainer:
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
-        return float(loss.detach())
+        return loss.detach()
 
     @torch.no_grad()
     def _accumulate(self, info: dict) -> None:

@@ -86,10 +86,14 @@ def test_run_a_raw_file(inputs, tmp_path):
 
 @pytest.mark.mpi
 def test_run_a_raw_file_on_two_ranks_writes_one_merged_model(inputs, tmp_path):
-    r = insitu("run", inputs / "ball_12x12x12_uint8.raw", "--iso", "160", *TINY, "--out", "out",
+    loud = [a for a in TINY if a != "--quiet"]
+    r = insitu("run", inputs / "ball_12x12x12_uint8.raw", "--iso", "160", *loud, "--out", "out",
                cwd=tmp_path, ranks=2, timeout=180)
     assert r.returncode == 0, r.stderr
     (step, count, _), = summaries(r.stdout)             # rank 0 alone reports
+    # progress (a log here, not a terminal) counts the whole model's Gaussians, not rank 0's shard
+    last = re.findall(r"^step 0 train: 4/4, loss [\d.]+, gaussians (\d+) ", r.stderr, re.MULTILINE)
+    assert last == [str(count)], r.stderr
     assert step == 0
     models = list((tmp_path / "out").rglob("*.ply"))
     assert [p.relative_to(tmp_path / "out").as_posix() for p in models] == ["step_000000/model.ply"]

@@ -80,7 +80,7 @@ def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) ->
         return render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
                             sh_degree=trainer.sh_degree, backend="torch")
 
-    return trainer.step(render, scene.gt[ids].float(), 1.0)
+    return float(trainer.step(render, scene.gt[ids].float(), 1.0))
 
 
 def assert_optimizers_consistent(trainer: Trainer) -> None:
