@@ -43,8 +43,9 @@ def gray_scott_c(tmp_path_factory) -> Path:
     return tmp / "sims" / "gray_scott_c"
 
 
-def tiny_config(tmp_path: Path, **input_) -> Path:
-    cfg = {"input": {"var": "V", "iso": [0.2], "color_var": "U", **input_}, "seeds": {"budget": 500},
+def tiny_config(tmp_path: Path, *, budget: int = 500, **input_) -> Path:
+    """A config for a quick in situ run; ``input_`` overrides the input section (Gray-Scott's V, coloured by U)."""
+    cfg = {"input": {"var": "V", "iso": [0.2], "color_var": "U", **input_}, "seeds": {"budget": budget},
            "views": {"count": 8, "resolution": 32, "supersample": 1},
            "train": {"iterations": 20, "progress": False, "backend": "torch"},
            "parallel": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(tmp_path / "out"), "images": 1},
@@ -54,12 +55,15 @@ def tiny_config(tmp_path: Path, **input_) -> Path:
     return path
 
 
+def sim_env() -> dict[str, str]:
+    """No VIRTUAL_ENV / INSITU_*: the library starts the interpreter it was built with (baked in by CMake)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("INSITU_PYTHON", "INSITU_PYTHONPATH", "VIRTUAL_ENV", "PYTHONPATH")}
+
+
 def run_sim(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # no VIRTUAL_ENV / INSITU_*: the library starts the interpreter it was built with (baked in by CMake)
-    env = {k: v for k, v in os.environ.items() if k not in ("INSITU_PYTHON", "INSITU_PYTHONPATH", "VIRTUAL_ENV",
-                                                            "PYTHONPATH")}
     return _run([MPIEXEC, "-n", "2", exe, "--L", "24", "--steps", "40", "--plotgap", "20", *args],
-                cwd=tmp_path, env=env)
+                cwd=tmp_path, env=sim_env())
 
 
 @pytest.mark.mpi
@@ -129,20 +133,11 @@ def sphere_f(gray_scott_c) -> Path:
 
 
 def sphere_config(tmp_path: Path, var: str = "D") -> Path:
-    cfg = {"input": {"var": var, "iso": [0.0]}, "seeds": {"budget": 800},
-           "views": {"count": 8, "resolution": 32, "supersample": 1},
-           "train": {"iterations": 20, "progress": False, "backend": "torch"},
-           "parallel": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(tmp_path / "out"), "images": 1},
-           "insitu": {"mode": "background", "warm_iterations": 10}}
-    path = tmp_path / "sphere.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return tiny_config(tmp_path, budget=800, var=var, iso=[0.0], color_var=None)
 
 
 def run_sphere(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("INSITU_PYTHON", "INSITU_PYTHONPATH", "VIRTUAL_ENV",
-                                                            "PYTHONPATH")}
-    return _run([MPIEXEC, "-n", "2", exe, *args], cwd=tmp_path, env=env)
+    return _run([MPIEXEC, "-n", "2", exe, *args], cwd=tmp_path, env=sim_env())
 
 
 @pytest.mark.mpi
