@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sims"))
 
+import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from gray_scott import GrayScottSettings, run  # noqa: E402
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iso", type=float, default=0.2)
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="parallel.threads: torch CPU threads (0: default)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     out = Path(tempfile.mkdtemp(prefix="bench_adaptor_")) if comm.rank == 0 else None
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     base = {"input": {"var": "V", "iso": [args.iso]}, "seeds": {"budget": 2000},
             "views": {"count": 16, "resolution": 64, "supersample": 1},
             "train": {"iterations": args.iterations, "progress": False},
-            "parallel": {"device": args.device}, "output": {"images": 0},
+            "parallel": {"device": args.device, "threads": args.threads}, "output": {"images": 0},
             "insitu": {"warm_iterations": max(args.iterations // 2, 1)}}
     rows = []
     for mode in ("off", "sync", "background"):
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
                      len(st.trained) if st else 0))
     if comm.rank == 0:
         off = rows[0][1]
-        print(f"Gray-Scott L={args.L}, {args.steps} steps, execute every {args.plotgap}, {comm.size} rank(s)")
+        print(f"Gray-Scott L={args.L}, {args.steps} steps, execute every {args.plotgap}, {comm.size} rank(s), "
+              f"torch threads {torch.get_num_threads()}")
         print(f"{'mode':<11} {'s/step':>9} {'overhead':>9} {'execute s':>10} {'bytes/exec':>11} "
               f"{'trained':>8} {'total s':>8}")
         for mode, per_step, total, exec_s, nbytes, trained in rows:

@@ -191,7 +191,8 @@ class Adaptor:
         from .parallel import init_comm
 
         # the training's own duplicate of comm + torch.distributed group (the worker thread's in background mode)
-        self._work = init_comm(comm, device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s)
+        self._work = init_comm(comm, device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s,
+                               threads=cfg.parallel.threads)
         self._writer = StepWriter(cfg.output.dir)
         self.stats = AdaptorStats()
         self._warm = None

@@ -92,6 +92,8 @@ class ParallelConfig:
     timeout_s: float = 300.0            # collective timeout: a failed rank never hangs the rest
     device: str = "auto"                # auto | cpu | cuda
     transfer: str = "float32"           # dtype of the composited colour bands: float32 | bfloat16 | float16
+    threads: int = 0                    # torch CPU threads per rank (0: torch's default); in situ on CPU
+                                        # ranks, fewer leave cores to the simulation
 
 
 @dataclass
@@ -130,7 +132,8 @@ _POSITIVE = {
     "input.downsample", "input.every", "input.timeout_s", "parallel.timeout_s", "insitu.queue",
     "train.max_gaussians", "train.sh_increase_every",
 }
-_NON_NEGATIVE = {"output.images", "train.sh_degree", "train.eval_every", "insitu.warm_iterations"}
+_NON_NEGATIVE = {"output.images", "train.sh_degree", "train.eval_every", "insitu.warm_iterations",
+                 "parallel.threads"}
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:

@@ -285,7 +285,7 @@ def _pick_device(device, local_rank: int) -> tuple[torch.device | None, str]:
 
 
 def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: float = 300.0,
-              watchdog_s: float | None = None) -> Comm:
+              watchdog_s: float | None = None, threads: int = 0) -> Comm:
     """Set up communication over the processes of ``mpi_comm``. Collective over ``mpi_comm``.
 
     mpi_comm:   an ``mpi4py.MPI.Comm`` (default ``COMM_WORLD``); it is duplicated, never
@@ -294,6 +294,7 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
                 ``local_rank % n_gpus``), ``"cuda:N"``, or a ``torch.device``.
     timeout_s:  ``torch.distributed`` collective timeout (also for joining the group).
     watchdog_s: limit for :meth:`Comm.agree` (default ``2 * timeout_s``).
+    threads:    torch's CPU threads in this process (``torch.set_num_threads``); 0 leaves them.
 
     If ``torch.distributed`` is already initialised, its default group is reused when it
     spans exactly these processes in the same order with the right backend; otherwise
@@ -306,6 +307,10 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
         raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s}")
     if watchdog_s is not None and watchdog_s <= 0:
         raise ValueError(f"watchdog_s: expected > 0 seconds or None, got {watchdog_s}")
+    if threads < 0:
+        raise ValueError(f"threads: expected >= 0 (0: torch's default), got {threads}")
+    if threads:
+        torch.set_num_threads(int(threads))
     base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     mpi = base.Dup()
     rank, size = mpi.Get_rank(), mpi.Get_size()

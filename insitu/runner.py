@@ -67,7 +67,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from .export import StepWriter
     from .parallel import RankFailure, init_comm, shutdown
 
-    comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s)
+    comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
     out = Path(cfg.output.dir)
     try:
         writer = StepWriter(out)

@@ -32,6 +32,7 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("train:\n  backend: vulkan\n", "train.backend: expected one of auto, gsplat, torch, got 'vulkan'"),
     ("input:\n  iso: []\n", "input.iso: expected at least one iso value"),
     ("train:\n  progress: 3\n", "expected true or false"),
+    ("parallel:\n  threads: -1\n", "parallel.threads: expected a value >= 0, got -1"),
     ("- a\n- b\n", "expected a mapping of sections"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, message):

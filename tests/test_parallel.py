@@ -1,5 +1,8 @@
 """insitu.parallel: single-process set-up and error agreement, multi-rank runs under mpiexec."""
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -41,6 +44,8 @@ def test_init_comm_rejects_bad_arguments():
         init_comm(device="tpu")
     with pytest.raises(ValueError, match="timeout_s"):
         init_comm(timeout_s=0)
+    with pytest.raises(ValueError, match="threads: expected >= 0"):
+        init_comm(threads=-2)
     if not torch.cuda.is_available():
         with pytest.raises(RankFailure, match="CUDA is not available"):
             init_comm(device="cuda")
@@ -113,3 +118,13 @@ def test_unhandled_exception_outside_a_phase_ends_the_job():
     assert time.monotonic() - start < 40, out.stdout
     assert "KeyError: 'stray failure'" in out.stdout, out.stdout
     assert "insitu: rank 1/2: fatal: unhandled KeyError; ending the job" in out.stdout, out.stdout
+
+
+def test_threads_sets_torchs_cpu_threads_in_the_process():
+    code = ("import torch; from insitu.parallel import init_comm; n = torch.get_num_threads(); "
+            "init_comm(device='cpu', threads=1); a = torch.get_num_threads(); "
+            "init_comm(device='cpu'); print(n, a, torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "1", "1"]          # set to 1; 0 (the default) leaves it
