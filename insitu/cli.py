@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import __version__
 from .config import Config, ConfigError, load_config, parse_override
 from .volume import InputError
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="insitu", description="Gaussian splat models of isosurfaces of (running) simulations, on many ranks.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"insitu-gs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",

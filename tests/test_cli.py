@@ -70,6 +70,13 @@ def test_help_mentions_out_and_config(command, tmp_path):
     assert "usage: insitu" in text
 
 
+def test_version(tmp_path):
+    from insitu import __version__
+
+    r = insitu("--version", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"insitu-gs {__version__}", r.stdout + r.stderr
+
+
 # ------------------------------------------------------------------------------------------ run
 
 def test_run_a_raw_file(inputs, tmp_path):
