@@ -100,8 +100,7 @@ contains
     character(len=*), intent(in) :: name
     real(c_float), dimension(:, :, :), contiguous, target, intent(in) :: a
     integer(c_int64_t), dimension(3), intent(in) :: global_dims, start
-    rc = c_execute(int(step, c_int), time, trim(name) // c_null_char, c_loc(a), INSITU_FLOAT32, &
-                   global_dims, start, int(shape(a), c_int64_t))
+    rc = execute_ptr(step, time, name, c_loc(a), INSITU_FLOAT32, global_dims, start, shape(a))
   end function
 
   integer function execute_r8(step, time, name, a, global_dims, start) result(rc)
@@ -110,8 +109,7 @@ contains
     character(len=*), intent(in) :: name
     real(c_double), dimension(:, :, :), contiguous, target, intent(in) :: a
     integer(c_int64_t), dimension(3), intent(in) :: global_dims, start
-    rc = c_execute(int(step, c_int), time, trim(name) // c_null_char, c_loc(a), INSITU_FLOAT64, &
-                   global_dims, start, int(shape(a), c_int64_t))
+    rc = execute_ptr(step, time, name, c_loc(a), INSITU_FLOAT64, global_dims, start, shape(a))
   end function
 
   integer function execute_i4(step, time, name, a, global_dims, start) result(rc)
@@ -120,8 +118,7 @@ contains
     character(len=*), intent(in) :: name
     integer(c_int32_t), dimension(:, :, :), contiguous, target, intent(in) :: a
     integer(c_int64_t), dimension(3), intent(in) :: global_dims, start
-    rc = c_execute(int(step, c_int), time, trim(name) // c_null_char, c_loc(a), INSITU_INT32, &
-                   global_dims, start, int(shape(a), c_int64_t))
+    rc = execute_ptr(step, time, name, c_loc(a), INSITU_INT32, global_dims, start, shape(a))
   end function
 
   !> Bytes (e.g. segmentation labels); passed as unsigned 8-bit values.
@@ -131,8 +128,19 @@ contains
     character(len=*), intent(in) :: name
     integer(c_int8_t), dimension(:, :, :), contiguous, target, intent(in) :: a
     integer(c_int64_t), dimension(3), intent(in) :: global_dims, start
-    rc = c_execute(int(step, c_int), time, trim(name) // c_null_char, c_loc(a), INSITU_UINT8, &
-                   global_dims, start, int(shape(a), c_int64_t))
+    rc = execute_ptr(step, time, name, c_loc(a), INSITU_UINT8, global_dims, start, shape(a))
+  end function
+
+  !> What every typed wrapper does: the C call with a NUL-terminated name and the count.
+  integer function execute_ptr(step, time, name, data, dtype, global_dims, start, count) result(rc)
+    integer, intent(in) :: step, count(3)
+    real(c_double), intent(in) :: time
+    character(len=*), intent(in) :: name
+    type(c_ptr), intent(in) :: data
+    integer(c_int), intent(in) :: dtype
+    integer(c_int64_t), dimension(3), intent(in) :: global_dims, start
+    rc = c_execute(int(step, c_int), time, trim(name) // c_null_char, data, dtype, global_dims, start, &
+                   int(count, c_int64_t))
   end function
 
   integer function insitu_finalize() result(rc)

@@ -14,6 +14,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,17 +70,13 @@ def main() -> None:
             previous = pipeline.run_step(block(600 - gap), cfg, comm, step=600 - gap)
             runs = [("cold", None)] + [(f"warm near {n:g}", n) for n in args.near]
             for name, near in runs:
-                if near is not None:
-                    pipeline.warm_shard = functools.partial(ORIGINAL_WARM_SHARD, near=near)
-                r = pipeline.run_step(block(600), cfg, comm, step=600, iterations=args.iterations,
-                                      warm=previous if near is not None else None)
+                refit = functools.partial(pipeline.warm_shard, near=near or 1.0)
+                with mock.patch.object(pipeline, "warm_shard", refit):     # run_step's refit, at this near
+                    r = pipeline.run_step(block(600), cfg, comm, step=600, iterations=args.iterations,
+                                          warm=previous if near is not None else None)
                 m = r.metrics
                 print(f"{seed:4d} {gap:4d}  {name:13s} {m['psnr']:6.2f} {m['ssim']:.4f} {m['gaussians']:9d}",
                       flush=True)
-    pipeline.warm_shard = ORIGINAL_WARM_SHARD
-
-
-ORIGINAL_WARM_SHARD = pipeline.warm_shard
 
 if __name__ == "__main__":
     main()

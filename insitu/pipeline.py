@@ -88,13 +88,13 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing:
     if len(warm) == 0 or len(seeds) == 0:
         return fresh
     old = warm.to(device)
-    near = near * spacing
-    d_old, _ = cKDTree(seeds.points).query(old.means.cpu().numpy(), distance_upper_bound=near)
+    radius = near * spacing
+    d_old, _ = cKDTree(seeds.points).query(old.means.cpu().numpy(), distance_upper_bound=radius)
     keep = torch.as_tensor(np.isfinite(d_old), device=device)
     old = old.select(keep)
     if len(old) == 0:
         return fresh
-    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=near)
+    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=radius)
     add = torch.as_tensor(~np.isfinite(d_new), device=device)
     return Gaussians.cat([old, fresh.select(add)])
 
@@ -253,6 +253,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
     perm, bar = torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
+    show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None
     for it in range(iters):
         if len(perm) < tc.batch:
@@ -262,7 +263,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
                                         sh_degree=trainer.sh_degree, backend=tc.backend,
                                         transfer=cfg.parallel.transfer)
         loss = trainer.step(render, scene.gt[ids].float(), band_fraction)
-        if tc.progress and (it % 10 == 0 or it == iters - 1):     # on every rank: whole-model figures
+        if tc.progress and (it % show_every == 0 or it == iters - 1):     # every rank: whole-model figures
             loss_all, n_all = comm.mpi.allreduce(np.array([float(loss), len(trainer)]))
             bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))
         bar.update(1)
