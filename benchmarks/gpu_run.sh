@@ -78,6 +78,8 @@ for stage in "$@"; do
               timeout 120 $MPIRUN -n $n python benchmarks/bench_groundtruth.py --pipeline --data "$BONSAI" \
                 --views 448 --resolution 2048 > "$OUT/proto_gt$n.json" 2> "$OUT/proto_gt$n.log"; cat "$OUT/proto_gt$n.json"
             done
+            CUDA_VISIBLE_DEVICES=0 timeout 120 python benchmarks/bench_seeds.py --data "$BONSAI" --iso 40 \
+              --budget 18000000 > "$OUT/proto_seeds.json" 2> "$OUT/proto_seeds.log"; cat "$OUT/proto_seeds.json"
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 > "$OUT/proto_step1.json" 2> "$OUT/proto_step1.log"
             cat "$OUT/proto_step1.json"

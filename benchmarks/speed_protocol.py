@@ -11,6 +11,7 @@ writes ``--out`` with the keys below; a figure whose run was not made (or failed
     psnr_/ssim_{1,2}gpu held-out quality at the stop; iterations_to_target (1 GPU)
     recipe_train_s_1024 the plain gsplat recipe (bench_recipe.py), same GT and initial Gaussians
     ours_train_s_1024   = train_s_1gpu
+    seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def main() -> None:
     step = _json(d / "proto_step1.json")
     m1, m2 = _json(d / "proto_train1_metrics.json"), _json(d / "proto_train2_metrics.json")
     recipe = _json(d / "proto_recipe.json")
+    seeds = _json(d / "proto_seeds.json")
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, check=True).stdout.strip().splitlines()[0]
@@ -78,6 +80,7 @@ def main() -> None:
         "recipe_iterations_to_target": _get(recipe, "target_reached_at"),
         "gt_grays_per_s_1gpu": _get(gt1, "grays_per_s"),
         "iterations_to_target_2gpu": _get(m2, "target_reached_at"),
+        "seeds_18m_s_1gpu": _get(seeds, "seeds_s"), "seeds_18m_fill_s_1gpu": _get(seeds, "fill_s"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
