@@ -72,7 +72,7 @@ def main() -> None:
     strategy.check_sanity(params, optimizers)
     state = strategy.initialize_state(scene_scale=extent)
     views, train_ids = scene.views, scene.views.train_ids
-    background = scene.background[None]
+    background = scene.background
     generator = torch.Generator().manual_seed(0)
     perm = torch.empty(0, dtype=torch.long)
     history, reached = [], None
@@ -83,10 +83,11 @@ def main() -> None:
             perm = train_ids[torch.randperm(len(train_ids), generator=generator)].cpu()
         i, perm = int(perm[0]), perm[1:]
         colors = torch.cat([params["sh0"], params["shN"]], 1)
-        rgb, _, info = rasterization(params["means"], params["quats"], torch.exp(params["scales"]),
+        rgb, alpha, info = rasterization(params["means"], params["quats"], torch.exp(params["scales"]),
                                      torch.sigmoid(params["opacities"]), colors, views.viewmats[i:i + 1],
                                      views.Ks[i:i + 1], views.width, views.height,
-                                     sh_degree=min(step // 1000, 3), backgrounds=background)
+                                     sh_degree=min(step // 1000, 3))
+        rgb = rgb + (1.0 - alpha) * background                       # the ground truth's background
         gt = scene.gt[i:i + 1].float()
         l1 = (rgb - gt).abs().mean()
         ssim = ssim_fn(rgb.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), data_range=1.0)
