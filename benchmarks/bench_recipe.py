@@ -86,7 +86,7 @@ def main() -> None:
         rgb, alpha, info = rasterization(params["means"], params["quats"], torch.exp(params["scales"]),
                                      torch.sigmoid(params["opacities"]), colors, views.viewmats[i:i + 1],
                                      views.Ks[i:i + 1], views.width, views.height,
-                                     sh_degree=min(step // 1000, 3))
+                                     sh_degree=min(step // 1000, 3), packed=False)
         rgb = rgb + (1.0 - alpha) * background                       # the ground truth's background
         gt = scene.gt[i:i + 1].float()
         l1 = (rgb - gt).abs().mean()
@@ -105,6 +105,7 @@ def main() -> None:
             q, _ = evaluate(joined, scene, comm, sh_degree=min(step // 1000, 3), backend="auto")
             history.append({"iteration": step + 1, "psnr": q.psnr, "ssim": q.ssim,
                             "gaussians": len(params["means"]), "seconds": time.perf_counter() - t_train})
+            print(json.dumps({"evaluation": history[-1]}), flush=True)
             if q.psnr >= args.psnr_target and q.ssim >= args.ssim_target:
                 reached = step + 1
                 break
