@@ -4,6 +4,13 @@
     python benchmarks/bench_groundtruth.py --data sphere --views 4 --resolution 32 --device cpu
 
 Prints one line: views, resolution, supersampling, seconds, views/s, peak GPU memory.
+
+With ``--pipeline`` (run under ``mpirun -n P``), times what ``insitu run`` does instead:
+``make_scene`` on P ranks (each ray-casts its block, the bands are composited sort-last),
+after one warm-up call, and prints one JSON line (rank 0):
+
+    mpirun -n 2 python benchmarks/bench_groundtruth.py --pipeline --data bonsai_256x256x256_uint8.raw \
+        --views 448 --resolution 2048
 """
 from __future__ import annotations
 
@@ -41,7 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", type=float, default=0.5)
     parser.add_argument("--chunk-rays", type=int, default=1 << 22)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--pipeline", action="store_true", help="time make_scene on the MPI ranks")
     args = parser.parse_args(argv)
+    if args.pipeline:
+        return pipeline(args)
 
     device = torch.device(args.device)
     if args.data == "sphere":
@@ -52,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         iso = args.iso if args.iso is not None else [40.0]
     block = whole_block(array)
     views = orbit_views(*block.global_box, count=args.views, resolution=args.resolution).to(device)
-    options = dict(supersample=args.supersample, step=args.step, chunk_rays=args.chunk_rays, device=device)
+    options = dict(supersample=args.supersample, step=args.step, chunk_rays=args.chunk_rays, device=device,
+                   backend=args.backend)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -72,6 +84,41 @@ def main(argv: list[str] | None = None) -> None:
     print(f"groundtruth {name} iso={iso}: views={len(views)} resolution={args.resolution}^2 "
           f"supersample={args.supersample}x{args.supersample} device={device} seconds={seconds:.3f} "
           f"views/s={len(views) / seconds:.2f} coverage={float(rgba[..., 3].mean()):.3f} peak_gpu_memory={peak}")
+
+
+def pipeline(args) -> None:
+    import json
+
+    from insitu.config import load_config
+    from insitu.decomposition import cut_block
+    from insitu.parallel import init_comm, shutdown
+    from insitu.pipeline import make_scene
+
+    comm = init_comm(device="auto")
+    iso = args.iso if args.iso is not None else [40.0]
+    cfg = load_config(None, {"input.iso": iso, "views.count": args.views, "views.resolution": args.resolution,
+                             "views.supersample": args.supersample})
+    block = cut_block(read_raw(args.data), comm.rank, comm.size)
+    warm = load_config(None, {"input.iso": iso, "views.count": 2, "views.resolution": 64})
+    make_scene(block, warm, comm)                                 # compile, warm the caches
+    seconds = []
+    for _ in range(2):
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        comm.mpi.Barrier()
+        start = time.perf_counter()
+        scene = make_scene(block, cfg, comm)
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        seconds.append(comm.mpi.allreduce(time.perf_counter() - start, op=__import__("mpi4py").MPI.MAX))
+    rays = args.views * args.resolution ** 2 * args.supersample ** 2
+    if comm.rank == 0:
+        print(json.dumps({"ranks": comm.size, "device": str(comm.device), "views": args.views,
+                          "resolution": args.resolution, "supersample": args.supersample,
+                          "gt_seconds": round(min(seconds), 3), "gt_seconds_runs": [round(s, 3) for s in seconds],
+                          "grays_per_s": round(rays / min(seconds) / 1e9, 3),
+                          "gt_mean": float(scene.gt.float().mean())}), flush=True)
+    shutdown(comm)
 
 
 if __name__ == "__main__":

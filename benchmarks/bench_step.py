@@ -85,6 +85,7 @@ def main() -> None:
         if i >= args.warmup:
             times.append(time.perf_counter() - t)
     step_ms = comm.mpi.allreduce(statistics.median(times) * 1e3, op=__import__("mpi4py").MPI.MAX)
+    bare_ms = bare_raster_ms(trainer, scene, args) if comm.size == 1 and comm.device.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(comm.device) / 2**30 if comm.device.type == "cuda" else float("nan")
     peaks = comm.mpi.gather(round(peak, 2))
     moved = comm.mpi.gather(comm.traffic.bytes / args.steps)
@@ -95,8 +96,34 @@ def main() -> None:
             "step_ms_median": round(step_ms, 2), "images_per_s": round(1e3 * args.batch / step_ms, 1),
             "peak_gpu_gb_per_rank": peaks, "mb_moved_per_step_per_rank": [round(m / 2**20, 1) for m in moved],
             "gt_seconds_for_views": round(gt_s, 2), "gt_views": args.views,
+            "bare_raster_ms": None if bare_ms is None else round(bare_ms, 2),
         }), flush=True)
     shutdown(comm)
+
+
+def bare_raster_ms(trainer: Trainer, scene, args) -> float:
+    """Median ms of gsplat's rasterization forward + backward alone, same model, same views
+    (activated parameters as leaves, a fixed loss gradient)."""
+    from gsplat import rasterization
+
+    p = trainer.params
+    leaves = [t.detach().clone().requires_grad_() for t in (
+        p["means"], p["quats"], torch.exp(p["scales"]), torch.sigmoid(p["opacities"]),
+        p["colors"])]
+    ids_all, times = scene.views.train_ids, []
+    for i in range(args.warmup + args.steps):
+        ids = ids_all[torch.arange(i * args.batch, (i + 1) * args.batch) % len(ids_all)].to(leaves[0].device)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        rgb, alpha, _ = rasterization(*leaves, scene.views.viewmats[ids], scene.views.Ks[ids], scene.views.width,
+                                      scene.views.height, sh_degree=args.sh_degree, packed=False)
+        (rgb.sum() + alpha.sum()).backward()
+        torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+        for leaf in leaves:
+            leaf.grad = None
+    return statistics.median(times) * 1e3
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
+#   kernels the Triton kernels: their gpu tests, SSIM and ray caster timings, one step vs bare gsplat
+#   recipe  the plain gsplat recipe (bench_recipe.py) on train1's ground truth and initial Gaussians
+#   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, step vs bare rasterization,
+#           train1 on 1 and 2 GPUs, the recipe; writes benchmarks/results/speed_protocol.json (and $OUT)
 set -u
-OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"
+OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
 MPIRUN="mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
 TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97 --budget 500000
@@ -57,6 +61,38 @@ for stage in "$@"; do
             done ;;
     demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
             tail -n 5 "$OUT/demo.log" ;;
+    kernels) python -m pytest -q -m gpu tests/test_ssim.py tests/test_groundtruth.py tests/test_training.py \
+              -p no:cacheprovider > "$OUT/kernels_tests.log" 2>&1; tail -n 3 "$OUT/kernels_tests.log"
+            python benchmarks/bench_ssim.py --size 2048 2>&1 | tee "$OUT/kernels_ssim.json" | tail -n 1
+            CUDA_VISIBLE_DEVICES=0 python benchmarks/bench_groundtruth.py --data "$BONSAI" --views 448 \
+              --resolution 2048 2>&1 | tee "$OUT/kernels_gt.log" | tail -n 1
+            CUDA_VISIBLE_DEVICES=0 python benchmarks/bench_groundtruth.py --data "$BONSAI" --views 4 \
+              --resolution 2048 --backend torch 2>&1 | tee -a "$OUT/kernels_gt.log" | tail -n 1
+            timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
+              --resolution 2048 --views 8 --steps 30 2>&1 | tee "$OUT/kernels_step.log" | tail -n 1 ;;
+    recipe) CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_recipe.py --data "$BONSAI" --iso 40 \
+              --resolution 1024 --views 448 --budget 500000 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
+            tail -c 400 "$OUT/proto_recipe.json" ;;
+    protocol)
+            for n in 1 2; do
+              timeout 120 $MPIRUN -n $n python benchmarks/bench_groundtruth.py --pipeline --data "$BONSAI" \
+                --views 448 --resolution 2048 > "$OUT/proto_gt$n.json" 2> "$OUT/proto_gt$n.log"; cat "$OUT/proto_gt$n.json"
+            done
+            CUDA_VISIBLE_DEVICES=0 timeout 120 python benchmarks/bench_seeds.py --data "$BONSAI" --iso 40 \
+              --budget 18000000 > "$OUT/proto_seeds.json" 2> "$OUT/proto_seeds.log"; cat "$OUT/proto_seeds.json"
+            timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
+              --resolution 2048 --views 8 --steps 30 > "$OUT/proto_step1.json" 2> "$OUT/proto_step1.log"
+            cat "$OUT/proto_step1.json"
+            PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
+                   --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
+            for n in 1 2; do
+              rm -rf /tmp/proto$n; timeout 240 $MPIRUN -n $n python -m insitu run "$BONSAI" $PROTO --out /tmp/proto$n \
+                > "$OUT/proto_train$n.log" 2>&1; tail -n 2 "$OUT/proto_train$n.log"
+              cp /tmp/proto$n/step_000000/metrics.json "$OUT/proto_train${n}_metrics.json"
+            done
+            "$0" recipe
+            python benchmarks/speed_protocol.py --dir "$OUT" --out benchmarks/results/speed_protocol.json \
+              > "$OUT/speed_protocol.json"; cat "$OUT/speed_protocol.json" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

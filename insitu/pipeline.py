@@ -19,7 +19,7 @@ from torch import Tensor
 from .compositing import band_rows, composite_full, gather_bands, visibility_order
 from .config import Config
 from .gaussians import Gaussians
-from .groundtruth import raycast
+from .groundtruth import raycast_views
 from .seeds import Seeds, extract_seeds, init_gaussians
 from .training import Trainer, render_bands
 from .views import Views, orbit_views
@@ -118,14 +118,17 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
     rows = band_rows(views.height, comm.size)[comm.rank]
     gt = torch.empty(len(views), rows[1] - rows[0], views.width, 3, dtype=torch.float16, device=device)
     bar = _progress(len(views), "ground truth", progress and comm.rank == 0)
-    chunk = max(1, (1 << 22) // (views.width * views.height))
-    for i in range(0, len(views), chunk):
-        ids = torch.arange(i, min(i + chunk, len(views)), device=device)
+    # groups of views of about 32M pixels on GPUs (one kernel launch each), 4M elsewhere
+    chunk = max(1, (1 << (25 if device.type == "cuda" else 22)) // (views.width * views.height))
+    cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
+                         views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
+                         color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
+                         device=device)
+    while True:
         with comm.phase("ground truth"):      # local ray casting only; the compositing is collective
-            rgba, _ = raycast(block, views.viewmats[ids], views.Ks[ids], views.width, views.height,
-                              cfg.input.iso, color=vc.surface_color, color_field=cfg.input.color_var,
-                              color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
-                              device=device)
+            ids, rgba, _ = next(cast, (None, None, None))
+        if ids is None:
+            break
         band = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm)
         gt[ids] = (band[..., :3] + (1 - band[..., 3:]) * background).to(gt.dtype)
         bar.update(len(ids))

@@ -125,6 +125,45 @@ def sample_surface(seeds: Seeds, count: int, seed: int = 0) -> Seeds:
                  np.full(count, area.sum() / count, np.float32), np.zeros((0, 3), np.int64))
 
 
+def sample_surface_torch(seeds: Seeds, count: int, seed: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_surface` on ``device`` (the GPU path of ``init_gaussians(fill=True)``).
+
+    Returns points [count, 3] and unit normals [count, 3], float32 tensors on ``device``:
+    triangles drawn by area (inverse CDF of the cumulative areas), points uniform on them.
+    The draws come from torch's generator seeded with ``seed``, not numpy's.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if count <= 0 or len(seeds.faces) == 0:
+        return torch.zeros(0, 3, device=device), torch.zeros(0, 3, device=device)
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    points = torch.as_tensor(seeds.points, device=device, dtype=torch.float32)
+    normals = torch.as_tensor(seeds.normals, device=device, dtype=torch.float32)
+    faces = torch.as_tensor(seeds.faces, device=device)
+    tri = points[faces]                                                      # [F, 3, 3]
+    area = 0.5 * torch.linalg.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]).norm(dim=1)
+    cdf = torch.cumsum(area.double(), 0)
+    r = torch.rand(count, generator=gen, device=device, dtype=torch.float64) * cdf[-1]
+    f = torch.searchsorted(cdf, r).clamp_max(len(area) - 1)
+    uv = torch.rand(count, 2, generator=gen, device=device)
+    flip = uv.sum(1) > 1
+    uv = torch.where(flip[:, None], 1 - uv, uv)
+    w = torch.stack([1 - uv[:, 0] - uv[:, 1], uv[:, 0], uv[:, 1]], 1)[:, :, None]   # barycentric [count, 3, 1]
+    corners = faces[f]
+    out_p = (points[corners] * w).sum(1)
+    out_n = (normals[corners] * w).sum(1)
+    out_n = out_n / out_n.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return out_p, out_n
+
+
+def _normal_to_quat_torch(n: torch.Tensor) -> torch.Tensor:
+    """:func:`normal_to_quat` for a tensor ``n: [M, 3]`` (unit normals) -> [M, 4] (w, x, y, z)."""
+    cos = n[:, 2].clamp(-1.0, 1.0)
+    q = torch.stack([1.0 + cos, -n[:, 1], n[:, 0], torch.zeros_like(cos)], 1)   # (1 + cos, z x n)
+    flip = cos < -1.0 + 1e-6
+    q[flip] = torch.tensor([0.0, 1.0, 0.0, 0.0], device=n.device, dtype=q.dtype)
+    return q / q.norm(dim=1, keepdim=True)
+
+
 def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors: np.ndarray | None = None,
                    opacity: float = 0.5, thickness: float = 0.1, sh_degree: int = 0, seed: int = 0,
                    fill: bool = False, device=None) -> Gaussians:
@@ -137,7 +176,8 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
     color:     [3] initial RGB, or ``colors`` [M, 3] per seed (e.g. colour-mapped second field).
     thickness: disc thickness as a fraction of its radius.
     fill:      when the surface has fewer vertices than ``budget``, draw ``budget`` points on its
-               triangles instead (``sample_surface``), so the model starts at the budget.
+               triangles instead (``sample_surface``), so the model starts at the budget. On a
+               CUDA ``device`` the points are drawn there (``sample_surface_torch``).
     Returns a Gaussians shard with SH degree ``sh_degree`` (higher bands zero).
     """
     if budget < 0:
@@ -148,6 +188,8 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
     if M == 0 or budget == 0:
         return Gaussians.empty(sh_degree, device)
     if fill and M < budget and colors is None:
+        if device is not None and torch.device(device).type == "cuda":
+            return _filled_on_device(seeds, budget, color, opacity, thickness, sh_degree, seed, device)
         seeds, M = sample_surface(seeds, budget, seed), budget
     areas = seeds.areas.astype(np.float64)
     if M > budget:
@@ -172,4 +214,21 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
         opacity_logits=t(np.full(n, math.log(opacity / (1 - opacity)))),
         sh0=rgb_to_sh0(t(rgb)).reshape(n, 1, 3),
         shN=torch.zeros(n, K - 1, 3, device=device),
+    )
+
+
+def _filled_on_device(seeds: Seeds, budget: int, color, opacity: float, thickness: float, sh_degree: int,
+                      seed: int, device) -> Gaussians:
+    """``init_gaussians(fill=True)`` with the points drawn and the discs built on ``device``."""
+    points, normals = sample_surface_torch(seeds, budget, seed, device)
+    sigma_t = max(0.8 * math.sqrt(seeds.total_area / budget / math.pi), 1e-6)
+    log_scales = torch.tensor([math.log(sigma_t), math.log(sigma_t), math.log(max(thickness * sigma_t, 1e-7))],
+                              device=device).expand(budget, 3).contiguous()
+    rgb = torch.tensor(color, dtype=torch.float32, device=device).expand(budget, 3)
+    K = (sh_degree + 1) ** 2
+    return Gaussians(
+        means=points, log_scales=log_scales, quats=_normal_to_quat_torch(normals),
+        opacity_logits=torch.full((budget,), math.log(opacity / (1 - opacity)), device=device),
+        sh0=rgb_to_sh0(rgb).reshape(budget, 1, 3).contiguous(),
+        shN=torch.zeros(budget, K - 1, 3, device=device),
     )

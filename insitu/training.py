@@ -19,19 +19,90 @@ from .compositing import composite
 from .config import TrainConfig
 from .gaussians import Gaussians
 from .rendering import rasterize
+from .ssim import ssim_map
 from .views import Views
 
-PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats",
-               "opacities": "opacity_logits", "sh0": "sh0", "shN": "shN"}
+PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats", "opacities": "opacity_logits"}
 
 
 def to_params(g: Gaussians) -> dict[str, torch.nn.Parameter]:
-    """Gaussians -> the parameter dict gsplat's strategy ops work on."""
-    return {k: torch.nn.Parameter(getattr(g, v).detach().clone().contiguous()) for k, v in PARAM_NAMES.items()}
+    """Gaussians -> the parameter dict gsplat's strategy ops work on.
+
+    The SH coefficients are one parameter, ``colors: [N, K, 3]`` (sh0 then shN), the layout the
+    rasterizer reads: no per-step copy joins them (:class:`ColorAdam` gives the bands their rates).
+    """
+    params = {k: torch.nn.Parameter(getattr(g, v).detach().clone().contiguous()) for k, v in PARAM_NAMES.items()}
+    params["colors"] = torch.nn.Parameter(torch.cat([g.sh0, g.shN], dim=1).detach().contiguous())
+    return params
 
 
 def from_params(params: dict[str, Tensor]) -> Gaussians:
-    return Gaussians(**{v: params[k].detach() for k, v in PARAM_NAMES.items()})
+    colors = params["colors"].detach()
+    return Gaussians(**{v: params[k].detach() for k, v in PARAM_NAMES.items()},
+                     sh0=colors[:, :1].contiguous(), shN=colors[:, 1:].contiguous())
+
+
+class ColorAdam(torch.optim.Optimizer):
+    """Adam over SH coefficients ``colors: [N, K, 3]``: band 0 (sh0) at ``lr``, the others at ``lr_rest``.
+
+    The same update as ``torch.optim.Adam`` on sh0 and shN apart, in one pass over the joined
+    tensor (a Triton kernel on CUDA). State as torch's Adam (``step``, ``exp_avg``,
+    ``exp_avg_sq``), so gsplat's densification ops keep it in step with the parameter.
+    """
+
+    def __init__(self, params, *, lr: float, lr_rest: float, betas=(0.9, 0.999), eps: float = 1e-15):
+        super().__init__(params, dict(lr=lr, lr_rest=lr_rest, betas=betas, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                n = float(state["step"])
+                bc1, bc2_sqrt = 1 - b1 ** n, math.sqrt(1 - b2 ** n)
+                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                if p.is_cuda and _adam_kernel is not None and p.is_contiguous() and g.is_contiguous():
+                    _adam_kernel[(triton.cdiv(p.numel(), 1024),)](
+                        p, g, m, v, p.numel(), p.shape[1], group["lr"] / bc1, group["lr_rest"] / bc1,
+                        b1, b2, group["eps"], bc2_sqrt, BLOCK=1024)
+                    continue
+                m.lerp_(g, 1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v.sqrt() / bc2_sqrt).add_(group["eps"])
+                p[:, :1].addcdiv_(m[:, :1], denom[:, :1], value=-group["lr"] / bc1)
+                p[:, 1:].addcdiv_(m[:, 1:], denom[:, 1:], value=-group["lr_rest"] / bc1)
+
+
+try:                                    # Triton ships with CUDA builds of torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, row, step0, step_rest, b1, b2, eps, bc2_sqrt,
+                     BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(g_ptr + offs, mask=mask)
+        m = tl.load(m_ptr + offs, mask=mask)
+        v = tl.load(v_ptr + offs, mask=mask)
+        p = tl.load(p_ptr + offs, mask=mask)
+        m = m + (1.0 - b1) * (g - m)
+        v = b2 * v + (1.0 - b2) * g * g
+        lr = tl.where(offs % (row * 3) < 3, step0, step_rest)      # band 0: the first 3 of each row
+        p = p - lr * m / (tl.sqrt(v) / bc2_sqrt + eps)
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(p_ptr + offs, p, mask=mask)
+except ImportError:                     # pragma: no cover - CPU-only installs
+    triton = _adam_kernel = None
 
 
 def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
@@ -45,10 +116,9 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
     the rasterizer's info (``means2d`` for densification). ``transfer`` is the dtype the
     colour bands travel in between ranks.
     """
-    colors = torch.cat([params["sh0"], params["shN"]], dim=1)
     rgb, alpha, info = rasterize(
         params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
-        colors, views.viewmats[ids], views.Ks[ids], views.width, views.height,
+        params["colors"], views.viewmats[ids], views.Ks[ids], views.width, views.height,
         sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
@@ -60,13 +130,11 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
 def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, band_fraction: float) -> Tensor:
     """(1 - w) L1 + w (1 - SSIM) over the band, scaled so that the ranks' losses sum to the image loss.
 
-    pred, gt: [B, h, W, 3].
+    pred, gt: [B, h, W, 3]. SSIM: the mean of :func:`insitu.ssim.ssim_map` (windows inside the band).
     """
     l1 = (pred - gt).abs().mean()
     if ssim_weight > 0 and min(pred.shape[1:3]) >= 11:
-        from torchmetrics.functional.image import structural_similarity_index_measure as ssim_fn
-
-        ssim = ssim_fn(pred.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), data_range=1.0)
+        ssim = ssim_map(pred, gt).mean()            # fused Triton kernels on CUDA
         loss = (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim)
     else:
         loss = l1
@@ -116,12 +184,14 @@ class Trainer:
         self.sh_degree_start = int(sh_degree_start)
         B = cfg.batch
         lrs = {"means": cfg.lr_means * self.extent, "scales": cfg.lr_scales, "quats": cfg.lr_quats,
-               "opacities": cfg.lr_opacities, "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
+               "opacities": cfg.lr_opacities}
         betas = (0.9 ** B, 0.999 ** B)          # batched Adam: lr * sqrt(B), momentum per image kept
         fused = torch.device(device).type == "cuda"     # one kernel per parameter on GPUs
         self.optimizers = {k: torch.optim.Adam([self.params[k]], lr=lr * math.sqrt(B), betas=betas, eps=1e-15,
                                                fused=fused or None)
                            for k, lr in lrs.items()}
+        self.optimizers["colors"] = ColorAdam([self.params["colors"]], lr=cfg.lr_sh0 * math.sqrt(B),
+                                              lr_rest=cfg.lr_shN * math.sqrt(B), betas=betas, eps=1e-15)
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
 

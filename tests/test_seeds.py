@@ -80,3 +80,29 @@ def test_fill_samples_the_surface_up_to_the_budget():
     assert np.abs(np.abs((radial * more.normals).sum(1)) - 1).max() < 0.05
     assert len(init_gaussians(s, 3 * len(s), fill=True)) == 3 * len(s)
     assert len(init_gaussians(s, 3 * len(s))) == len(s)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fill_on_the_device_samples_the_surface(device):
+    from insitu.seeds import _normal_to_quat_torch, sample_surface_torch
+
+    s = extract_seeds(whole_block(sphere_field()), 7.0)
+    points, normals = sample_surface_torch(s, 5 * len(s), seed=1, device=device)
+    assert points.shape == (5 * len(s), 3) and points.device.type == device
+    c = torch.full((3,), 11.5, device=device)
+    assert float(((points - c).norm(dim=1) - 7.0).abs().max()) < 0.05
+    radial = (points - c) / 7.0
+    assert float(((radial * normals).sum(1).abs() - 1).abs().max()) < 0.05
+    # uniform by area: each octant of the sphere gets about an eighth of the points
+    octant = ((points - c) > 0).long() @ torch.tensor([1, 2, 4], device=device)
+    share = torch.bincount(octant, minlength=8).float() / len(points)
+    assert float((share - 0.125).abs().max()) < 0.01
+    n = normals[:100].double()
+    ref = torch.tensor(normal_to_quat(n.cpu().numpy()))
+    torch.testing.assert_close(_normal_to_quat_torch(n).cpu(), ref, atol=1e-6, rtol=0)
+    if device == "cuda":
+        g = init_gaussians(s, 3 * len(s), fill=True, sh_degree=1, opacity=0.4, device=device)
+        cpu = init_gaussians(s, 3 * len(s), fill=True, sh_degree=1, opacity=0.4)
+        assert len(g) == len(cpu) and g.means.device.type == "cuda"
+        for name in ("log_scales", "opacity_logits", "sh0", "shN"):
+            torch.testing.assert_close(getattr(g, name).cpu(), getattr(cpu, name), atol=1e-6, rtol=1e-5)

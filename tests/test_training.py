@@ -110,7 +110,7 @@ def test_opacity_reset_runs_at_its_iteration_and_resets_adam(shard, block, scene
     assert_optimizers_consistent(trainer)
     state = trainer.optimizers["opacities"].state[trainer.params["opacities"]]
     assert torch.count_nonzero(state["exp_avg"]) == 0 and torch.count_nonzero(state["exp_avg_sq"]) == 0
-    other = trainer.optimizers["sh0"].state[trainer.params["sh0"]]
+    other = trainer.optimizers["colors"].state[trainer.params["colors"]]
     assert torch.count_nonzero(other["exp_avg"]) > 0                    # only the opacities' state is reset
     step(trainer, scene, comm, 3)                                       # training goes on from there
     assert torch.isfinite(trainer.params["opacities"]).all()
@@ -268,17 +268,18 @@ def test_batched_adam_scales_lr_by_sqrt_batch_and_powers_the_betas(shard, block,
     cfg = train_config(batch=B)
     trainer = make_trainer(shard, block, cfg)
     expected = {"scales": cfg.lr_scales, "quats": cfg.lr_quats, "opacities": cfg.lr_opacities,
-                "sh0": cfg.lr_sh0, "shN": cfg.lr_shN}
+                "colors": cfg.lr_sh0}
     for _ in range(2):
         for name, lr in expected.items():
             group = trainer.optimizers[name].param_groups[0]
             assert group["lr"] == pytest.approx(lr * math.sqrt(B), rel=1e-12), name
             assert group["betas"] == pytest.approx((0.9 ** B, 0.999 ** B), rel=1e-12), name
+        assert trainer.optimizers["colors"].param_groups[0]["lr_rest"] == pytest.approx(cfg.lr_shN * math.sqrt(B))
         assert trainer.optimizers["means"].param_groups[0]["betas"] == pytest.approx((0.9 ** B, 0.999 ** B))
         step(trainer, scene, comm, 0)
     one = make_trainer(shard, block, train_config(batch=1))
-    assert one.optimizers["sh0"].param_groups[0]["lr"] == pytest.approx(cfg.lr_sh0)
-    assert one.optimizers["sh0"].param_groups[0]["betas"] == pytest.approx((0.9, 0.999))
+    assert one.optimizers["colors"].param_groups[0]["lr"] == pytest.approx(cfg.lr_sh0)
+    assert one.optimizers["colors"].param_groups[0]["betas"] == pytest.approx((0.9, 0.999))
 
 
 # ------------------------------------------------------------------------------------------ band loss
@@ -295,3 +296,30 @@ def test_band_loss_is_scaled_by_the_band_fraction(height, f):
     assert l1.item() == pytest.approx(f * (pred - gt).abs().mean().item(), rel=1e-6)
     if height >= 11:
         assert full.item() != pytest.approx((pred - gt).abs().mean().item(), rel=1e-3)   # SSIM is in it
+
+
+# ------------------------------------------------------------------------------------------ colour Adam
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_color_adam_equals_adam_on_sh0_and_shN_apart(device):
+    from insitu.training import ColorAdam
+
+    g = torch.Generator().manual_seed(5)
+    colors = torch.randn(50, 16, 3, generator=g, dtype=torch.float32).to(device)
+    joined = torch.nn.Parameter(colors.clone())
+    sh0, shN = torch.nn.Parameter(colors[:, :1].clone()), torch.nn.Parameter(colors[:, 1:].clone())
+    betas = (0.9 ** 2, 0.999 ** 2)
+    ours = ColorAdam([joined], lr=2e-3, lr_rest=1e-4, betas=betas, eps=1e-15)
+    ref = [torch.optim.Adam([sh0], lr=2e-3, betas=betas, eps=1e-15),
+           torch.optim.Adam([shN], lr=1e-4, betas=betas, eps=1e-15)]
+    for _ in range(5):
+        grad = torch.randn(50, 16, 3, generator=g).to(device)
+        joined.grad = grad.clone()
+        sh0.grad, shN.grad = grad[:, :1].clone(), grad[:, 1:].clone()
+        ours.step()
+        for opt in ref:
+            opt.step()
+    torch.testing.assert_close(joined.detach(), torch.cat([sh0, shN], 1).detach(), rtol=1e-5, atol=1e-7)
+    state = ours.state[joined]
+    torch.testing.assert_close(state["exp_avg"][:, 1:], ref[1].state[shN]["exp_avg"], rtol=1e-5, atol=1e-8)
+    assert float(state["step"]) == 5

@@ -1,0 +1,91 @@
+"""Collect the speed protocol's figures into one JSON (``benchmarks/gpu_run.sh protocol`` runs it last).
+
+Reads what the protocol's runs left in ``--dir`` (one JSON line or metrics.json each) and
+writes ``--out`` with the keys below; a figure whose run was not made (or failed) is null.
+
+    gt_s_{1,2}gpu       ground truth, 448 views at 2048^2, 2x2 rays per pixel (make_scene on P ranks)
+    step_ms_1gpu        one training step, ~4M Gaussians, one view at 2048^2 (bench_step.py)
+    bare_raster_ms_1gpu gsplat's rasterization forward + backward alone, same model and views
+    train_s_{1,2}gpu    `insitu run` bonsai 1024^2 to PSNR 30 / SSIM 0.97: training (evaluations included)
+    total_s_{1,2}gpu    the same run: seeds + ground truth + training
+    psnr_/ssim_{1,2}gpu held-out quality at the stop; iterations_to_target (1 GPU)
+    recipe_train_s_1024 the plain gsplat recipe (bench_recipe.py), same GT and initial Gaussians
+    ours_train_s_1024   = train_s_1gpu
+    seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+from pathlib import Path
+
+
+def _json(path: Path) -> dict | None:
+    """The last JSON object line of a file, or the whole file as JSON; None if absent or unreadable."""
+    if not path.exists():
+        return None
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def _get(d: dict | None, key: str):
+    return None if d is None else d.get(key)
+
+
+def _total(m: dict | None):
+    if m is None:
+        return None
+    return round(m["seeds_seconds"] + m["ground_truth_seconds"] + m["train_seconds"], 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", required=True, help="where the protocol's runs wrote their outputs")
+    ap.add_argument("--out", default="benchmarks/results/speed_protocol.json")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    gt1, gt2 = _json(d / "proto_gt1.json"), _json(d / "proto_gt2.json")
+    step = _json(d / "proto_step1.json")
+    m1, m2 = _json(d / "proto_train1_metrics.json"), _json(d / "proto_train2_metrics.json")
+    recipe = _json(d / "proto_recipe.json")
+    seeds = _json(d / "proto_seeds.json")
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        gpu = None
+    result = {
+        "gpu": gpu,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "total_s_1gpu": _total(m1), "total_s_2gpu": _total(m2),
+        "gt_s_1gpu": _get(gt1, "gt_seconds"), "gt_s_2gpu": _get(gt2, "gt_seconds"),
+        "train_s_1gpu": _get(m1, "train_seconds"), "train_s_2gpu": _get(m2, "train_seconds"),
+        "step_ms_1gpu": _get(step, "step_ms_median"), "bare_raster_ms_1gpu": _get(step, "bare_raster_ms"),
+        "iterations_to_target": _get(m1, "target_reached_at"),
+        "psnr_1gpu": _get(m1, "psnr"), "psnr_2gpu": _get(m2, "psnr"),
+        "ssim_1gpu": _get(m1, "ssim"), "ssim_2gpu": _get(m2, "ssim"),
+        "recipe_train_s_1024": _get(recipe, "train_s"), "ours_train_s_1024": _get(m1, "train_seconds"),
+        "recipe_iterations_to_target": _get(recipe, "target_reached_at"),
+        "gt_grays_per_s_1gpu": _get(gt1, "grays_per_s"),
+        "iterations_to_target_2gpu": _get(m2, "target_reached_at"),
+        "seeds_18m_s_1gpu": _get(seeds, "seeds_s"), "seeds_18m_fill_s_1gpu": _get(seeds, "fill_s"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
