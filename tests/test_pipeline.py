@@ -191,6 +191,21 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
     assert files_under(out) == []
 
 
+def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path, monkeypatch):
+    """One rank whose block owns only part of the grid (a gap): InputError naming the box, no seeds
+    extracted, nothing written."""
+    import insitu.pipeline as pipeline
+
+    block = whole_block(sphere_field())
+    block.owned_hi = (15, 15, 12)
+    monkeypatch.setattr(pipeline, "extract_seeds", lambda *a, **k: pytest.fail("seeds extracted"))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"leave a gap: they hold 2700 of the 3375 cells .* e\.g\. cells "
+                                         r"\[0, 15\) x \[0, 15\) x \[12, 15\) is held by no rank"):
+        run_step(block, tiny_config(), comm, writer=StepWriter(out))
+    assert files_under(out) == []
+
+
 # ------------------------------------------------------------------------------------------ warm start
 
 def test_warm_start_from_the_previous_step(comm):
