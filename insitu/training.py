@@ -100,23 +100,21 @@ def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Ten
     bottom = torch.nn.functional.pad(x[:, max(h - HALF, 0):], (0, 0, 0, 0, HALF - min(h, HALF), 0))
     gathered = _AllGather.apply(torch.cat([top, bottom], dim=1), comm)       # [P, B, 2 * HALF, W, C]
 
-    def lent(ys):
-        """(rank, slab row) of image rows ``ys`` outside this band."""
-        out = []
+    def lent(ys) -> list[Tensor]:
+        """Image rows ``ys`` (outside this band) as slices of the gathered slabs, one per run of rows
+        of one owner (plain slices: no index tensor to copy to the device)."""
+        runs = []
         for y in ys:
             q = next(i for i, (a, b) in enumerate(bands) if a <= y < b)
             a, b = bands[q]
-            out.append((q, HALF + y - (b - HALF)) if y < r0 else (q, y - a))   # its bottom / top slab
-        return out
+            i = HALF + y - (b - HALF) if y < r0 else y - a      # its bottom slab above us, top slab below
+            if runs and runs[-1][0] == q and runs[-1][2] == i:
+                runs[-1][2] += 1
+            else:
+                runs.append([q, i, i + 1])
+        return [gathered[q, :, i:j] for q, i, j in runs]
 
-    above = lent(range(max(r0 - HALF, 0), r0))
-    below = lent(range(r1, min(r1 + HALF, height)))
-    parts = []
-    for pairs, where in ((above, 0), (below, 1)):
-        if pairs:
-            q, i = (torch.tensor(v, device=x.device) for v in zip(*pairs))
-            parts.append((where, gathered[q, :, i].transpose(0, 1)))
-    ext = torch.cat([t for w, t in parts if w == 0] + [x] + [t for w, t in parts if w == 1], dim=1)
+    ext = torch.cat(lent(range(max(r0 - HALF, 0), r0)) + [x] + lent(range(r1, min(r1 + HALF, height))), dim=1)
     return ext, gathered
 
 

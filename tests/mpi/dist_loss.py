@@ -1,11 +1,11 @@
 """The training loss on P ranks vs one rank: the ranks' band losses sum to the image loss, and
 the gradients are the one-rank gradients, for any P and any band heights.
 
-Run as ``mpiexec -n P python dist_loss.py``. Two parts:
+Run as ``mpiexec -n P python dist_loss.py``. Two parts (the second for P <= 4):
 
 exchange: random images (float32) of several sizes, split into the ranks' row bands
           (:func:`insitu.compositing.band_rows`: bands under 5 rows, a last band of 3 rows,
-          an empty band, images under 11 rows or columns); each rank computes ``band_loss`` on
+          an empty band: 11 rows on 5 ranks, images under 11 rows or columns); each rank computes ``band_loss`` on
           its band. The sum of the losses and the gradient of the sum with respect to every
           pixel must equal ``band_loss`` of the whole image on one rank within 1e-5.
 render:   one sphere of Gaussians per block of an uneven split along x (cells cut at 10 and 38
@@ -15,7 +15,8 @@ render:   one sphere of Gaussians per block of an uneven split along x (cells cu
           through block 1's sphere at block 2's. The gathered images must equal the one-rank
           render (1e-10, float64), and the order an even split would give must not (so the test
           can fail); the sum of the losses and every Gaussian's gradients (random background per
-          view) must equal the one-rank values within 1e-5.
+          view) must equal the one-rank values within 1e-5. On 4 ranks (cuts 10, 24, 38) the block
+          [10, 24) holds no Gaussian.
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
 import math
@@ -35,7 +36,7 @@ from insitu.views import Views, look_at, orbit_views
 from insitu.volume import Block
 
 N = 49                                                   # samples per axis: 48 cells
-CUTS = {1: [0, 48], 2: [0, 38, 48], 3: [0, 10, 38, 48]}   # cells along x
+CUTS = {1: [0, 48], 2: [0, 38, 48], 3: [0, 10, 38, 48], 4: [0, 10, 24, 38, 48]}   # cells along x
 SPHERES = [(5.0, 24.0, 24.0), (34.0, 20.0, 24.0), (43.0, 44.0, 24.0)]
 RADIUS = 2.0
 CAMERA = np.array([32.2, 15.2, 24.0])                    # in block 1 (real), block 2 (even split of 3)
@@ -152,7 +153,7 @@ def render(comm, one) -> None:
         if err > 1e-10:
             fail(f"images differ from the one-rank render: max abs diff {err:.3g}")
         miss = (wrong[0] - ref[0]).abs().max().item()
-        if P > 1 and miss < 1e-3:
+        if P in (2, 3) and miss < 1e-3:      # 4 ranks: even cut at 36, camera in block 2 either way
             fail(f"view 0 is not in the window an even split orders wrongly (diff {miss:.3g}): the test proves nothing")
         if abs(total - ref_loss) > TOL:
             fail(f"sum of the ranks' losses {total:.9f} vs one rank {ref_loss:.9f}")
@@ -176,7 +177,8 @@ def main():
     comm = init_comm(device="cpu", timeout_s=60)
     one = init_comm(MPI.COMM_SELF, device="cpu")
     exchange(comm, one)
-    render(comm, one)
+    if comm.size in CUTS:
+        render(comm, one)
     comm.mpi.Barrier()
     shutdown(one)
     shutdown(comm)
