@@ -78,8 +78,8 @@ def main() -> None:
             torch.cuda.synchronize(comm.device)
         comm.mpi.Barrier()
         t = time.perf_counter()
-        trainer.step(render, scene.gt_on(ids, scene.background), rows=scene.rows, height=scene.views.height,
-                     comm=comm)
+        gt = scene.gt_on(ids, scene.background)
+        trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         if i >= args.warmup:

@@ -179,8 +179,10 @@ def _gap(los, his, extent, unit) -> str:
     for lo, hi in zip(los, his):
         sl = tuple(slice(np.searchsorted(e, l), np.searchsorted(e, h)) for e, l, h in zip(edges, lo, hi))
         count[sl] += 1
-    i, j, k = np.argwhere(count == 0)[0]
-    return f": e.g. {unit} {_box((edges[0][i], edges[1][j], edges[2][k]), (edges[0][i + 1], edges[1][j + 1], edges[2][k + 1]))} is held by no rank"
+    ijk = np.argwhere(count == 0)[0]
+    lo = [e[i] for e, i in zip(edges, ijk)]
+    hi = [e[i + 1] for e, i in zip(edges, ijk)]
+    return f": e.g. {unit} {_box(lo, hi)} is held by no rank"
 
 
 def cut_block(array: np.ndarray, rank: int, size: int, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),

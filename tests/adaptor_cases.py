@@ -156,7 +156,8 @@ def run(case: str, out: Path) -> None:
         }
         record["errors"] = []
         for step, (name, (a, s0)) in enumerate(bad.items()):
-            gshape = (nx, GLOBAL[1], GLOBAL[2] + 1) if name == "global_shape" and rank == 1 else GLOBAL
+            wrong = name == "global_shape" and rank == 1
+            gshape = (nx, GLOBAL[1], GLOBAL[2] + 1) if wrong else GLOBAL
             try:
                 ad.execute(step, 0.0, {"U": np.ascontiguousarray(a)}, gshape, s0)
                 record["errors"].append({"case": name, "type": None, "message": ""})

@@ -47,7 +47,9 @@ def plyfile_gaussians(path):
 
     v = PlyData.read(str(path))["vertex"]
     names = [p.name for p in v.properties]
-    col = lambda *keys: torch.from_numpy(np.stack([np.asarray(v[k], dtype=np.float32) for k in keys], axis=1))  # noqa: E731
+    def col(*keys):
+        return torch.from_numpy(np.stack([np.asarray(v[k], dtype=np.float32) for k in keys], axis=1))
+
     n_rest = sum(k.startswith("f_rest_") for k in names)
     k1 = n_rest // 3
     n = v.count

@@ -66,7 +66,8 @@ def test_boxes_that_do_not_tile_the_grid_are_an_input_error_naming_ranks_and_box
 
 
 def test_ranks_that_disagree_on_global_shape_are_named():
-    with pytest.raises(InputError, match=r"disagree on global_shape: rank 0 has \(12, 10, 8\), rank 1 has \(12, 10, 9\)"):
+    with pytest.raises(InputError,
+                       match=r"disagree on global_shape: rank 0 has \(12, 10, 8\), rank 1 has \(12, 10, 9\)"):
         check([(0, 0, 0), (6, 0, 0)], [(6, 10, 8), (12, 10, 8)], shapes=[SHAPE, (12, 10, 9)])
 
 
