@@ -65,6 +65,29 @@ def test_boxes_that_do_not_tile_the_grid_are_an_input_error_naming_ranks_and_box
     assert words in str(e.value)
 
 
+def test_a_grid_of_blocks_with_a_block_twice_or_a_block_missing():
+    """Boxes that each are one block of the grid their edges make: a duplicate is an overlap, a
+    missing block a gap, each named."""
+    los = [(0, 0, 0), (6, 0, 0), (0, 5, 0), (6, 5, 0)]
+    his = [(6, 5, 8), (12, 5, 8), (6, 10, 8), (12, 10, 8)]
+    with pytest.raises(InputError, match=r"ranks 1 and 3 overlap: rank 1 holds samples \[6, 12\) x \[5, 10\)"):
+        check(los[:1] + los[3:] + los[2:], his[:1] + his[3:] + his[2:])
+    with pytest.raises(InputError, match=r"hold 720 of the 960 samples .* e\.g\. samples \[6, 12\) x \[0, 5\) "
+                                         r"x \[0, 8\) is held by no rank"):
+        check([los[0]] + los[2:], [his[0]] + his[2:])
+
+
+def test_thousands_of_ranks():
+    n = 16                                          # 16^3 = 4096 blocks of 4^3 cells
+    c = np.stack(np.meshgrid(*(np.arange(n),) * 3, indexing="ij"), axis=-1).reshape(-1, 3)[:, ::-1]
+    d = decompose(4 * c, 4 * c + 4, [(4 * n + 1,) * 3] * len(c), unit="cells")
+    assert d.dims == (n, n, n) and np.array_equal(d.coords, c)
+    bad = (4 * c).copy()
+    bad[-1] = (0, 0, 0)
+    with pytest.raises(InputError, match="ranks 0 and 4095 overlap"):
+        decompose(bad, bad + 4, [(4 * n + 1,) * 3] * len(c), unit="cells")
+
+
 def test_ranks_that_disagree_on_global_shape_are_named():
     with pytest.raises(InputError,
                        match=r"disagree on global_shape: rank 0 has \(12, 10, 8\), rank 1 has \(12, 10, 9\)"):
