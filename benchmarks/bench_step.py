@@ -64,7 +64,6 @@ def main() -> None:
     trainer = Trainer(g, cfg.train, extent=0.5 * float(np.linalg.norm(ghi - glo)), box=box,
                       max_gaussians=len(g), device=comm.device, total_iterations=args.steps + args.warmup)
     ids_all = scene.views.train_ids
-    frac = (scene.rows[1] - scene.rows[0]) / scene.views.height
     times = []
     if comm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(comm.device)
@@ -79,7 +78,8 @@ def main() -> None:
             torch.cuda.synchronize(comm.device)
         comm.mpi.Barrier()
         t = time.perf_counter()
-        trainer.step(render, scene.gt[ids].float(), frac)
+        gt = scene.gt_on(ids, scene.background)
+        trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         if i >= args.warmup:

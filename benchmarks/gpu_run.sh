@@ -21,17 +21,21 @@ BONSAI=$DATA/bonsai_256x256x256_uint8.raw
 MPIRUN="mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
 TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97 --budget 500000
         --set train.eval_every=1000 --set train.sh_degree=3 --quiet"
+figures() {   # the composite's and the viewer's figures of a metrics.json
+  python -c "import json, sys; m = json.load(open(sys.argv[1])); print({k: m.get(k) for k in
+    ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds')})" "$1"
+}
 for stage in "$@"; do
   echo "== $stage $(date -u +%FT%TZ)"
   case $stage in
     tests)  python -m pytest -q -m gpu tests/ -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -n 8 "$OUT/tests.log" ;;
     train1) CUDA_VISIBLE_DEVICES=0 timeout 540 python -m insitu run "$BONSAI" $TRAIN1 --out /tmp/train1 \
               > "$OUT/train1.log" 2>&1; tail -n 3 "$OUT/train1.log"
-            cp /tmp/train1/step_000000/metrics.json "$OUT/train1_metrics.json"
+            cp /tmp/train1/step_000000/metrics.json "$OUT/train1_metrics.json"; figures "$OUT/train1_metrics.json"
             cp /tmp/train1/step_000000/views/view_008.png "$OUT/train1_view_008.png" ;;
     train2) timeout 540 $MPIRUN -n 2 python -m insitu run "$BONSAI" $TRAIN1 --out /tmp/train2 \
               > "$OUT/train2.log" 2>&1; tail -n 3 "$OUT/train2.log"
-            cp /tmp/train2/step_000000/metrics.json "$OUT/train2_metrics.json" ;;
+            cp /tmp/train2/step_000000/metrics.json "$OUT/train2_metrics.json"; figures "$OUT/train2_metrics.json" ;;
     step)   for args in "--batch 1" "--batch 4 --transfer bfloat16"; do for n in 1 2; do
               timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
                 --budget 4000000 --resolution 2048 --views 8 --steps 30 $args 2>&1 | tee -a "$OUT/step.log" | tail -n 1

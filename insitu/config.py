@@ -65,6 +65,7 @@ class TrainConfig:
     lr_sh0: float = 2.5e-3
     lr_shN: float = 1.25e-4
     ssim_weight: float = 0.2
+    random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
     densify_from: int = 500
     densify_until: int = 15000
     densify_every: int = 100

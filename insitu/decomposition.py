@@ -88,6 +88,121 @@ def block_extent(rank: int, dims: tuple[int, int, int], global_shape: tuple[int,
     return Extent(coords, tuple(lo), tuple(hi), tuple(start), tuple(count))
 
 
+@dataclass(frozen=True)
+class Decomposition:
+    """The ranks' boxes, checked to tile the grid as a Cartesian grid of blocks.
+
+    dims:   (px, py, pz) blocks along each axis.
+    coords: [P, 3] block index (x, y, z) of each rank.
+    edges:  per axis the ``d + 1`` boundaries of the blocks, in index units (cells or samples,
+            as given to :func:`decompose`), from 0 to the grid's extent; uneven splits keep
+            their real boundaries.
+    """
+
+    dims: tuple[int, int, int]
+    coords: np.ndarray
+    edges: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    def world_edges(self, origin, spacing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The edges in world units: ``origin + spacing * edge`` per axis (cells: edges lie on samples)."""
+        return tuple(float(o) + float(s) * e.astype(np.float64) for o, s, e in zip(origin, spacing, self.edges))
+
+
+def _box(lo, hi) -> str:
+    return " x ".join(f"[{int(a)}, {int(b)})" for a, b in zip(lo, hi))
+
+
+def decompose(los, his, global_shapes, *, unit: str = "cells") -> Decomposition:
+    """Check that the ranks' boxes tile the grid as a Cartesian grid of blocks; their layout.
+
+    los, his:      [P, 3] each rank's box ``lo <= index < hi`` (x, y, z), of cells or of samples.
+    global_shapes: [P, 3] the global shape (nx, ny, nz) in samples each rank was given.
+    unit:          ``"cells"`` (the grid has ``n - 1`` cells per axis) or ``"samples"`` (``n``).
+
+    Raises InputError, naming the ranks and their boxes, when the ranks disagree on the global
+    shape, a box is empty or leaves the grid, two boxes overlap, the boxes leave a gap, or they
+    tile the grid but not as a Cartesian grid of blocks. Every rank that calls it with the same
+    (all-gathered) boxes gets the same verdict.
+    """
+    if unit not in ("cells", "samples"):
+        raise ValueError(f"unit: expected 'cells' or 'samples', got {unit!r}")
+    los, his = np.asarray(los, dtype=np.int64), np.asarray(his, dtype=np.int64)
+    shapes = np.asarray(global_shapes, dtype=np.int64)
+    P = len(los)
+    if P == 0 or los.shape != (P, 3) or his.shape != (P, 3) or shapes.shape != (P, 3):
+        raise ValueError(f"los, his, global_shapes: expected [P, 3] each, got {los.shape}, {his.shape}, {shapes.shape}")
+    differ = np.flatnonzero(np.any(shapes != shapes[0], axis=1))
+    if len(differ):
+        r = int(differ[0])
+        raise InputError(f"the ranks disagree on global_shape: rank 0 has {tuple(map(int, shapes[0]))}, "
+                         f"rank {r} has {tuple(map(int, shapes[r]))}")
+    extent = shapes[0] - (1 if unit == "cells" else 0)
+    grid = f"the grid of {_box((0, 0, 0), extent)} {unit} (global_shape {tuple(map(int, shapes[0]))})"
+    for r in range(P):
+        if np.any(his[r] <= los[r]) or np.any(los[r] < 0) or np.any(his[r] > extent):
+            raise InputError(f"rank {r} holds {unit} {_box(los[r], his[r])}: expected a non-empty box inside {grid}")
+    edges = tuple(np.unique(np.concatenate([los[:, a], [extent[a]]])) for a in range(3))
+    coords = np.stack([np.searchsorted(edges[a], los[:, a]) for a in range(3)], axis=1)
+    dims = tuple(len(e) - 1 for e in edges)
+    aligned = all(np.array_equal(his[:, a], edges[a][coords[:, a] + 1]) for a in range(3))
+    covered = int(np.prod(his - los, axis=1).sum())
+    total = int(np.prod(extent))
+    if aligned:         # every box is one block of the grid its edges make: O(P log P) checks
+        index = np.ravel_multi_index(coords.T, dims)
+        order = np.argsort(index, kind="stable")
+        same = np.flatnonzero(index[order][1:] == index[order][:-1])
+        if len(same):
+            a, b = sorted(int(order[i]) for i in (same[0], same[0] + 1))
+            _overlap(a, b, los, his, unit)
+        if covered == total:
+            return Decomposition(dims, coords, edges)
+    else:
+        chunk = max(1, (1 << 22) // P)          # pairwise, in chunks: only on the way to an error
+        for c in range(0, P, chunk):
+            lo_i = np.maximum(los[c:c + chunk, None, :], los[None, :, :])
+            hi_i = np.minimum(his[c:c + chunk, None, :], his[None, :, :])
+            overlap = np.all(hi_i > lo_i, axis=2)
+            overlap[np.arange(len(overlap)), np.arange(c, c + len(overlap))] = False
+            if overlap.any():
+                i, j = (int(v) for v in np.argwhere(overlap)[0])
+                _overlap(min(c + i, j), max(c + i, j), los, his, unit)
+    if covered < total:
+        raise InputError(f"the ranks' boxes leave a gap: they hold {covered} of the {total} {unit} of {grid}"
+                         f"{_gap(los, his, extent, unit)}")
+    for a in range(3):
+        nxt = edges[a][coords[:, a] + 1]
+        bad = np.flatnonzero(his[:, a] != nxt)
+        if len(bad):
+            r = int(bad[0])
+            cut = int(nxt[r])
+            other = int(np.flatnonzero(los[:, a] == cut)[0])
+            raise InputError(f"the ranks' boxes are not a Cartesian grid of blocks: rank {r} holds {unit} "
+                             f"{_box(los[r], his[r])}, across the cut at {'xyz'[a]} = {cut} of rank {other} "
+                             f"({_box(los[other], his[other])})")
+    raise AssertionError("unreachable: no overlap, no gap, aligned")
+
+
+def _overlap(a: int, b: int, los, his, unit) -> None:
+    lo, hi = np.maximum(los[a], los[b]), np.minimum(his[a], his[b])
+    raise InputError(f"ranks {a} and {b} overlap: rank {a} holds {unit} {_box(los[a], his[a])}, rank {b} "
+                     f"holds {_box(los[b], his[b])} (both hold {_box(lo, hi)})")
+
+
+def _gap(los, his, extent, unit) -> str:
+    """': e.g. [a, b) x ... is held by no rank', for the first uncovered box of the grid the boxes' edges make."""
+    edges = [np.unique(np.concatenate([los[:, a], his[:, a], [0, extent[a]]])) for a in range(3)]
+    if np.prod([len(e) - 1 for e in edges]) > 1 << 22:
+        return ""
+    count = np.zeros([len(e) - 1 for e in edges], dtype=np.int32)
+    for lo, hi in zip(los, his):
+        sl = tuple(slice(np.searchsorted(e, l), np.searchsorted(e, h)) for e, l, h in zip(edges, lo, hi))
+        count[sl] += 1
+    ijk = np.argwhere(count == 0)[0]
+    lo = [e[i] for e, i in zip(edges, ijk)]
+    hi = [e[i + 1] for e, i in zip(edges, ijk)]
+    return f": e.g. {unit} {_box(lo, hi)} is held by no rank"
+
+
 def cut_block(array: np.ndarray, rank: int, size: int, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
               fields: dict[str, np.ndarray] | None = None) -> Block:
     """This rank's Block of a global [nz, ny, nx] array that every rank can see (file, test)."""
@@ -112,6 +227,8 @@ def block_from_local(local: np.ndarray, start: tuple[int, int, int], global_shap
     Every rank must call this (it exchanges with its face neighbours). A rank owns the
     cells whose lower corner sample it holds; it receives the samples it is missing on
     the upper side (to close its cells) and one more layer on each side for gradients.
+    The ranks' sample boxes are checked first (:func:`decompose`): a gap, an overlap, a
+    non-Cartesian layout or a different ``global_shape`` is an InputError on every rank.
     """
 
     local = np.ascontiguousarray(local)
@@ -126,15 +243,15 @@ def block_from_local(local: np.ndarray, start: tuple[int, int, int], global_shap
     g_hi = [max(v, 0) for v in g_hi]
     new_start = tuple(s - gl for s, gl in zip(start, g_lo))
     new_count = [c + gl + gh for c, gl, gh in zip(count, g_lo, g_hi)]
-    data = np.zeros(tuple(reversed(new_count)), dtype=local.dtype)
-    # place own samples
-    data[g_lo[2]:g_lo[2] + nz, g_lo[1]:g_lo[1] + ny, g_lo[0]:g_lo[0] + nx] = local
     # gather the neighbours' boxes: everyone sends the boxes others need from it, via Alltoallv
     # on the global index space (simple and general: works for any tiling, not only grids).
-    boxes = mpi_comm.allgather((tuple(start), count, tuple(new_start), tuple(new_count)))
+    boxes = mpi_comm.allgather((tuple(start), count, tuple(new_start), tuple(new_count), gx))
+    decompose([b[0] for b in boxes], [np.add(b[0], b[1]) for b in boxes], [b[4] for b in boxes], unit="samples")
+    data = np.zeros(tuple(reversed(new_count)), dtype=local.dtype)
+    data[g_lo[2]:g_lo[2] + nz, g_lo[1]:g_lo[1] + ny, g_lo[0]:g_lo[0] + nx] = local     # own samples
     me = mpi_comm.Get_rank()
     send = []
-    for r, (_, _, ns, nc) in enumerate(boxes):
+    for r, (_, _, ns, nc, _) in enumerate(boxes):
         lo = [max(a, b) for a, b in zip(ns, start)]
         hi = [min(a + c, b + d) for a, b, c, d in zip(ns, start, nc, count)]
         if r == me or any(h <= l for l, h in zip(lo, hi)):

@@ -7,6 +7,11 @@ view and averaged over views.
     pred: [C, H, W, 3]  rendered views, channels last, values in [0, 1] (clamped to it)
     gt:   [C, H, W, 3]  ground-truth views, same shape
 
+:meth:`QualityAccumulator.add_rgba` takes premultiplied RGBA instead and adds two figures that
+the background cannot flatter: ``psnr_foreground``, the PSNR over the pixels where the ground
+truth or the render has coverage (alpha above 1/255, what an 8-bit image shows), and
+``psnr_white``, render and ground truth both composited on white.
+
 PSNR of a view that equals its ground truth exactly is ``inf`` (what torchmetrics returns; no
 cap is applied, so a mean that contains such a view is ``inf`` too).
 
@@ -47,6 +52,8 @@ class Quality:
     ssim: float
     lpips: float | None
     views: int
+    psnr_foreground: float | None = None    # over covered pixels only (add_rgba)
+    psnr_white: float | None = None         # on a white background (add_rgba)
 
 
 @dataclass
@@ -151,6 +158,7 @@ class QualityAccumulator:
         self._ssim = 0.0
         self._lpips = 0.0
         self.views = 0
+        self._fg, self._fg_views, self._white, self._rgba_views = 0.0, 0, 0.0, 0
 
     def add(self, pred: Tensor, gt: Tensor) -> None:
         """Add views ``pred: [C, H, W, 3]`` rendered and ``gt: [C, H, W, 3]`` ground truth, in [0, 1]."""
@@ -165,6 +173,33 @@ class QualityAccumulator:
         self._ssim += ssim_sum
         self._lpips += lpips_sum
         self.views += p.shape[0]
+
+    def add_rgba(self, pred: Tensor, gt: Tensor, background: Tensor) -> None:
+        """Add views given as premultiplied RGBA ``pred, gt: [C, H, W, 4]``, judged on ``background [3]``.
+
+        PSNR, SSIM and LPIPS are those of :meth:`add` on ``background``; besides, the PSNR over the
+        pixels where either image has alpha > 1/255 (a view without any is left out of that
+        mean), and the PSNR on white.
+        """
+        for name, t in (("pred", pred), ("gt", gt)):
+            if not isinstance(t, Tensor) or t.ndim != 4 or t.shape[-1] != 4:
+                raise ValueError(f"{name} must be premultiplied RGBA [C, H, W, 4], got {list(getattr(t, 'shape', []))}")
+        if pred.shape != gt.shape:
+            raise ValueError(f"pred and gt must have the same shape, got {list(pred.shape)} and {list(gt.shape)}")
+        pred, gt = pred.detach().float(), gt.detach().float()
+        bg = torch.as_tensor(background, dtype=torch.float32, device=pred.device).reshape(3)
+        on = lambda x, b: (x[..., :3] + (1 - x[..., 3:]) * b).clamp(0.0, 1.0)   # noqa: E731
+        self.add(on(pred, bg), on(gt, bg))
+        p, g = _channels_first(on(pred, bg)), _channels_first(on(gt, bg))
+        mask = ((pred[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255))[:, None].expand_as(p)    # [C, 3, H, W]
+        err = ((p - g) ** 2 * mask).sum(dim=(1, 2, 3))
+        n = mask.sum(dim=(1, 2, 3))
+        seen = n > 0
+        self._fg += float((10 * torch.log10(n[seen] / err[seen])).sum())
+        self._fg_views += int(seen.sum())
+        white = torch.ones(3, device=pred.device)
+        self._white += float(_per_view_psnr(_channels_first(on(pred, white)), _channels_first(on(gt, white))).sum())
+        self._rgba_views += pred.shape[0]
 
     def _lpips_sum(self, p: Tensor, g: Tensor) -> float:
         try:
@@ -189,7 +224,10 @@ class QualityAccumulator:
             nan = float("nan")
             return Quality(nan, nan, nan if self._use_lpips else None, 0)
         n = self.views
-        return Quality(self._psnr / n, self._ssim / n, self._lpips / n if self._use_lpips else None, n)
+        return Quality(self._psnr / n, self._ssim / n, self._lpips / n if self._use_lpips else None, n,
+                       psnr_foreground=(self._fg / self._fg_views if self._fg_views else
+                                        float("nan") if self._rgba_views else None),
+                       psnr_white=self._white / self._rgba_views if self._rgba_views else None)
 
 
 def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Quality:

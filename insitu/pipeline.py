@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .compositing import band_rows, composite_full, gather_bands, visibility_order
 from .config import Config
+from .decomposition import Decomposition, decompose
 from .gaussians import Gaussians
 from .groundtruth import raycast_views
 from .seeds import Seeds, extract_seeds, init_gaussians
@@ -46,9 +47,15 @@ class Scene:
 
     views: Views
     order: Tensor               # [N, P] visibility keys
-    gt: Tensor                  # [N, h_band, W, 3] this rank's band of every view, background applied
+    gt: Tensor                  # [N, h_band, W, 4] this rank's band of every view, premultiplied RGBA
     rows: tuple[int, int]       # this rank's band of image rows
-    background: Tensor          # [3]
+    background: Tensor          # [3] the background of the evaluation (views.background)
+
+    def gt_on(self, ids: Tensor, background: Tensor) -> Tensor:
+        """[B, h_band, W, 3] float32 ground truth of views ``ids`` on ``background`` ([3] or [B, 3])."""
+        rgba = self.gt[ids].float()
+        bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
+        return rgba[..., :3] + (1 - rgba[..., 3:]) * bg
 
 
 def global_range(comm, array: np.ndarray) -> tuple[float, float]:
@@ -56,12 +63,14 @@ def global_range(comm, array: np.ndarray) -> tuple[float, float]:
             comm.mpi.allreduce(float(np.max(array)), op=MPI.MAX))
 
 
-def block_grid(comm, block: Block) -> tuple[tuple[int, int, int], Tensor]:
-    """The Cartesian grid of blocks (dims) and every rank's block coordinates [P, 3], from their boxes."""
-    los = np.array(comm.mpi.allgather(tuple(block.owned_lo)))           # [P, 3]
-    coords = np.stack([np.searchsorted(np.unique(los[:, a]), los[:, a]) for a in range(3)], axis=1)
-    dims = tuple(int(len(np.unique(los[:, a]))) for a in range(3))
-    return dims, torch.as_tensor(coords, dtype=torch.long)
+def block_decomposition(comm, block: Block) -> Decomposition:
+    """The ranks' owned cells as a validated Cartesian grid of blocks (dims, coords, real edges).
+
+    Collective; a gap, an overlap, a non-Cartesian layout or ranks that disagree on the global
+    shape is the same InputError on every rank (:func:`insitu.decomposition.decompose`).
+    """
+    boxes = comm.mpi.allgather((tuple(block.owned_lo), tuple(block.owned_hi), tuple(block.global_shape)))
+    return decompose(*zip(*boxes), unit="cells")
 
 
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
@@ -99,15 +108,30 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing:
     return Gaussians.cat([old, fresh.select(add)])
 
 
-def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Scene:
-    """Views around the global bounds and this rank's GT band of every view (ray-cast, composited)."""
+def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tensor:
+    """[N, P] visibility keys of the ranks' blocks for every view, from the real block edges
+    (an uneven split orders its blocks right for every camera)."""
+    device = views.viewmats.device
+    dec = decomposition
+    lo, hi = block.global_box
+    return visibility_order(views.positions, dec.dims, torch.as_tensor(lo, device=device),
+                            torch.as_tensor(hi, device=device), torch.as_tensor(dec.coords, device=device),
+                            edges=tuple(torch.as_tensor(e, device=device)
+                                        for e in dec.world_edges(block.origin, block.spacing)))
+
+
+def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
+               decomposition: Decomposition | None = None) -> Scene:
+    """Views around the global bounds and this rank's GT band of every view (ray-cast, composited).
+
+    decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
+    """
     device = comm.device
     lo, hi = block.global_box
     vc = cfg.views
     views = orbit_views(lo, hi, vc.count, vc.resolution, vc.fov_deg, vc.test_every).to(device)
-    dims, coords = block_grid(comm, block)
-    order = visibility_order(views.positions, dims, torch.as_tensor(lo, dtype=torch.float32, device=device),
-                             torch.as_tensor(hi, dtype=torch.float32, device=device), coords.to(device))
+    dec = decomposition if decomposition is not None else block_decomposition(comm, block)
+    order = view_order(views, block, dec)
     background = torch.tensor(vc.background, dtype=torch.float32, device=device)
     color_range = None
     if cfg.input.color_var:
@@ -116,7 +140,7 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
                    f"{', '.join(sorted(block.fields)) or 'none'}", where="phase 'ground truth'")
         color_range = global_range(comm, block.fields[cfg.input.color_var])
     rows = band_rows(views.height, comm.size)[comm.rank]
-    gt = torch.empty(len(views), rows[1] - rows[0], views.width, 3, dtype=torch.float16, device=device)
+    gt = torch.empty(len(views), rows[1] - rows[0], views.width, 4, dtype=torch.float16, device=device)
     bar = _progress(len(views), "ground truth", progress and comm.rank == 0)
     # groups of views of about 32M pixels on GPUs (one kernel launch each), 4M elsewhere
     chunk = max(1, (1 << (25 if device.type == "cuda" else 22)) // (views.width * views.height))
@@ -130,7 +154,7 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False) -> Sc
         if ids is None:
             break
         band = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm)
-        gt[ids] = (band[..., :3] + (1 - band[..., 3:]) * background).to(gt.dtype)
+        gt[ids] = band.to(gt.dtype)
         bar.update(len(ids))
     bar.close()
     return Scene(views, order, gt, rows, background)
@@ -169,25 +193,55 @@ def _progress(total: int, desc: str, enabled: bool):
 
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0):
-    """Whole-image PSNR/SSIM(/LPIPS) over the held-out views; rank 0 also gets (gt, pred) of the first few."""
+    """PSNR/SSIM(/LPIPS), PSNR over the covered pixels and PSNR on white of the sort-last composite
+    over the held-out views; rank 0 also gets (gt, pred) of the first few."""
     from .metrics import QualityAccumulator
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
+    black = torch.zeros_like(scene.background)
     for n, i in enumerate(scene.views.test_ids.tolist()):
         ids = torch.tensor([i], device=comm.device)
-        pred, _ = render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
-                               sh_degree=sh_degree, backend=backend)
-        full_pred = gather_bands(pred.float(), comm)
+        pred, info = render_bands(params, scene.views, ids, scene.order, comm, background=black,
+                                  sh_degree=sh_degree, backend=backend)
+        full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
         full_gt = gather_bands(scene.gt[ids].float(), comm)
         if comm.rank == 0:
-            full_pred, full_gt = full_pred.clamp(0, 1), full_gt.clamp(0, 1)
-            acc.add(full_pred, full_gt)
+            acc.add_rgba(full_pred, full_gt, scene.background)
             if n < keep_images:
-                images.append((f"view_{i:03d}", full_gt[0].cpu(), full_pred[0].cpu()))
+                on = lambda x: (x[0, ..., :3] + (1 - x[0, ..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
+                images.append((f"view_{i:03d}", on(full_gt), on(full_pred)))
     q = acc.result() if comm.rank == 0 else None
     q = comm.mpi.bcast(q, root=0)
     return q, images
+
+
+@torch.no_grad()
+def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
+    """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
+    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the held-out
+    views on ``scene.background``.
+
+    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.export.gather_gaussians`),
+           None on the other ranks. Collective (the ground-truth bands are gathered).
+    Returns the Quality on every rank.
+    """
+    from .metrics import QualityAccumulator
+    from .rendering import rasterize
+
+    acc = QualityAccumulator(lpips=False) if comm.rank == 0 else None
+    if comm.rank == 0:
+        g = model.to(comm.device)
+        colors = torch.cat([g.sh0, g.shN], dim=1)
+    for i in scene.views.test_ids.tolist():
+        ids = torch.tensor([i], device=comm.device)
+        full_gt = gather_bands(scene.gt[ids].float(), comm)
+        if comm.rank == 0:
+            rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
+                                      colors, scene.views.viewmats[ids], scene.views.Ks[ids], scene.views.width,
+                                      scene.views.height, sh_degree=g.sh_degree, backend=backend)
+            acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
+    return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
 
 
 def target_reached(q, tc) -> bool:
@@ -218,6 +272,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
                 raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
                                  f"{', '.join(sorted(block.fields)) or 'none'}")
             check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
+    decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)
@@ -235,7 +290,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     n0 = comm.mpi.allreduce(len(shard))
     t_seed = _time.perf_counter()
     show = tc.progress and comm.rank == 0
-    scene = make_scene(block, cfg, comm, progress=show)
+    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     lo, hi = block.box
@@ -252,7 +307,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     t_gt = _time.perf_counter()
     train_ids = scene.views.train_ids
     generator = torch.Generator().manual_seed(tc.seed)
-    band_fraction = (scene.rows[1] - scene.rows[0]) / scene.views.height
+    bg_generator = torch.Generator().manual_seed(tc.seed + 1)     # the same backgrounds on every rank
     q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
     perm, bar = torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
@@ -262,10 +317,12 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         if len(perm) < tc.batch:
             perm = train_ids[torch.randperm(len(train_ids), generator=generator)].cpu()
         ids, perm = perm[:tc.batch].to(device), perm[tc.batch:]
-        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
+        bg = (torch.rand(len(ids), 3, generator=bg_generator).to(device) if tc.random_background
+              else scene.background)
+        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                         sh_degree=trainer.sh_degree, backend=tc.backend,
                                         transfer=cfg.parallel.transfer)
-        loss = trainer.step(render, scene.gt[ids].float(), band_fraction)
+        loss = trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm)
         if tc.progress and (it % show_every == 0 or it == iters - 1):     # every rank: whole-model figures
             loss_all, n_all = comm.mpi.allreduce(np.array([float(loss), len(trainer)]))
             bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))
@@ -285,9 +342,14 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend,
                          keep_images=cfg.output.images)
     gaussians = trainer.gaussians()
+    from .export import gather_gaussians
+
+    merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)        # model.ply: on rank 0
+    qm = model_quality(merged, scene, comm, backend=tc.backend)
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
+        "ply_psnr": qm.psnr, "ply_ssim": qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
@@ -298,9 +360,6 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
                                                            op=MPI.MAX)
     if writer is not None:
-        from .export import gather_gaussians
-
-        merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)
         with comm.phase("export"):                  # a failed write (disk full...) ends every rank
             if comm.rank == 0:
                 writer.write(step, merged, images, metrics, cfg)

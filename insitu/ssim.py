@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 WINDOW, SIGMA = 11, 1.5
+KERNEL, HALF = WINDOW, WINDOW // 2   # a map row depends on the HALF image rows above and below
 C1, C2 = 0.01 ** 2, 0.03 ** 2
 
 try:                                    # Triton ships with CUDA builds of torch
@@ -36,9 +37,9 @@ except ImportError:                     # pragma: no cover - CPU-only installs
     triton = None
 
 
-def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, device=None) -> Tensor:
-    """The normalised 1-D Gaussian ``[size]`` (torchmetrics' ``_gaussian``), float32."""
-    x = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
+def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, device=None, dtype=torch.float32) -> Tensor:
+    """The normalised 1-D Gaussian ``[size]`` (torchmetrics' ``_gaussian``), computed in ``dtype``."""
+    x = torch.arange(size, dtype=dtype, device=device) - (size - 1) / 2
     g = torch.exp(-0.5 * (x / sigma) ** 2)
     return g / g.sum()
 
@@ -64,7 +65,7 @@ def ssim_map(pred: Tensor, gt: Tensor) -> Tensor:
         gt:   [B, H, W, 3] reference images (any float dtype; no gradient).
 
     Returns:
-        [B, H - 10, W - 10] float32: SSIM of the 11x11 window whose top-left pixel is
+        [B, H - 10, W - 10] float32 (float64 for float64 ``pred`` off CUDA): SSIM of the 11x11 window whose top-left pixel is
         that position, averaged over the 3 channels.
     """
     _check(pred, gt)
@@ -82,9 +83,9 @@ def _interpret() -> bool:
 def ssim_map_reference(pred: Tensor, gt: Tensor) -> Tensor:
     """:func:`ssim_map` with torch's depthwise convolutions (separable: rows, then columns)."""
     _check(pred, gt)
-    x = pred.permute(0, 3, 1, 2).float()
+    x = pred.permute(0, 3, 1, 2).to(torch.promote_types(pred.dtype, torch.float32))   # float64 stays
     y = gt.permute(0, 3, 1, 2).to(x.dtype)
-    g = gaussian_window(device=x.device).to(x.dtype)
+    g = gaussian_window(device=x.device, dtype=x.dtype)
     wx, wy = g.view(1, 1, 1, WINDOW).repeat(15, 1, 1, 1), g.view(1, 1, WINDOW, 1).repeat(15, 1, 1, 1)
     stack = torch.cat([x, y, x * x, y * y, x * y], 1)                  # [B, 15, H, W]
     m = F.conv2d(F.conv2d(stack, wx, groups=15), wy, groups=15)

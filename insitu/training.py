@@ -2,9 +2,12 @@
 
 Per iteration: render the shard for a batch of views (gsplat on CUDA, the torch
 reference elsewhere), composite across ranks sort-last (each rank receives its row
-band), L1 + D-SSIM on the band, backward (the compositing collectives run in reverse),
-Adam, then rank-local densification (clone / split / prune, with gsplat's
-optimizer-aware ops) and a periodic opacity reset.
+band), L1 + D-SSIM on the band (the SSIM windows reach 5 rows into the neighbouring
+bands, so the ranks' losses sum to the whole image's), backward (the compositing
+collectives run in reverse), Adam, then rank-local densification (clone / split / prune,
+with gsplat's optimizer-aware ops) and a periodic opacity reset. Render and ground truth
+are composited on the same background, a random one per view and iteration by default,
+so that the opacities learn the ground truth's alpha (``train.random_background``).
 """
 from __future__ import annotations
 
@@ -112,9 +115,11 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
 
     params: the shard (gsplat names, pre-activation).
     order:  [N_views, P] visibility keys of every rank for every view.
+    background: [3] or [B, 3] (one per view) colour behind the model.
     Returns ``pred [B, h_band, W, 3]`` (this rank's row band, background applied) and
-    the rasterizer's info (``means2d`` for densification). ``transfer`` is the dtype the
-    colour bands travel in between ranks.
+    the rasterizer's info (``means2d`` for densification) plus ``alpha [B, h_band, W, 1]``,
+    the band's composited alpha. ``transfer`` is the dtype the colour bands travel in
+    between ranks.
     """
     rgb, alpha, info = rasterize(
         params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
@@ -124,21 +129,104 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
     rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
                      transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
-    return rgba[..., :3] + (1.0 - rgba[..., 3:]) * background, info
+    bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
+    info["alpha"] = rgba[..., 3:]
+    return rgba[..., :3] + (1.0 - rgba[..., 3:]) * bg, info
 
 
-def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, band_fraction: float) -> Tensor:
-    """(1 - w) L1 + w (1 - SSIM) over the band, scaled so that the ranks' losses sum to the image loss.
+class _AllGather(torch.autograd.Function):
+    """``comm.all_gather`` with autograd: backward sums every rank's gradient for this rank's
+    slot (a reduce-scatter), so the rows a rank lends its neighbours get their gradients back."""
 
-    pred, gt: [B, h, W, 3]. SSIM: the mean of :func:`insitu.ssim.ssim_map` (windows inside the band).
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return comm.all_gather(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.comm.reduce_scatter(grad.contiguous()), None
+
+
+def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Tensor, Tensor]:
+    """This rank's band with up to ``HALF`` rows of the neighbouring bands above and below.
+
+    x: [B, h, W, C] rows ``rows`` of images of ``height`` rows (:func:`band_rows` of ``comm.size``).
+    Returns ``(ext [B, h', W, C]`` rows ``max(r0 - 5, 0) : min(r1 + 5, height)``, ``gathered``): the
+    rows of the other bands come from one all-gather of every band's first and last 5 rows (a band
+    shorter than 5 rows lends all it has; the rows 5 away always lie in such an edge slab), and
+    backward returns their gradients to their owners.
     """
-    l1 = (pred - gt).abs().mean()
-    if ssim_weight > 0 and min(pred.shape[1:3]) >= 11:
-        ssim = ssim_map(pred, gt).mean()            # fused Triton kernels on CUDA
-        loss = (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim)
+    from .compositing import band_rows
+    from .ssim import HALF
+
+    bands = band_rows(height, comm.size)
+    r0, r1 = rows
+    if bands[comm.rank] != (r0, r1) or x.shape[1] != r1 - r0:
+        raise ValueError(f"rows: expected this rank's band {bands[comm.rank]} of {height} rows with as many rows "
+                         f"in x, got {rows} and {x.shape[1]} rows")
+    h = x.shape[1]
+    top = torch.nn.functional.pad(x[:, :HALF], (0, 0, 0, 0, 0, HALF - min(h, HALF)))
+    bottom = torch.nn.functional.pad(x[:, max(h - HALF, 0):], (0, 0, 0, 0, HALF - min(h, HALF), 0))
+    gathered = _AllGather.apply(torch.cat([top, bottom], dim=1), comm)       # [P, B, 2 * HALF, W, C]
+
+    def lent(ys) -> list[Tensor]:
+        """Image rows ``ys`` (outside this band) as slices of the gathered slabs, one per run of rows
+        of one owner (plain slices: no index tensor to copy to the device)."""
+        runs = []
+        for y in ys:
+            q = next(i for i, (a, b) in enumerate(bands) if a <= y < b)
+            a, b = bands[q]
+            i = HALF + y - (b - HALF) if y < r0 else y - a      # its bottom slab above us, top slab below
+            if runs and runs[-1][0] == q and runs[-1][2] == i:
+                runs[-1][2] += 1
+            else:
+                runs.append([q, i, i + 1])
+        return [gathered[q, :, i:j] for q, i, j in runs]
+
+    ext = torch.cat(lent(range(max(r0 - HALF, 0), r0)) + [x] + lent(range(r1, min(r1 + HALF, height))), dim=1)
+    return ext, gathered
+
+
+def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, int], height: int,
+              comm=None) -> Tensor:
+    """This rank's term of the image loss ``(1 - w) L1 + w (1 - SSIM)``; the ranks' terms sum to it exactly.
+
+    pred, gt: [B, h, W, 3] rows ``rows = (r0, r1)`` of images of ``height`` rows, this rank's band
+              (:func:`insitu.compositing.band_rows`); ``comm`` None or one rank: the whole image.
+    L1 is the mean over all pixels and channels of the whole images; SSIM the mean of
+    :func:`insitu.ssim.ssim_map` over the whole images' valid windows (``(H - 10) x (W - 10)``
+    per view). A rank scores the windows centred on its own rows, with the 5 rows above and below
+    taken from the neighbouring bands (a collective: every rank calls it, empty bands too, which
+    give 0). Images under 11 x 11 pixels have no SSIM window: the loss is L1 alone, on any number
+    of ranks.
+    """
+    from .ssim import HALF, KERNEL, ssim_map
+
+    if pred.shape != gt.shape or pred.ndim != 4 or pred.shape[-1] != 3:
+        raise ValueError(f"pred, gt: expected the same shape [B, h, W, 3], got {tuple(pred.shape)}, {tuple(gt.shape)}")
+    B, h, W, _ = pred.shape
+    if h != rows[1] - rows[0]:
+        raise ValueError(f"rows: expected {h} rows to match pred, got {rows}")
+    l1 = (pred - gt).abs().sum() / (B * height * W * 3)
+    if not ssim_weight > 0 or height < KERNEL or W < KERNEL:
+        return l1
+    size = 1 if comm is None else comm.size
+    if size == 1:
+        if rows != (0, height):
+            raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
+        ext, spare = torch.cat([pred, gt], dim=-1), None
     else:
-        loss = l1
-    return loss * band_fraction
+        ext, gathered = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
+        spare = 0.0 * gathered.sum()                # this rank's backward always reaches the exchange
+    windows = B * (height - 2 * HALF) * (W - 2 * HALF)
+    if ext.shape[1] >= KERNEL:                      # the windows centred on this band's rows
+        m = ssim_map(ext[..., :3], ext[..., 3:])
+        dssim = (m.numel() - m.sum()) / windows
+    else:
+        dssim = pred.new_zeros(())
+    loss = (1 - ssim_weight) * l1 + ssim_weight * dssim
+    return loss if spare is None else loss + spare
 
 
 @dataclass
@@ -221,15 +309,17 @@ class Trainer:
         for group in self.optimizers["means"].param_groups:
             group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
 
-    def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, band_fraction: float) -> Tensor:
-        """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band.
+    def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
+             height: int, comm=None) -> Tensor:
+        """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band,
+        rows ``rows`` of images of ``height`` rows (:func:`band_loss`; collective over ``comm``).
 
         Returns this rank's share of the loss, a 0-dim tensor on the device (reading it waits
         for the GPU, so callers read it only when they show it).
         """
         self._schedule()
         pred, info = render(self.params)
-        loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, band_fraction=band_fraction)
+        loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm)
         loss.backward()
         self._accumulate(info)
         for opt in self.optimizers.values():

@@ -142,6 +142,29 @@ def run(case: str, out: Path) -> None:
         except InputError as e:
             record["errors"] = [{"type": "InputError", "message": str(e)}]
         ad.finalize()
+    elif case == "bad_decomposition":
+        # boxes that do not tile the grid: the same InputError on both ranks, nothing trained;
+        # then a good step trains normally
+        ad = Adaptor(comm, config(mode="sync"), process=make_process({}, log=log))
+        u, start = local(0, rank, size)
+        nx = GLOBAL[0]
+        bad = {
+            "overlap": (field(0)[:, :, 4:], (4, 0, 0)) if rank == 1 else (u, start),
+            "duplicate": local(0, 0, size),
+            "gap": (field(0)[:, :, 7:], (7, 0, 0)) if rank == 1 else (u, start),
+            "global_shape": (u, start),
+        }
+        record["errors"] = []
+        for step, (name, (a, s0)) in enumerate(bad.items()):
+            wrong = name == "global_shape" and rank == 1
+            gshape = (nx, GLOBAL[1], GLOBAL[2] + 1) if wrong else GLOBAL
+            try:
+                ad.execute(step, 0.0, {"U": np.ascontiguousarray(a)}, gshape, s0)
+                record["errors"].append({"case": name, "type": None, "message": ""})
+            except InputError as e:
+                record["errors"].append({"case": name, "type": type(e).__name__, "message": str(e)})
+        ad.execute(len(bad), 0.0, {"U": local(len(bad), rank, size)[0]}, GLOBAL, start)
+        ad.finalize()
     elif case == "bad_config":
         path = out / ("missing.yaml" if rank == 1 else "good.yaml")
         if rank == 0:

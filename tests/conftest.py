@@ -34,3 +34,27 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess
     return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
+
+
+def plyfile_gaussians(path):
+    """A 3DGS ``model.ply`` read with plyfile, the reference PLY reader (an oracle for ``read_ply``):
+    the Gaussians in the reference layout's meaning (f_rest_j = shN[:, j % (K - 1), j // (K - 1)])."""
+    import numpy as np
+    import torch
+    from plyfile import PlyData
+
+    from insitu.gaussians import Gaussians
+
+    v = PlyData.read(str(path))["vertex"]
+    names = [p.name for p in v.properties]
+    def col(*keys):
+        return torch.from_numpy(np.stack([np.asarray(v[k], dtype=np.float32) for k in keys], axis=1))
+
+    n_rest = sum(k.startswith("f_rest_") for k in names)
+    k1 = n_rest // 3
+    n = v.count
+    shn = col(*[f"f_rest_{j}" for j in range(n_rest)]) if n_rest else torch.zeros(n, 0)
+    return Gaussians(means=col("x", "y", "z"), quats=col("rot_0", "rot_1", "rot_2", "rot_3"),
+                     log_scales=col("scale_0", "scale_1", "scale_2"), opacity_logits=col("opacity")[:, 0],
+                     sh0=col("f_dc_0", "f_dc_1", "f_dc_2")[:, None, :],
+                     shN=shn.reshape(n, 3, k1).transpose(1, 2).contiguous())

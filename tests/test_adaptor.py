@@ -34,7 +34,8 @@ def queue_cases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def error_cases(tmp_path_factory):
-    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config", tmp_path_factory.mktemp("errors"))
+    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config,bad_decomposition",
+                     tmp_path_factory.mktemp("errors"))
 
 
 @pytest.mark.mpi
@@ -122,6 +123,21 @@ def test_missing_field_on_one_rank_raises_on_every_rank(error_cases):
     assert r0["errors"][0]["type"] == "InputError"
     assert "rank 1: field 'U' (input.var) is not among the fields given: 'u'" in r0["errors"][0]["message"]
     assert r0["trained"] == r1["trained"] == []
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case, words", [
+    ("overlap", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [4, 12)"),
+    ("duplicate", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [0, 6)"),
+    ("gap", "leave a gap: they hold 880 of the 960 samples"),
+    ("global_shape", "the ranks disagree on global_shape: rank 0 has (12, 10, 8), rank 1 has (12, 10, 9)"),
+])
+def test_a_bad_decomposition_is_an_input_error_on_every_rank_before_any_work(error_cases, case, words):
+    r0, r1 = error_cases["bad_decomposition"]
+    e0, e1 = ({e["case"]: e for e in r["errors"]}[case] for r in (r0, r1))
+    assert e0 == e1 and e0["type"] == "InputError", (e0, e1)
+    assert words in e0["message"], e0["message"]
+    assert r0["trained"] == r1["trained"] == [4]                # nothing of the bad steps; the next one trains
 
 
 @pytest.mark.mpi

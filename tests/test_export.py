@@ -32,6 +32,7 @@ from insitu.export import (
     write_report,
 )
 from insitu.gaussians import Gaussians
+from conftest import plyfile_gaussians
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,6 +102,41 @@ def test_ply_values_are_pre_activation_in_reference_order(tmp_path):
     k1 = g.shN.shape[1]                                     # 8 for degree 2
     for j in range(3 * k1):                                 # f_rest_j = shN[:, j % (K-1), j // (K-1)]
         assert torch.equal(col[f"f_rest_{j}"], g.shN[:, j % k1, j // k1]), j
+
+
+@pytest.mark.parametrize("sh_degree", [0, 1, 3])
+def test_plyfile_reads_what_write_ply_writes(tmp_path, sh_degree):
+    """The reference reader (plyfile) as an oracle: same element, property order and values."""
+    from plyfile import PlyData
+
+    g = random_gaussians(23, sh_degree, seed=sh_degree)
+    path = write_ply(tmp_path / "model.ply", g)
+    ply = PlyData.read(str(path))
+    assert [e.name for e in ply.elements] == ["vertex"] and ply["vertex"].count == 23
+    assert [p.name for p in ply["vertex"].properties] == ply_property_names(sh_degree)
+    assert all(p.val_dtype in ("f4", "float32") for p in ply["vertex"].properties)
+    assert_same(g, plyfile_gaussians(path))
+
+
+@pytest.mark.parametrize("text", [False, True], ids=["binary", "ascii"])
+def test_read_ply_reads_what_plyfile_writes(tmp_path, text):
+    """A file written by plyfile in the reference layout (binary): read_ply gives its values;
+    plyfile's ASCII form is refused with a message saying what is expected."""
+    from plyfile import PlyData, PlyElement
+
+    g = random_gaussians(9, 2, seed=4)
+    names = ply_property_names(2)
+    rows = np.frombuffer(read_raw_records(write_ply(tmp_path / "ours.ply", g)), "<f4").reshape(9, -1)
+    records = np.empty(9, dtype=[(n, "<f4") for n in names])
+    for i, n in enumerate(names):
+        records[n] = rows[:, i]
+    path = tmp_path / "theirs.ply"
+    PlyData([PlyElement.describe(records, "vertex")], text=text, byte_order="<").write(str(path))
+    if text:
+        with pytest.raises(ValueError, match="binary_little_endian"):
+            read_ply(path)
+    else:
+        assert_same(g, read_ply(path))
 
 
 def test_ply_empty_and_float64_input(tmp_path):

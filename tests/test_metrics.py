@@ -180,3 +180,61 @@ def test_lpips_value_used_when_available(fake_torchvision, empty_hub, monkeypatc
     acc.add(pred[2:], gt[2:])
     assert acc.result().lpips == pytest.approx(0.3, rel=1e-6)
     assert isinstance(acc.result(), Quality)
+
+
+# ----------------------------------------------------------------------- premultiplied RGBA: foreground, white
+
+def test_add_rgba_counts_only_covered_pixels_in_the_foreground_psnr():
+    """A 16 x 16 view whose ground truth covers a 4 x 4 square (alpha 1, grey 0.5) and whose render
+    has the square 0.1 too bright plus a faint 2-pixel halo (alpha 0.2, white): on black the whole-image
+    PSNR is flattered by the 232 empty background pixels, the foreground PSNR is not."""
+    gt = torch.zeros(1, 16, 16, 4)
+    gt[0, 4:8, 4:8] = torch.tensor([0.5, 0.5, 0.5, 1.0])
+    pred = gt.clone()
+    pred[0, 4:8, 4:8, :3] = 0.6
+    pred[0, 10, 10:12] = torch.tensor([0.2, 0.2, 0.2, 0.2])   # premultiplied white at alpha 0.2
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(pred, gt, torch.zeros(3))
+    q = acc.result()
+    covered = 16 + 2
+    mse_fg = (16 * 3 * 0.01 + 2 * 3 * 0.04) / (covered * 3)
+    assert q.psnr_foreground == pytest.approx(10 * math.log10(1 / mse_fg), rel=1e-5)
+    assert q.psnr == pytest.approx(10 * math.log10(256 * 3 / (16 * 3 * 0.01 + 2 * 3 * 0.04)), rel=1e-5)
+    assert q.psnr - q.psnr_foreground == pytest.approx(10 * math.log10(256 / covered), rel=1e-5)
+    # on white: the square as before (fully opaque); the halo is 0.2 + 0.8 = 1 = the white GT: no error
+    assert q.psnr_white == pytest.approx(10 * math.log10(256 * 3 / (16 * 3 * 0.01)), rel=1e-5)
+
+
+def test_add_rgba_on_a_background_equals_add_on_the_composited_images():
+    g = torch.Generator().manual_seed(2)
+    a = torch.rand(2, 12, 14, 1, generator=g)
+    pred = torch.cat([torch.rand(2, 12, 14, 3, generator=g) * a, a], dim=-1)
+    b = torch.rand(2, 12, 14, 1, generator=g)
+    gt = torch.cat([torch.rand(2, 12, 14, 3, generator=g) * b, b], dim=-1)
+    bg = torch.tensor([0.2, 0.5, 0.9])
+    on = lambda x, c: x[..., :3] + (1 - x[..., 3:]) * c      # noqa: E731
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(pred, gt, bg)
+    q = acc.result()
+    ref = image_quality(on(pred, bg), on(gt, bg), lpips=False)
+    assert (q.psnr, q.ssim) == pytest.approx((ref.psnr, ref.ssim), rel=1e-6)
+    assert q.psnr_white == pytest.approx(psnr(on(pred, torch.ones(3)), on(gt, torch.ones(3))), rel=1e-6)
+    assert q.psnr_foreground == pytest.approx(q.psnr, rel=1e-6)     # everything is covered here
+
+
+def test_a_view_without_coverage_is_left_out_of_the_foreground_mean():
+    empty = torch.zeros(1, 12, 12, 4)
+    some = torch.zeros(1, 12, 12, 4)
+    some[0, 2, 2] = torch.tensor([0.5, 0.5, 0.5, 1.0])
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(empty, empty, torch.zeros(3))                  # nothing covered: no foreground figure
+    acc.add_rgba(some * 0.8, some, torch.zeros(3))
+    q = acc.result()
+    assert q.views == 2 and math.isfinite(q.psnr_foreground)
+    assert q.psnr_foreground == pytest.approx(20.0, rel=1e-5)      # one pixel, 0.4 vs 0.5 on black
+    only = QualityAccumulator(lpips=False)
+    only.add_rgba(empty, empty, torch.zeros(3))
+    assert math.isnan(only.result().psnr_foreground)
+    with pytest.raises(ValueError, match=r"premultiplied RGBA \[C, H, W, 4\]"):
+        only.add_rgba(empty[..., :3], empty[..., :3], torch.zeros(3))
+    assert QualityAccumulator(lpips=False).result().psnr_white is None     # add() alone: not measured

@@ -101,6 +101,68 @@ def test_run_step_writes_every_output(comm, tmp_path):
     assert "step_000003" in report and "view_000.png" in report
     assert not [p for p in tmp_path.rglob(".*")]                # no temporary files left
     assert math.isfinite(m["psnr"]) and math.isfinite(m["psnr_initial"]) and m["iterations"] == 10
+    for key in ("ply_psnr", "ply_ssim", "psnr_foreground", "psnr_white"):
+        assert math.isfinite(m[key]) and saved[key] == pytest.approx(m[key]) and \
+            float(rows[0][key]) == pytest.approx(m[key]), key
+
+
+def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(comm, tmp_path):
+    """model.ply read back with plyfile and drawn with one global sort on the same held-out views gives
+    metrics.json's ply_psnr / ply_ssim; on one rank that is the composite's own figure."""
+    from conftest import plyfile_gaussians
+    from insitu.pipeline import make_scene, model_quality
+
+    cfg = tiny_config()
+    block = whole_block(sphere_field())
+    m = run_step(block, cfg, comm, step=1, writer=StepWriter(tmp_path)).metrics
+    saved = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
+    q = model_quality(plyfile_gaussians(tmp_path / "step_000001" / "model.ply"), make_scene(block, cfg, comm), comm,
+                      backend="torch")
+    assert q.views == m["test_views"] == 2
+    assert (saved["ply_psnr"], saved["ply_ssim"]) == pytest.approx((q.psnr, q.ssim), abs=1e-5)
+    assert (m["ply_psnr"], m["ply_ssim"]) == pytest.approx((m["psnr"], m["ssim"]), abs=1e-3)
+
+
+def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
+    """Every iteration draws one background per view (the same on every rank: a seeded generator);
+    the ground truth the loss sees is the premultiplied GT band on that background."""
+    import insitu.pipeline as pipeline
+    from insitu.training import Trainer
+
+    seen = []
+    step = Trainer.step
+
+    def spy(self, render, gt, **kw):
+        seen.append({"gt": gt.clone(), "render": render})
+        return step(self, render, gt, **kw)
+
+    backgrounds = []
+    render_bands = pipeline.render_bands
+
+    def spy_render(*args, background, **kw):
+        backgrounds.append(background.clone())
+        return render_bands(*args, background=background, **kw)
+
+    monkeypatch.setattr(Trainer, "step", spy)
+    monkeypatch.setattr(pipeline, "render_bands", spy_render)
+    cfg = tiny_config(iterations=4, batch=2)
+    block = whole_block(sphere_field())
+    run_step(block, cfg, comm)
+    scene = pipeline.make_scene(block, cfg, comm)
+    train = backgrounds[2:2 + 4]                  # evaluation at iteration 0 renders the 2 held-out views first
+    assert all(b.shape == (2, 3) for b in train)
+    assert len({tuple(b.flatten().tolist()) for b in train}) == 4
+    gen = torch.Generator().manual_seed(cfg.train.seed + 1)
+    for b in train:
+        torch.testing.assert_close(b, torch.rand(2, 3, generator=gen))
+    perm_gen = torch.Generator().manual_seed(cfg.train.seed)
+    ids = scene.views.train_ids[torch.randperm(len(scene.views.train_ids), generator=perm_gen)][:2]
+    rgba = scene.gt[ids].float()
+    torch.testing.assert_close(seen[0]["gt"], rgba[..., :3] + (1 - rgba[..., 3:]) * train[0][:, None, None, :])
+    cfg.train.random_background = False
+    backgrounds.clear()
+    run_step(block, cfg, comm)
+    assert all(torch.equal(b, torch.zeros(3)) for b in backgrounds)
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -126,6 +188,21 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
     writer = StepWriter(out)
     with pytest.raises(InputError, match=r"NaN"):
         run_step(block, tiny_config(), comm, writer=writer)
+    assert files_under(out) == []
+
+
+def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path, monkeypatch):
+    """One rank whose block owns only part of the grid (a gap): InputError naming the box, no seeds
+    extracted, nothing written."""
+    import insitu.pipeline as pipeline
+
+    block = whole_block(sphere_field())
+    block.owned_hi = (15, 15, 12)
+    monkeypatch.setattr(pipeline, "extract_seeds", lambda *a, **k: pytest.fail("seeds extracted"))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"leave a gap: they hold 2700 of the 3375 cells .* e\.g\. cells "
+                                         r"\[0, 15\) x \[0, 15\) x \[12, 15\) is held by no rank"):
+        run_step(block, tiny_config(), comm, writer=StepWriter(out))
     assert files_under(out) == []
 
 

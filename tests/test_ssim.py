@@ -65,3 +65,46 @@ def test_fused_kernels_match_the_reference(shape):
     g_f, = torch.autograd.grad(ssim_map(pred, gt.half()).mean(), pred)
     assert abs(float(tm.mean()) - float(fused.mean())) < 1e-4
     assert float((g_tm - g_f).abs().max()) < 1e-4
+
+
+def pair(b, h, w, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pred = torch.rand(b, h, w, 3, generator=g, dtype=dtype)
+    gt = (pred + 0.3 * torch.rand(b, h, w, 3, generator=g, dtype=dtype)).clamp(0, 1)
+    return pred, gt
+
+
+def first(x):
+    return x.permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_torchmetrics_default_ssim_is_the_mean_map_of_the_reflect_padded_images(dtype, tol):
+    """torchmetrics (1.9) with its defaults averages every window of the reflect-padded images,
+    border ones included; ssim_map of the same padded images, averaged, is the same number,
+    while the mean over the valid windows alone differs."""
+    pred, gt = pair(3, 30, 26, dtype=dtype, seed=1)
+    pad = lambda x: torch.nn.functional.pad(first(x), (5, 5, 5, 5), mode="reflect").permute(0, 2, 3, 1)  # noqa: E731
+    want = ssim_tm(first(pred), first(gt), data_range=1.0)
+    assert float(ssim_map(pad(pred), pad(gt)).mean()) == pytest.approx(float(want), abs=tol)
+    assert float(ssim_map(pred, gt).mean()) != pytest.approx(float(want), abs=1e-4)
+
+
+def test_identical_images_give_one_and_a_row_depends_on_its_11_rows_only():
+    pred, gt = pair(1, 30, 20)
+    torch.testing.assert_close(ssim_map(gt, gt), torch.ones(1, 20, 10, dtype=torch.float64))
+    changed = pred.clone()
+    changed[:, 25] = 0.0                                    # image row 25: map rows 15..19 only
+    diff = (ssim_map(changed, gt) - ssim_map(pred, gt)).abs().amax(dim=(0, 2))
+    assert torch.all(diff[:15] == 0) and torch.all(diff[15:] > 0)
+
+
+def test_gradients_match_torchmetrics_autograd():
+    pred, gt = pair(2, 21, 16)
+    w = torch.rand(2, 11, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x, y = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+    (w * ssim_map(x, gt)).sum().backward()
+    _, full = ssim_tm(first(y), first(gt), data_range=1.0, return_full_image=True)
+    (w * full[..., 5:-5, 5:-5].mean(dim=1)).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+    assert x.grad.abs().max() > 0

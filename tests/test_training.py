@@ -13,6 +13,7 @@ from insitu.config import Config, TrainConfig
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import make_scene
 from insitu.seeds import extract_seeds, init_gaussians
+from insitu.ssim import ssim_map
 from insitu.training import Trainer, band_loss, render_bands
 from insitu.volume import whole_block
 
@@ -80,7 +81,8 @@ def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) ->
         return render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
                             sh_degree=trainer.sh_degree, backend="torch")
 
-    return float(trainer.step(render, scene.gt[ids].float(), 1.0))
+    return float(trainer.step(render, scene.gt_on(ids, scene.background), rows=scene.rows, height=scene.views.height,
+                              comm=comm))
 
 
 def assert_optimizers_consistent(trainer: Trainer) -> None:
@@ -284,18 +286,25 @@ def test_batched_adam_scales_lr_by_sqrt_batch_and_powers_the_betas(shard, block,
 
 # ------------------------------------------------------------------------------------------ band loss
 
-@pytest.mark.parametrize("height", [16, 6], ids=["l1+ssim", "l1 only (band < 11 rows)"])
-@pytest.mark.parametrize("f", [1.0, 0.5, 0.125])
-def test_band_loss_is_scaled_by_the_band_fraction(height, f):
+@pytest.mark.parametrize("height", [16, 6], ids=["l1+ssim", "l1 only (image < 11 rows)"])
+def test_band_loss_on_one_rank_is_the_image_loss(height):
+    """(1 - w) mean |pred - gt| + w (1 - SSIM), with SSIM the mean of ssim_map (torchmetrics' value
+    on the reflect-padded images); an image under 11 rows has no SSIM window: L1 alone."""
     g = torch.Generator().manual_seed(3)
-    pred = torch.rand(2, height, 16, 3, generator=g)
-    gt = torch.rand(2, height, 16, 3, generator=g)
-    full = band_loss(pred, gt, ssim_weight=0.2, band_fraction=1.0)
-    assert band_loss(pred, gt, ssim_weight=0.2, band_fraction=f).item() == pytest.approx(f * full.item(), rel=1e-6)
-    l1 = band_loss(pred, gt, ssim_weight=0.0, band_fraction=f)
-    assert l1.item() == pytest.approx(f * (pred - gt).abs().mean().item(), rel=1e-6)
+    pred = torch.rand(2, height, 16, 3, generator=g, dtype=torch.float64)
+    gt = torch.rand(2, height, 16, 3, generator=g, dtype=torch.float64)
+    loss = band_loss(pred, gt, ssim_weight=0.2, rows=(0, height), height=height)
+    l1 = (pred - gt).abs().mean().item()
     if height >= 11:
-        assert full.item() != pytest.approx((pred - gt).abs().mean().item(), rel=1e-3)   # SSIM is in it
+        want = 0.8 * l1 + 0.2 * (1 - ssim_map(pred, gt).mean().item())
+        assert loss.item() == pytest.approx(want, rel=1e-12)
+        assert loss.item() != pytest.approx(l1, rel=1e-3)
+    else:
+        assert loss.item() == pytest.approx(l1, rel=1e-12)
+    assert band_loss(pred, gt, ssim_weight=0.0, rows=(0, height), height=height).item() == pytest.approx(l1, rel=1e-12)
+    if height >= 11:
+        with pytest.raises(ValueError, match="whole image"):
+            band_loss(pred[:, :4], gt[:, :4], ssim_weight=0.2, rows=(0, 4), height=height)
 
 
 # ------------------------------------------------------------------------------------------ colour Adam
@@ -323,3 +332,4 @@ def test_color_adam_equals_adam_on_sh0_and_shN_apart(device):
     state = ours.state[joined]
     torch.testing.assert_close(state["exp_avg"][:, 1:], ref[1].state[shN]["exp_avg"], rtol=1e-5, atol=1e-8)
     assert float(state["step"]) == 5
+

@@ -16,10 +16,10 @@ import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
-from insitu.compositing import band_rows, gather_bands, visibility_order
+from insitu.compositing import band_rows, gather_bands
 from insitu.decomposition import block_extent, cut_block, split_dims
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import block_grid
+from insitu.pipeline import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.training import render_bands, to_params
 from insitu.views import Views, orbit_views
@@ -60,9 +60,7 @@ def as_double(g):
 
 def render(params, views, block, comm, weight):
     """Full images (gathered) and the gradients of sum(weight * image) w.r.t. this rank's params."""
-    lo, hi = block.global_box
-    dims, coords = block_grid(comm, block)
-    order = visibility_order(views.positions, dims, torch.as_tensor(lo), torch.as_tensor(hi), coords)
+    order = view_order(views, block, block_decomposition(comm, block))
     ids = torch.arange(len(views))
     bg = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     pred, _ = render_bands(params, views, ids, order, comm, background=bg, sh_degree=1, backend="torch")

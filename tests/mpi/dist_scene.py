@@ -13,6 +13,7 @@ two blocks is composited as two partial layers).
 
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
@@ -62,12 +63,13 @@ def main():
     for supersample in (1, 2):
         cfg = config(supersample)
         scene = make_scene(cut_block(u, rank, P, fields={"c": c}), cfg, comm)
-        images = gather_bands(scene.gt.float(), comm)
+        everything = torch.arange(len(scene.views))
+        images = gather_bands(scene.gt_on(everything, scene.background), comm)     # premultiplied RGBA, on it
         if rank == 0:
             ref = make_scene(cut_block(u, 0, 1, fields={"c": c}), cfg, one)
-            if images.shape != ref.gt.shape:
+            if images.shape[:-1] != ref.gt.shape[:-1] or ref.gt.shape[-1] != 4:
                 fail(f"shapes {tuple(images.shape)} vs {tuple(ref.gt.shape)}")
-            if not compare(images, ref.gt.float(), scene.background, supersample, P):
+            if not compare(images, ref.gt_on(everything, ref.background), scene.background, supersample, P):
                 fail("distributed ground truth differs from the one-rank ground truth")
     if one is not None:
         shutdown(one)
