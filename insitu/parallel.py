@@ -70,7 +70,8 @@ class Traffic:
 
     ``bytes`` counts what a ring algorithm receives on each rank: ``(P - 1) / P`` of the
     gathered output of an all-gather or of the input of a reduce-scatter, twice that for
-    an all-reduce. ``calls`` counts the collectives.
+    an all-reduce; for an all-to-all, the ``P - 1`` chunks received from the other ranks.
+    ``calls`` counts the collectives.
     """
 
     bytes: int = 0
@@ -232,6 +233,26 @@ class Comm:
         self.traffic.add(flat.numel() * flat.element_size() * (self.size - 1) / self.size)
         _reduce_scatter_single(out, flat, self.group)
         return out.view(tensor.shape[1:])
+
+
+    def all_to_all(self, tensor: Tensor) -> Tensor:
+        """Send chunk ``q`` to rank ``q``; receive every rank's chunk for this rank.
+
+        tensor: [P, *S] on ``device``, entry ``q`` for rank ``q``.  Returns [P, *S]: entry ``q``
+        is rank ``q``'s ``tensor[rank]`` (this rank's own chunk stays in place).
+        """
+        if tensor.shape[0] != self.size:
+            raise ValueError(f"all_to_all: expected a leading dimension of {self.size} (ranks), "
+                             f"got shape {tuple(tensor.shape)}")
+        if self.size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        flat = tensor.contiguous().view(-1)
+        out = torch.empty_like(flat)
+        self.traffic.add(flat.numel() * flat.element_size() * (self.size - 1) / self.size)
+        dist.all_to_all_single(out, flat, group=self.group)
+        return out.view(tensor.shape)
 
 
 def _all_gather_single(out: Tensor, inp: Tensor, group) -> None:

@@ -21,6 +21,7 @@ def test_single_process_comm_is_identity():
     assert comm.all_reduce_sum(t) is t and torch.equal(t, torch.arange(4.0))
     assert comm.all_gather(t).shape == (1, 4)
     assert torch.equal(comm.reduce_scatter(t.view(1, 4)), t)
+    assert torch.equal(comm.all_to_all(t.view(1, 4)), t.view(1, 4))
     assert comm.allgather_object({"a": 1}) == [{"a": 1}]
     assert comm.traffic.bytes == 0 and comm.traffic.calls == 0
     comm.agree(True)
@@ -55,6 +56,8 @@ def test_reduce_scatter_checks_leading_dimension():
     comm = init_comm(device="cpu")
     with pytest.raises(ValueError, match=r"leading dimension of 1"):
         comm.reduce_scatter(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"all_to_all: expected a leading dimension of 1"):
+        comm.all_to_all(torch.zeros(2, 3))
     shutdown(comm)
 
 
