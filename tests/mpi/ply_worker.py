@@ -26,8 +26,10 @@ def shard(rank, n, degree):
 
 
 def fail(message):
+    from mpi4py import MPI
+
     print(f"FAIL {message}", flush=True)
-    sys.exit(1)
+    MPI.COMM_WORLD.Abort(1)             # the other ranks may be waiting in a collective
 
 
 def main(out: Path):
