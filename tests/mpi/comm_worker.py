@@ -66,6 +66,7 @@ def main():
     half = init_comm(sub, device="cpu", timeout_s=60)
     members = [q for q in reversed(range(world.size)) if q % 2 == color]
     expect(half.group is not dist.group.WORLD, "new group for a sub-communicator")
+    expect(half.local_rank == world.rank, f"local rank {half.local_rank}: the launcher's (one host: the world rank)")
     exercise(half, members)
     shutdown(half)
     shutdown(comm)
