@@ -11,6 +11,10 @@
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
+#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 300 iterations, memory, s/iteration, parallel
+#           model.ply) and the 1-GPU memory projection (benchmarks/bench_big.py); volume $BIG_DATA (default
+#           the bonsai), iso $BIG_ISO, budget $BIG_BUDGET
+#   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
@@ -54,6 +58,15 @@ for stage in "$@"; do
               timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
                 --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \
                 2>&1 | tee -a "$OUT/step8.log" | tail -n 1
+            done ;;
+    big100) timeout 590 python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
+              --budget "${BIG_BUDGET:-100000000}" --mpirun "$MPIRUN" --out "$OUT/big100" > "$OUT/big100.log" 2>&1
+            tail -n 40 "$OUT/big100.log" ;;
+    netemu) for env in "" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
+              echo "environment: ${env:-NVLink (defaults)}" | tee -a "$OUT/netemu.log"
+              env $env timeout 200 $MPIRUN -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -n 2 python benchmarks/bench_step.py \
+                --data "$BONSAI" --iso 40 --budget 4000000 --resolution 2048 --views 8 --steps 30 \
+                2>&1 | tee -a "$OUT/netemu.log" | tail -n 1
             done ;;
     demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
             tail -n 5 "$OUT/demo.log" ;;
