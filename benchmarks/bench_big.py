@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=100_000_000)
     ap.add_argument("--resolution", type=int, default=2048)
     ap.add_argument("--views", type=int, default=40, help="orbit views; every 8th held out")
-    ap.add_argument("--iterations", type=int, default=300)
+    ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--sh-degree", type=int, default=3)
     ap.add_argument("--mpirun", default="mpirun --allow-run-as-root --bind-to none",
                     help="launcher command (add -x VAR as your MPI needs)")
@@ -78,7 +78,7 @@ def main() -> None:
                         "--resolution", str(args.resolution), "--iterations", str(args.iterations),
                         "--set", "seeds.fill=true", "--set", f"train.sh_degree={args.sh_degree}",
                         "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
-                        "--set", "train.sh_increase_every=100", "--set", "output.images=2",
+                        "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}", "--set", "output.images=2",
                         "--quiet", "--out", args.model_dir]
         code, _, seconds = run(cmd, out / "run_2gpu.log", timeout=420)
         metrics_path = Path(args.model_dir) / "step_000000" / "metrics.json"

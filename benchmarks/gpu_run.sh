@@ -11,7 +11,7 @@
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
-#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 300 iterations, memory, s/iteration, parallel
+#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 200 iterations, memory, s/iteration, parallel
 #           model.ply) and the 1-GPU memory projection (benchmarks/bench_big.py); volume $BIG_DATA (default
 #           the bonsai), iso $BIG_ISO, budget $BIG_BUDGET
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
