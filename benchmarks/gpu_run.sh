@@ -62,11 +62,13 @@ for stage in "$@"; do
     big100) timeout 590 python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
               --budget "${BIG_BUDGET:-100000000}" --mpirun "$MPIRUN" --out "$OUT/big100" > "$OUT/big100.log" 2>&1
             tail -n 40 "$OUT/big100.log" ;;
-    netemu) for env in "" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
-              echo "environment: ${env:-NVLink (defaults)}" | tee -a "$OUT/netemu.log"
-              env $env timeout 200 $MPIRUN -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -n 2 python benchmarks/bench_step.py \
-                --data "$BONSAI" --iso 40 --budget 4000000 --resolution 2048 --views 8 --steps 30 \
-                2>&1 | tee -a "$OUT/netemu.log" | tail -n 1
+    netemu) for env in "NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
+              echo "environment: $env" | tee -a "$OUT/netemu.log"
+              env $env NCCL_DEBUG=INFO timeout 200 $MPIRUN -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -x NCCL_DEBUG -n 2 \
+                python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 --resolution 2048 \
+                --views 8 --steps 30 > "$OUT/netemu_run.log" 2>&1
+              grep -m 2 " via " "$OUT/netemu_run.log" | tee -a "$OUT/netemu.log"       # the transport NCCL chose
+              grep '^{' "$OUT/netemu_run.log" | tail -n 1 | tee -a "$OUT/netemu.log"
             done ;;
     demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
             tail -n 5 "$OUT/demo.log" ;;
