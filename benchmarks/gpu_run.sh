@@ -15,6 +15,10 @@
 #   recipe  the plain gsplat recipe (bench_recipe.py) on train1's ground truth and initial Gaussians
 #   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, step vs bare rasterization,
 #           train1 on 1 and 2 GPUs, the recipe; writes benchmarks/results/speed_protocol.json (and $OUT)
+#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 200 iterations, memory, s/iteration, parallel
+#           model.ply) and the 1-GPU memory projection (benchmarks/bench_big.py); volume $BIG_DATA (default
+#           the bonsai), iso $BIG_ISO, budget $BIG_BUDGET
+#   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
@@ -62,6 +66,17 @@ for stage in "$@"; do
               timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
                 --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \
                 2>&1 | tee -a "$OUT/step8.log" | tail -n 1
+            done ;;
+    big100) timeout 590 python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
+              --budget "${BIG_BUDGET:-100000000}" --mpirun "$MPIRUN" --out "$OUT/big100" > "$OUT/big100.log" 2>&1
+            tail -n 40 "$OUT/big100.log" ;;
+    netemu) for env in "NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
+              echo "environment: $env" | tee -a "$OUT/netemu.log"
+              env $env NCCL_DEBUG=INFO timeout 200 $MPIRUN -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -x NCCL_DEBUG -n 2 \
+                python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 --resolution 2048 \
+                --views 8 --steps 30 > "$OUT/netemu_run.log" 2>&1
+              grep -m 2 " via " "$OUT/netemu_run.log" | tee -a "$OUT/netemu.log"       # the transport NCCL chose
+              grep '^{' "$OUT/netemu_run.log" | tail -n 1 | tee -a "$OUT/netemu.log"
             done ;;
     demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
             tail -n 5 "$OUT/demo.log" ;;

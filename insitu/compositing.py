@@ -9,23 +9,26 @@ sorted front to back::
     T_r  = prod over layers j in front of r of (1 - A_j)
     RGBA = sum_r T_r * (C_r, A_r)
 
-Forward: the alphas are all-gathered (1 channel), every rank computes its ``T_r`` and
-the ranks reduce-scatter ``T_r * (C_r, A_r)`` over row bands, so each rank receives only
-its band of the image (:func:`band_rows`) and computes its loss there. Backward: the band
-gradients ``G`` are all-gathered into the full image and::
+Images are cut into row bands, one per rank (:func:`band_rows`). Forward: an all-to-all
+sends every rank's layer ``(C_r, A_r)`` of band ``q`` to rank ``q``, so each rank holds
+all P layers of its own band only, composites them front to back and computes its loss
+there. Backward: the band owner has the band gradient ``G`` and every layer of the band,
+so it computes each layer's gradient::
 
     dL/dC_r = T_r * G_rgb
     dL/dA_r = T_r * (G_a - Q_r),   Q_r = sum over r' behind r of p_r' * prod over k strictly
-                                         between r and r' of (1 - A_k)
+                                         between r and r' of (1 - A_k),   p_r' = <G, (C_r', A_r')>
 
-with ``p_r' = <G, (C_r', A_r')>`` all-gathered (1 channel). ``Q_r`` is accumulated back
-to front (``Q = p_next + (1 - A_next) * Q``), so nothing is divided by ``1 - A`` (an
-alpha may be exactly 1). Forward and backward call their collectives unconditionally
-on every rank, so all ranks always traverse the same collectives.
+and a second all-to-all sends layer ``r``'s gradients back to rank ``r``. ``Q_r`` is
+accumulated back to front (``Q = p_next + (1 - A_next) * Q``), so nothing is divided by
+``1 - A`` (an alpha may be exactly 1). Forward and backward call their collectives
+unconditionally on every rank, so all ranks always traverse the same collectives.
 
-Traffic per rank and call, in values of the transfer dtype (``comm.traffic`` counts the
-bytes): forward ``(P - 1) * BHW`` (alphas) + ``4 (P - 1) / P * BHW`` (colour bands);
-backward ``4 (P - 1) / P * BHW`` (band gradients) + ``(P - 1) * BHW`` (``p``).
+Traffic per rank and call, in values (``comm.traffic`` counts the bytes): the P - 1
+bands of 4 channels sent to (and received from) the other ranks, ``4 (P - 1) * B * h * W``
+with ``h = ceil(H / P)``, i.e. about ``4 B H W`` forward and the same backward, whatever P.
+The colour channels may travel in a narrower ``transfer_dtype``; alphas and gradients
+travel at the input dtype.
 
 Each rank's loss on its band is a term of the global loss; ranks call ``backward`` on
 their own band loss, and the gradients each rank gets for its layer are those of the sum
@@ -111,67 +114,62 @@ def _check(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, transfer_dtype
         raise ValueError(f"order: expected shape [B, P] = [{rgb.shape[0]}, {comm.size}], got {tuple(order.shape)}")
 
 
-def _gather_rank(stack: Tensor, ranks: Tensor) -> Tensor:
-    """stack [P, B, ...], ranks [B] -> [B, ...]: stack[ranks[b], b]."""
-    return stack[ranks, torch.arange(stack.shape[1], device=stack.device)]
+def _by_depth(stack: Tensor, perm: Tensor) -> Tensor:
+    """stack [P, B, ...] by rank, perm [B, P] ranks front to back -> [P, B, ...] by depth."""
+    return stack[perm.t(), torch.arange(stack.shape[1], device=stack.device)]
 
 
 def _forward(rgb: Tensor, alpha: Tensor, perm: Tensor, comm: Comm, transfer_dtype):
-    """-> (band [B, hb, W, 4], T [B, H, W, 1], alphas [P, B, H, W, 1])."""
+    """-> (band [B, hb, W, 4], layers [P, B, h, W, 4] of this band by depth, T [P, B, h, W, 1])."""
     P, rank = comm.size, comm.rank
     B, H, W, _ = rgb.shape
-    alphas = comm.all_gather(alpha)                         # [P, B, H, W, 1]
-    trans = torch.ones_like(alpha)
-    running = torch.ones_like(alpha)
-    for m in range(P):
-        r_m = perm[:, m]                                    # [B] rank at depth m per view
-        trans = torch.where((r_m == rank).view(B, 1, 1, 1), running, trans)
-        running = running * (1 - _gather_rank(alphas, r_m))
-    contrib = trans * torch.cat([rgb, alpha], dim=-1)      # [B, H, W, 4]
     h = -(-H // P)
+    layer = torch.cat([rgb, alpha], dim=-1)                 # [B, H, W, 4]
     if h * P != H:
-        contrib = torch.nn.functional.pad(contrib, (0, 0, 0, 0, 0, h * P - H))
-    chunks = contrib.view(B, P, h, W, 4).transpose(0, 1)    # [P, B, h, W, 4]
+        layer = torch.nn.functional.pad(layer, (0, 0, 0, 0, 0, h * P - H))
+    chunks = layer.view(B, P, h, W, 4).transpose(0, 1)      # [P, B, h, W, 4]: band q for rank q
     if transfer_dtype is not None and transfer_dtype != chunks.dtype:
-        band = comm.reduce_scatter(chunks.to(transfer_dtype)).to(rgb.dtype)
+        colour = comm.all_to_all(chunks[..., :3].to(transfer_dtype)).to(rgb.dtype)
+        layers = torch.cat([colour, comm.all_to_all(chunks[..., 3:])], dim=-1)
     else:
-        band = comm.reduce_scatter(chunks)
+        layers = comm.all_to_all(chunks)                    # [P, B, h, W, 4]: every rank's layer of my band
+    layers = _by_depth(layers, perm)
+    trans = torch.cat([torch.ones_like(layers[:1, ..., 3:]),          # T: exclusive product, front to back
+                       torch.cumprod(1 - layers[:-1, ..., 3:], dim=0)], dim=0)
+    band = (trans * layers).sum(0)                          # [B, h, W, 4]
     start, stop = band_rows(H, P)[rank]
-    return band[:, :stop - start], trans, alphas
+    return band[:, :stop - start], layers, trans
 
 
 class _Composite(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rgb, alpha, perm, comm, transfer_dtype):
-        band, trans, alphas = _forward(rgb, alpha, perm, comm, transfer_dtype)
+        band, layers, trans = _forward(rgb, alpha, perm, comm, transfer_dtype)
         ctx.comm = comm
-        ctx.save_for_backward(rgb, alpha, perm, trans, alphas)
+        ctx.height = rgb.shape[1]
+        ctx.save_for_backward(perm, layers, trans)
         return band
 
     @staticmethod
     def backward(ctx, grad_band):
         comm: Comm = ctx.comm
-        rgb, alpha, perm, trans, alphas = ctx.saved_tensors
-        P, rank = comm.size, comm.rank
-        B, H, W, _ = rgb.shape
-        h = -(-H // P)
-        grad_band = grad_band.to(rgb.dtype)
-        if grad_band.shape[1] != h:
-            grad_band = torch.nn.functional.pad(grad_band, (0, 0, 0, 0, 0, h - grad_band.shape[1]))
-        grads = comm.all_gather(grad_band)                  # [P, B, h, W, 4]
-        G = grads.transpose(0, 1).reshape(B, P * h, W, 4)[:, :H]
-        p = (G[..., :3] * rgb).sum(-1, keepdim=True) + G[..., 3:] * alpha
-        ps = comm.all_gather(p)                             # [P, B, H, W, 1]
-        # Q_r = sum over layers behind r of p * prod of (1 - A) strictly between, back to front
-        q = torch.zeros_like(alpha)
-        mine = torch.zeros_like(alpha)
-        for m in range(P - 1, -1, -1):
-            r_m = perm[:, m]
-            mine = torch.where((r_m == rank).view(B, 1, 1, 1), q, mine)
-            q = _gather_rank(ps, r_m) + (1 - _gather_rank(alphas, r_m)) * q
-        grad_rgb = trans * G[..., :3]
-        grad_alpha = trans * (G[..., 3:] - mine)
-        return grad_rgb, grad_alpha, None, None, None
+        perm, layers, trans = ctx.saved_tensors
+        P, H = comm.size, ctx.height
+        _, B, h, W, _ = layers.shape
+        G = grad_band.to(layers.dtype)
+        if G.shape[1] != h:
+            G = torch.nn.functional.pad(G, (0, 0, 0, 0, 0, h - G.shape[1]))
+        p = (G * layers).sum(-1, keepdim=True)              # [P, B, h, W, 1] by depth
+        # Q_m = sum over layers behind m of p * prod of (1 - A) strictly between, back to front
+        q = torch.zeros_like(trans)
+        for m in range(P - 2, -1, -1):
+            q[m] = p[m + 1] + (1 - layers[m + 1, ..., 3:]) * q[m + 1]
+        by_depth = trans * torch.cat([G[..., :3].expand(P, -1, -1, -1, -1), G[..., 3:] - q], dim=-1)
+        by_rank = torch.empty_like(by_depth)
+        by_rank[perm.t(), torch.arange(B, device=perm.device)] = by_depth
+        grads = comm.all_to_all(by_rank)                    # [P, B, h, W, 4]: my layer's gradient, band by band
+        grad = grads.transpose(0, 1).reshape(B, P * h, W, 4)[:, :H]
+        return grad[..., :3], grad[..., 3:], None, None, None
 
 
 def composite(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, *,
@@ -182,8 +180,8 @@ def composite(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, *,
     alpha: [B, H, W, 1] its alpha, in [0, 1].
     order: [B, P] visibility keys of the ranks (smaller = nearer, ties by rank), the same
            on every rank (:func:`visibility_order`).
-    transfer_dtype: dtype for the colour reduce-scatter (e.g. ``torch.bfloat16``); default
-           the input dtype. Alphas and gradients always travel at the input dtype.
+    transfer_dtype: dtype the colour channels travel in between ranks (e.g. ``torch.bfloat16``);
+           default the input dtype. Alphas and gradients always travel at the input dtype.
 
     Returns [B, hb, W, 4] premultiplied RGBA of rows ``band_rows(H, P)[rank]``,
     differentiable with respect to ``rgb`` and ``alpha``. One rank: ``cat(rgb, alpha)``.

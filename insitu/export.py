@@ -11,8 +11,9 @@ Layout of an output directory::
 
 Every file is written atomically: to a temporary file in the same directory, renamed over the
 target only once complete, so a crash never leaves a half-written file. Writing is for one
-process: in a parallel run only rank 0 writes (merge the shards with :func:`gather_gaussians`
-first); the functions here do not check the rank.
+process (in a parallel run, rank 0; the functions here do not check the rank), except the
+model: ``write_ply(..., comm=comm)`` and :meth:`StepWriter.write_model` are collective, every
+rank writing its own shard into the one ``model.ply`` at its offset.
 """
 from __future__ import annotations
 
@@ -124,34 +125,103 @@ def _np32(t: Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
-def write_ply(path: str | Path, gaussians: Gaussians) -> Path:
+_PLY_CHUNK_BYTES = 1 << 26           # records are built and written 64 MiB at a time
+
+
+def _ply_header(n: int, sh_degree: int) -> bytes:
+    names = ply_property_names(sh_degree)
+    header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
+    return (header + "".join(f"property float {name}\n" for name in names) + "end_header\n").encode("ascii")
+
+
+def _ply_chunks(g: Gaussians) -> Iterator[np.ndarray]:
+    """The vertex records of ``g`` ([rows, properties] little-endian float32), a chunk at a time."""
+    n, k1 = len(g), g.shN.shape[1]
+    width = len(ply_property_names(g.sh_degree))
+    rows = max(1, _PLY_CHUNK_BYTES // (4 * width))
+    rest_end = 9 + 3 * k1
+    for lo in range(0, n, rows):
+        hi = min(lo + rows, n)
+        records = np.empty((hi - lo, width), dtype="<f4")
+        records[:, 0:3] = _np32(g.means[lo:hi])
+        records[:, 3:6] = 0.0
+        records[:, 6:9] = _np32(g.sh0[lo:hi])[:, 0, :]
+        records[:, 9:rest_end] = _np32(g.shN[lo:hi]).transpose(0, 2, 1).reshape(hi - lo, 3 * k1)
+        records[:, rest_end] = _np32(g.opacity_logits[lo:hi])
+        records[:, rest_end + 1 : rest_end + 4] = _np32(g.log_scales[lo:hi])
+        records[:, rest_end + 4 : rest_end + 8] = _np32(g.quats[lo:hi])
+        yield records
+
+
+def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Path:
     """Write ``gaussians`` as a binary little-endian ``.ply`` in the reference 3DGS layout, atomically.
 
     Values are pre-activation as stored: opacity logits, log scales, quaternions (w, x, y, z);
     normals are zero; ``f_rest`` is ``shN: [N, K-1, 3]`` transposed to ``[N, 3, K-1]`` and flattened.
+    The records are built 64 MiB at a time (the shard may stay on the GPU).
+
+    comm: an :class:`insitu.parallel.Comm` over several ranks makes the write collective:
+          ``gaussians`` is this rank's shard and the file holds every rank's shard in rank order,
+          byte for byte the file of the merged model (:func:`gather_gaussians` then ``write_ply``).
+          Rank 0 writes the header and sizes the file, every rank writes its own records at its
+          offset (an exclusive scan of the counts) with MPI-IO, and rank 0 renames the complete
+          file into place; no rank ever holds more than its own shard. A failure on any rank
+          raises :class:`insitu.parallel.RankFailure` on every rank and leaves ``path`` untouched.
+          Returns ``path`` on every rank.
     """
-    n = _check_gaussians(gaussians)
-    g = gaussians
-    names = ply_property_names(g.sh_degree)
-    k1 = g.shN.shape[1]
-    records = np.empty((n, len(names)), dtype="<f4")        # one copy of the model, filled in place
-    records[:, 0:3] = _np32(g.means)
-    records[:, 3:6] = 0.0
-    records[:, 6:9] = _np32(g.sh0)[:, 0, :]
-    records[:, 9 : 9 + 3 * k1] = _np32(g.shN).transpose(0, 2, 1).reshape(n, 3 * k1)
-    rest_end = 9 + 3 * k1
-    records[:, rest_end] = _np32(g.opacity_logits)
-    records[:, rest_end + 1 : rest_end + 4] = _np32(g.log_scales)
-    records[:, rest_end + 4 : rest_end + 8] = _np32(g.quats)
-    header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
-    header += "".join(f"property float {name}\n" for name in names) + "end_header\n"
+    if comm is not None and comm.size > 1:
+        return _write_ply_parallel(Path(path), gaussians, comm)
+    _check_gaussians(gaussians)
     path = Path(path)
     with atomic_path(path) as tmp:
         with open(tmp, "xb") as f:
-            f.write(header.encode("ascii"))
-            records.tofile(f)
+            f.write(_ply_header(len(gaussians), gaussians.sh_degree))
+            for records in _ply_chunks(gaussians):
+                records.tofile(f)
             f.flush()
             os.fsync(f.fileno())
+    return path
+
+
+def _write_ply_parallel(path: Path, shard: Gaussians, comm: Any) -> Path:
+    from mpi4py import MPI
+
+    from insitu.parallel import RankFailure
+
+    with comm.phase("model.ply: check"):
+        _check_gaussians(shard)
+    shapes = comm.allgather_object((len(shard), shard.sh_degree))
+    degrees = sorted({d for _, d in shapes})
+    if len(degrees) > 1:                                   # the same on every rank: raised on every rank
+        raise ValueError(f"write_ply: ranks hold different SH degrees {[d for _, d in shapes]}")
+    header = _ply_header(sum(n for n, _ in shapes), degrees[0])
+    record = 4 * len(ply_property_names(degrees[0]))
+    offset = len(header) + record * sum(n for n, _ in shapes[:comm.rank])
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp = Path(comm.mpi.bcast(str(tmp), root=0))
+    try:
+        with comm.phase("model.ply: create"):
+            if comm.rank == 0:
+                with open(tmp, "xb") as f:
+                    f.write(header)
+                    f.truncate(len(header) + record * sum(n for n, _ in shapes))
+        with comm.phase("model.ply: write"):               # each rank its own file handle: independent I/O
+            fh = MPI.File.Open(MPI.COMM_SELF, str(tmp), MPI.MODE_WRONLY)
+            try:
+                for records in _ply_chunks(shard):
+                    fh.Write_at(offset, records)
+                    offset += records.nbytes
+                fh.Sync()
+            finally:
+                fh.Close()
+        with comm.phase("model.ply: rename"):
+            if comm.rank == 0:
+                os.replace(tmp, path)
+    except RankFailure:
+        if comm.rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
     return path
 
 
@@ -432,8 +502,9 @@ _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 class StepWriter:
     """Writes each step's outputs under ``out_root`` (see the module docstring), atomically.
 
-    Only one process may write to ``out_root``: in a parallel run, call :meth:`write` on rank 0
-    only, after merging the shards with :func:`gather_gaussians` (a collective: all ranks call it).
+    Only one process may write to ``out_root``: in a parallel run, every rank calls
+    :meth:`write_model` with its shard (a collective), then rank 0 alone calls :meth:`write`
+    with ``gaussians=None`` for the rest of the step.
     """
 
     def __init__(self, out_root: str | Path) -> None:
@@ -443,6 +514,20 @@ class StepWriter:
     @property
     def csv_path(self) -> Path:
         return self.out_root / "metrics.csv"
+
+    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path:
+        """Write the step's ``model.ply``; returns its path. Collective when ``comm`` spans several ranks.
+
+        gaussians: this rank's shard (any device); the file holds every rank's shard in rank
+                   order (:func:`write_ply` with ``comm``).
+        comm:      an :class:`insitu.parallel.Comm`, or None for one process.
+        """
+        if comm is None or comm.size == 1:
+            return write_ply(step_dir(self.out_root, step) / "model.ply", gaussians)
+        with comm.phase("export: step folder"):
+            if comm.rank == 0:
+                step_dir(self.out_root, step)
+        return write_ply(self.out_root / f"step_{int(step):06d}" / "model.ply", gaussians, comm=comm)
 
     def write(
         self,

@@ -70,7 +70,8 @@ class Traffic:
 
     ``bytes`` counts what a ring algorithm receives on each rank: ``(P - 1) / P`` of the
     gathered output of an all-gather or of the input of a reduce-scatter, twice that for
-    an all-reduce. ``calls`` counts the collectives.
+    an all-reduce; for an all-to-all, the ``P - 1`` chunks received from the other ranks.
+    ``calls`` counts the collectives.
     """
 
     bytes: int = 0
@@ -91,7 +92,7 @@ class Comm:
 
     mpi:        a duplicate of the MPI communicator given to :func:`init_comm`.
     rank, size: this process's rank and the number of ranks (same as ``mpi``).
-    local_rank: rank among the processes on this node.
+    local_rank: this process's index on its node (:func:`node_local_rank`); picks its GPU.
     device:     ``cuda:{local_rank % n_gpus}`` or ``cpu``; tensors given to the
                 collectives must live there.
     group:      ``torch.distributed`` process group over the same ranks in the same
@@ -234,6 +235,26 @@ class Comm:
         return out.view(tensor.shape[1:])
 
 
+    def all_to_all(self, tensor: Tensor) -> Tensor:
+        """Send chunk ``q`` to rank ``q``; receive every rank's chunk for this rank.
+
+        tensor: [P, *S] on ``device``, entry ``q`` for rank ``q``.  Returns [P, *S]: entry ``q``
+        is rank ``q``'s ``tensor[rank]`` (this rank's own chunk stays in place).
+        """
+        if tensor.shape[0] != self.size:
+            raise ValueError(f"all_to_all: expected a leading dimension of {self.size} (ranks), "
+                             f"got shape {tuple(tensor.shape)}")
+        if self.size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        flat = tensor.contiguous().view(-1)
+        out = torch.empty_like(flat)
+        self.traffic.add(flat.numel() * flat.element_size() * (self.size - 1) / self.size)
+        dist.all_to_all_single(out, flat, group=self.group)
+        return out.view(tensor.shape)
+
+
 def _all_gather_single(out: Tensor, inp: Tensor, group) -> None:
     # torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); older torch
     # only has all_gather_into_tensor.
@@ -263,6 +284,37 @@ def _wait(request, seconds: float, on_timeout) -> None:
         pause = min(pause * 2, 5e-3)
 
 
+# node-local rank set by the launcher: Open MPI's mpirun, MPICH/Intel MPI's Hydra, Cray PALS,
+# srun (direct launch), torchrun. The MPI launchers come first: under Slurm they start their
+# daemons with srun, so their processes inherit the daemon's SLURM_LOCALID (0 on every node).
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
+                        "SLURM_LOCALID", "LOCAL_RANK")
+
+
+def launcher_local_rank(environ=None) -> int | None:
+    """This process's index on its node as the launcher numbered it (LOCAL_RANK_VARIABLES, first set), or None."""
+    environ = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def node_local_rank(local_comm) -> int:
+    """Local rank that picks this process's GPU. Collective over ``local_comm`` (the ranks on this node).
+
+    The launcher's node-local rank when every rank of ``local_comm`` has one and no two are
+    equal: it is the job's numbering, so a sub-communicator's ranks keep the GPU the launcher
+    (and the simulation) gave their process. Otherwise the rank within ``local_comm``.
+    """
+    mine = launcher_local_rank()
+    theirs = local_comm.allgather(mine)
+    if None not in theirs and len(set(theirs)) == len(theirs):
+        return mine
+    return local_comm.Get_rank()
+
+
 def _pick_device(device, local_rank: int) -> tuple[torch.device | None, str]:
     """(device, error message)."""
     if isinstance(device, str) and device == "auto":
@@ -284,6 +336,20 @@ def _pick_device(device, local_rank: int) -> tuple[torch.device | None, str]:
     return torch.device("cuda", index), ""
 
 
+def _shared_gpu(local_comm, dev: torch.device) -> str:
+    """Why this rank's GPU is unusable for NCCL (another rank on the node has it), or "". Collective."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(dev).uuid)
+    except Exception:                                             # noqa: BLE001 (no UUID: no check)
+        uuid = None
+    uuids = local_comm.allgather(uuid)
+    others = [r for r, u in enumerate(uuids) if u is not None and u == uuid and r != local_comm.Get_rank()]
+    if not others:
+        return ""
+    return (f"device: GPU {uuid} on {socket.gethostname()} is also used by node-local rank(s) {others}; "
+            "NCCL needs one GPU per rank (srun --gpus-per-task=1, or as many visible GPUs as ranks per node)")
+
+
 def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: float = 300.0,
               watchdog_s: float | None = None, threads: int = 0) -> Comm:
     """Set up communication over the processes of ``mpi_comm``. Collective over ``mpi_comm``.
@@ -291,7 +357,9 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     mpi_comm:   an ``mpi4py.MPI.Comm`` (default ``COMM_WORLD``); it is duplicated, never
                 used directly.
     device:     ``"auto"`` (CUDA if present, else CPU), ``"cpu"``, ``"cuda"`` (GPU
-                ``local_rank % n_gpus``), ``"cuda:N"``, or a ``torch.device``.
+                ``local_rank % n_gpus`` of the visible ones, ``local_rank`` from
+                :func:`node_local_rank`), ``"cuda:N"``, or a ``torch.device``. Two ranks of
+                one node on the same GPU are an error (NCCL cannot run them).
     timeout_s:  ``torch.distributed`` collective timeout (also for joining the group).
     watchdog_s: limit for :meth:`Comm.agree` (default ``2 * timeout_s``).
     threads:    torch's CPU threads in this process (``torch.set_num_threads``); 0 leaves them.
@@ -315,9 +383,11 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     mpi = base.Dup()
     rank, size = mpi.Get_rank(), mpi.Get_size()
     local = mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = local.Get_rank(), local.Get_size()
-    local.Free()
+    local_rank, local_size = node_local_rank(local), local.Get_size()
     dev, error = _pick_device(device, local_rank)
+    if not error and dev.type == "cuda" and local_size > 1:
+        error = _shared_gpu(local, dev)
+    local.Free()
     comm = Comm(mpi, rank, size, local_rank, dev if dev is not None else torch.device("cpu"), None,
                 timeout_s=float(timeout_s),
                 watchdog_s=float(watchdog_s if watchdog_s is not None else 2 * timeout_s))

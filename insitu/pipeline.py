@@ -360,9 +360,12 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
                                                            op=MPI.MAX)
     if writer is not None:
+        t_write = _time.perf_counter()
+        writer.write_model(step, gaussians, comm)   # every rank its shard, at its offset in one file
+        metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
         with comm.phase("export"):                  # a failed write (disk full...) ends every rank
             if comm.rank == 0:
-                writer.write(step, merged, images, metrics, cfg)
+                writer.write(step, None, images, metrics, cfg)
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained)
 

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from insitu.parallel import RankFailure, RankInputFailure, init_comm, shutdown
+from insitu.parallel import (RankFailure, RankInputFailure, init_comm, launcher_local_rank, node_local_rank,
+                             shutdown)
 
 from conftest import run_mpi
 
@@ -21,6 +22,7 @@ def test_single_process_comm_is_identity():
     assert comm.all_reduce_sum(t) is t and torch.equal(t, torch.arange(4.0))
     assert comm.all_gather(t).shape == (1, 4)
     assert torch.equal(comm.reduce_scatter(t.view(1, 4)), t)
+    assert torch.equal(comm.all_to_all(t.view(1, 4)), t.view(1, 4))
     assert comm.allgather_object({"a": 1}) == [{"a": 1}]
     assert comm.traffic.bytes == 0 and comm.traffic.calls == 0
     comm.agree(True)
@@ -51,10 +53,43 @@ def test_init_comm_rejects_bad_arguments():
             init_comm(device="cuda")
 
 
+def test_launcher_local_rank_prefers_the_mpi_launchers():
+    assert launcher_local_rank({}) is None
+    assert launcher_local_rank({"SLURM_LOCALID": "3", "LOCAL_RANK": "1"}) == 3
+    # mpirun inside a Slurm job: its processes inherit the daemon's SLURM_LOCALID=0
+    assert launcher_local_rank({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
+    assert launcher_local_rank({"MPI_LOCALRANKID": "1", "SLURM_LOCALID": "0"}) == 1
+    assert launcher_local_rank({"LOCAL_RANK": "", "SLURM_LOCALID": "x"}) is None
+
+
+class _NodeComm:
+    """What node_local_rank uses of an mpi4py communicator: the other ranks' launcher ranks."""
+
+    def __init__(self, rank, theirs):
+        self.rank, self.theirs = rank, theirs
+
+    def allgather(self, mine):
+        return self.theirs
+
+    def Get_rank(self):
+        return self.rank
+
+
+def test_node_local_rank_falls_back_to_the_node_split(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    assert node_local_rank(_NodeComm(1, [4, 5])) == 5           # a sub-communicator keeps the job's numbering
+    assert node_local_rank(_NodeComm(1, [0, 5, 5])) == 1        # duplicates (inherited variables): the split
+    assert node_local_rank(_NodeComm(0, [5, None])) == 0        # not every rank knows: the split
+
+
 def test_reduce_scatter_checks_leading_dimension():
     comm = init_comm(device="cpu")
     with pytest.raises(ValueError, match=r"leading dimension of 1"):
         comm.reduce_scatter(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"all_to_all: expected a leading dimension of 1"):
+        comm.all_to_all(torch.zeros(2, 3))
     shutdown(comm)
 
 

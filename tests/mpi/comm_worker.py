@@ -32,6 +32,10 @@ def exercise(comm, world_ranks):
     s = comm.reduce_scatter(x)
     expect(s.tolist() == [(2 * r) * P * (P + 1) / 2, (2 * r + 1) * P * (P + 1) / 2], f"reduce_scatter {s}")
     expect(comm.traffic.calls == 1 and comm.traffic.bytes == round(P * 2 * 4 * (P - 1) / P), f"{comm.traffic}")
+    comm.traffic.reset()
+    a = comm.all_to_all(torch.tensor([[100 * r + q, -1.0] for q in range(P)], dtype=torch.float64))
+    expect(a[:, 0].tolist() == [100.0 * q + r for q in range(P)], f"all_to_all {a}")
+    expect(comm.traffic.calls == 1 and comm.traffic.bytes == round(2 * 8 * (P - 1)), f"{comm.traffic}")
     comm.agree(True)
     try:
         comm.agree(r != P - 1, f"bad input on {r}", where="input check")
@@ -62,6 +66,7 @@ def main():
     half = init_comm(sub, device="cpu", timeout_s=60)
     members = [q for q in reversed(range(world.size)) if q % 2 == color]
     expect(half.group is not dist.group.WORLD, "new group for a sub-communicator")
+    expect(half.local_rank == world.rank, f"local rank {half.local_rank}: the launcher's (one host: the world rank)")
     exercise(half, members)
     shutdown(half)
     shutdown(comm)

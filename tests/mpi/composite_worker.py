@@ -68,11 +68,14 @@ def main(device):
         a, b = band_rows(H, P)[r]
         check("forward band", band, full.detach()[:, a:b], 1e-10)
         h = -(-H // P)
-        want_fwd = (P - 1) / P * 8 * (P * B * H * W + P * B * h * W * 4)
-        if P > 1 and not (comm.traffic.calls == 2 and abs(comm.traffic.bytes - want_fwd) <= 2):
-            print(f"FAIL traffic: {comm.traffic}, expected {want_fwd} bytes in 2 calls", flush=True)
+        want_fwd = 8 * (P - 1) * B * h * W * 4          # band layers to the P - 1 other ranks, float64
+        if P > 1 and not (comm.traffic.calls == 1 and comm.traffic.bytes == want_fwd):
+            print(f"FAIL traffic: {comm.traffic}, expected {want_fwd} bytes in 1 call", flush=True)
             sys.exit(1)
         (band * weight[:, a:b].to(dev)).sum().backward()       # every rank its own band loss
+        if P > 1 and not (comm.traffic.calls == 2 and comm.traffic.bytes == 2 * want_fwd):
+            print(f"FAIL backward traffic: {comm.traffic}, expected {2 * want_fwd} bytes in 2 calls", flush=True)
+            sys.exit(1)
         check("grad rgb", rgb.grad, ref_rgb.grad[r], 1e-10)
         check("grad alpha", alpha.grad, ref_alpha.grad[r], 1e-10)
 
