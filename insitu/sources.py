@@ -133,6 +133,10 @@ class ArraySource(_Source):
 
     def _steps(self) -> Iterator[Step]:
         block = cut_block(self.array, self.rank, self.size, self.origin, self.spacing, self.fields)
+        # a read-only memory map (a .npy file) cut for one rank is a view of it: copy this rank's block
+        if not block.data.flags.writeable:
+            block.data = np.array(block.data)
+        block.fields = {k: v if v.flags.writeable else np.array(v) for k, v in block.fields.items()}
         yield Step(self.step, self.time, block)
 
 
