@@ -340,7 +340,10 @@ def _yaml(text: str, where: str) -> Any:
 
     if "\0" in text:
         raise ConfigError(f"{where}: not a text file (it holds NUL bytes); expected YAML")
-    depth = max((len(line) - len(line.lstrip("[{")) for line in text.splitlines()), default=0)
+    depth = level = 0                           # flow nesting, counted before the parser recurses into it
+    for c in text:
+        level += (c in "[{") - (c in "]}")
+        depth = max(depth, level)
     if depth > NESTING_MAX:
         raise ConfigError(f"{where}: nested {depth} levels deep, expected at most {NESTING_MAX}")
     try:
