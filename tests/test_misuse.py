@@ -156,3 +156,200 @@ def test_a_flag_does_not_hide_an_invalid_set_value_for_its_key(files, tmp_path):
     r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--set", "train.iterations=abc",
                "--out", "out", cwd=tmp_path)                      # TINY gives --iterations 2
     assert "train.iterations: expected an integer, got str 'abc'" in one_error(r)
+
+
+# ------------------------------------------------------------------------------------------ output folders
+
+@pytest.mark.parametrize("out, message", [
+    ("afile", r"output\.dir .*afile: is a file, expected a folder"),
+    ("afile/sub", r"output\.dir .*afile/sub: .*afile is a file, so the folder cannot be created"),
+])
+def test_an_output_path_that_is_or_lies_under_a_file_is_refused_before_training(files, tmp_path, out, message):
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", files / out, cwd=tmp_path)
+    assert __import__("re").search(message, one_error(r))
+    assert "step 0:" not in r.stdout                        # refused before any work
+
+
+def test_an_unwritable_output_folder_is_refused_before_training(files, tmp_path):
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.fail("this test drops root's file-permission override with setpriv; run it as root")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+            "--inh-caps", "-dac_override,-dac_read_search"]
+    for out in (locked, locked / "sub"):
+        r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, cwd=tmp_path, prefix=drop)
+        assert f"cannot write in {locked} (Permission denied)" in one_error(r)
+        assert "step 0:" not in r.stdout
+    assert list(locked.iterdir()) == []
+
+
+def test_reusing_an_output_folder_is_refused_then_resumed_or_overwritten(files, tmp_path):
+    run = ("run", files / "ball.npy", "--iso", "3", *TINY, "--out", "out")
+    first = insitu(*run, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    model = tmp_path / "out" / "step_000000" / "model.ply"
+    stamp = model.stat().st_mtime_ns
+    (tmp_path / "out" / "step_000000" / "views" / "stale.png").write_bytes(b"")
+
+    refused = insitu(*run, cwd=tmp_path)
+    assert "holds the results of an earlier run (steps 0); give --resume" in one_error(refused)
+    assert model.stat().st_mtime_ns == stamp
+
+    resumed = insitu(*run, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "step 0: complete in out, kept (--resume)" in resumed.stdout
+    assert model.stat().st_mtime_ns == stamp                  # not trained again
+    assert [r["step"] for r in read_csv(tmp_path / "out" / "metrics.csv")] == ["0"]
+
+    overwritten = insitu(*run, "--overwrite", cwd=tmp_path)
+    assert overwritten.returncode == 0, overwritten.stderr
+    assert model.stat().st_mtime_ns != stamp
+    rows = read_csv(tmp_path / "out" / "metrics.csv")
+    assert [(r["step"], r["status"]) for r in rows] == [("0", "trained")]          # one row per step
+    assert not (tmp_path / "out" / "step_000000" / "views" / "stale.png").exists()
+    assert "stale.png" not in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_resume_trains_the_steps_a_killed_run_left_unfinished(files, tmp_path):
+    out = tmp_path / "out"
+    (out / ".step_000000.abc.tmp").mkdir(parents=True)        # a step killed while being written
+    (out / ".step_000000.abc.tmp" / "model.ply").write_bytes(b"partial")
+    (out / "metrics.csv").write_text("step,status\n0,failed\n")
+    refused = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, cwd=tmp_path)
+    assert "holds the results of an earlier run; give --resume" in one_error(refused)
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "step_000000"]
+    assert [(r["step"], r["status"]) for r in read_csv(out / "metrics.csv")] == [("0", "trained")]
+
+
+def test_output_ply_false_writes_no_model(files, tmp_path):
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--set", "output.ply=false", "--out", "out",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    step = tmp_path / "out" / "step_000000"
+    assert (step / "metrics.json").is_file() and not (step / "model.ply").exists()
+
+
+def test_a_step_that_fails_while_written_leaves_no_step_folder(tmp_path, monkeypatch):
+    import torch
+
+    import insitu.export as export
+    from insitu.gaussians import Gaussians
+
+    writer = export.StepWriter(tmp_path / "out")
+
+    def broken(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "write_json", broken)        # after model.ply and the views, before metrics.json
+    g = Gaussians(means=torch.zeros(2, 3), log_scales=torch.zeros(2, 3), quats=torch.ones(2, 4),
+                  opacity_logits=torch.zeros(2), sh0=torch.zeros(2, 1, 3), shN=torch.zeros(2, 0, 3))
+    with pytest.raises(OSError, match="No space left"):
+        writer.write(0, g, [("view_000", torch.rand(4, 4, 3), torch.rand(4, 4, 3))], {"psnr": 1.0})
+    assert list((tmp_path / "out").iterdir()) == []           # no model.ply without its metrics.json
+
+
+def test_the_report_lists_only_this_runs_steps(tmp_path):
+    from insitu.export import StepWriter
+
+    out = tmp_path / "out"
+    (out / "step_000007" / "views").mkdir(parents=True)      # a folder left by something else
+    (out / "step_000007" / "views" / "old.png").write_bytes(b"")
+    writer = StepWriter(out)
+    writer.write(3, None, [], {"psnr": 20.0})
+    writer.record(4, "failed", "iso value 9 is outside the field's range")
+    report = (out / "report.html").read_text()
+    assert "Step 3" in report and "Step 7" not in report and "old.png" not in report
+    rows = read_csv(out / "metrics.csv")
+    assert [(r["step"], r["status"], r["reason"]) for r in rows] == [
+        ("3", "trained", ""), ("4", "failed", "iso value 9 is outside the field's range")]
+
+
+# ------------------------------------------------------------------------------------------ ranks
+
+@pytest.mark.mpi
+def test_ranks_launched_with_different_configurations_get_a_config_error_naming_the_keys(files, tmp_path):
+    base = ["run", files / "ball.npy", "--iso", "3", *TINY, "--out", "out"]
+    r = insitu(*base, "--views", "9", mpmd=[*base, "--views", "10"], cwd=tmp_path, timeout=180)
+    line = one_error(r)
+    assert "the ranks run different configurations" in line
+    assert "rank 1 differs from rank 0 in views.count (9 vs 10)" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------ BP step numbers
+
+def bp_with_steps(path: Path, numbers: list) -> Path:
+    """A BP file whose ADIOS steps carry these ``step`` values (any type) and a ball field."""
+    with adios2.Stream(str(path), "w") as s:
+        for n in numbers:
+            s.begin_step()
+            s.write("U", ball(), [12, 12, 12], [0, 0, 0], [12, 12, 12])
+            s.write("step", n)
+            s.end_step()
+    return path
+
+
+@pytest.mark.parametrize("numbers, message", [
+    ([0, -3], r"variable 'step' at ADIOS step index 1 is -3; expected a step number >= 0"),
+    ([0.0, 1.5], r"variable 'step' at ADIOS step index 1 is 1\.5; expected an integer step number"),
+    ([0, 4, 4], r"step number 4 is written at ADIOS step indices 1 and 2; expected each step number once"),
+    (["zero"], r"variable 'step' at ADIOS step index 0 is a string \('zero'\); expected an integer step number"),
+], ids=["negative", "1.5", "duplicated", "string"])
+def test_an_untrustworthy_bp_step_variable_is_refused_before_any_step(tmp_path, numbers, message):
+    path = bp_with_steps(tmp_path / "s.bp", numbers)
+    with pytest.raises(SourceInputError, match=message):
+        BPSource(path, "U")
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
+    assert __import__("re").search(message, one_error(r))
+    assert not (tmp_path / "out").exists()
+
+
+def test_bp_step_numbers_are_checked_while_reading_too(tmp_path):
+    # without the probe (e.g. a file still being written) the reader checks each step as it comes
+    path = bp_with_steps(tmp_path / "s.bp", [0, 5, 5])
+    got = []
+    with pytest.raises(SourceInputError, match=r"step number 5 is written at ADIOS step indices 1 and 2"):
+        for step in BPSource(path, "U", probe=False):
+            got.append(step.step)
+    assert got == [0, 5]
+
+
+def test_steps_that_select_nothing_are_refused_and_absent_ones_named(tmp_path):
+    path = bp_with_steps(tmp_path / "s.bp", [0, 10, 20])
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--steps", "5", "7", "--out", "out", cwd=tmp_path)
+    assert "none of the steps asked for (5, 7) is in the file; its steps: 0, 10, 20" in one_error(r)
+    assert not (tmp_path / "out").exists() and "report" not in r.stdout
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--steps", "7", "10", "--out", "out",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "warning: step(s) 7 asked for (--steps) are not in" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "out").glob("step_*")) == ["step_000010"]
+
+
+@pytest.mark.mpi
+def test_steps_that_select_nothing_are_refused_on_two_ranks(tmp_path):
+    path = bp_with_steps(tmp_path / "s.bp", [0, 10])
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--steps", "5", "--out", "out", cwd=tmp_path,
+               ranks=2, timeout=180)
+    assert "none of the steps asked for (5) is in the file" in one_error(r)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_replay_goes_on_after_a_step_without_surface(tmp_path):
+    path = tmp_path / "s.bp"
+    with adios2.Stream(str(path), "w") as s:
+        for n, field in ((0, np.zeros((12, 12, 12), np.float32)), (1, ball())):    # step 0: uniform, no surface
+            s.begin_step()
+            s.write("U", field, [12, 12, 12], [0, 0, 0], [12, 12, 12])
+            s.write("step", n)
+            s.end_step()
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "done: 1 step(s) trained, 1 failed (step 0: iso value 3" in r.stdout
+    rows = read_csv(tmp_path / "out" / "metrics.csv")
+    assert [(r["step"], r["status"]) for r in rows] == [("1", "trained"), ("0", "failed")]
+    assert "outside the field's range" in rows[1]["reason"]
