@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -526,6 +527,7 @@ class StepWriter:
     def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = ()) -> None:
         self.out_root = Path(out_root)
         self.ply = ply
+        self._lock = threading.Lock()           # rows come from a training thread and the caller's
         self.rows: dict[int, dict[str, Any]] = {}
         done = {int(s) for s in done}
         for r in read_csv(self.csv_path) if done else []:
@@ -594,13 +596,15 @@ class StepWriter:
             raise ValueError(f"status: expected 'skipped' or 'failed', got {status!r}")
         if self.rows.get(int(step), {}).get("status") == "trained":
             return                                  # a step trained earlier in this run stays trained
+        step_name(step)
         self.out_root.mkdir(parents=True, exist_ok=True)
         self._row(step, {"status": status, "reason": " ".join(str(reason).split())})
 
     def _row(self, step: int, row: Mapping[str, Any]) -> None:
-        self.rows[int(step)] = {"step": int(step), **row}
-        write_csv(self.csv_path, list(self.rows.values()))
-        write_report(self.out_root, steps=self.trained)
+        with self._lock:
+            self.rows[int(step)] = {"step": int(step), **row}
+            write_csv(self.csv_path, list(self.rows.values()))
+            write_report(self.out_root, steps=self.trained)
 
 
 # ---------------------------------------------------------------------------------------------
