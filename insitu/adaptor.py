@@ -20,10 +20,25 @@ each rank's worker is kept from starting a new step), and only steps that no wor
 has started are ever dropped. The worker trains on its own duplicated communicator,
 so its collectives never interleave with the simulation thread's.
 
-Errors are never lost: a failure in a trained step is agreed across ranks right after
-the step and raised (as ``InsituError``, same message on every rank) from the next
-``execute()`` or from ``finalize()``. Invalid input (a missing field, wrong shapes)
-raises from the same ``execute()`` call, on every rank.
+Errors are never lost, and one bad step never ends the analysis: a failure in a trained
+step (no surface, NaN, an iso value out of range) is agreed across ranks right after the
+step, recorded (``Adaptor.status[step]``, a "failed" row with the reason in metrics.csv)
+and raised once, as ``InsituError`` with the same message on every rank, by the next
+``execute()`` (after it has taken its own step) or by ``finalize()``; later steps train
+as usual. In sync mode the step's own ``execute()`` raises it. Steps dropped by policy
+``discard`` are recorded as "skipped". Invalid input (a missing field, wrong shapes)
+raises InputError from the same ``execute()`` call, on every rank, and that step is not taken.
+
+Agreement never hangs and never pairs different calls: every call starts with one
+cross-rank decision (the call and step number, bad input, failures to report) that waits
+at most ``parallel.timeout_s``. Ranks that call ``execute()`` with different step numbers
+(or one calls ``finalize()``) get an InputError naming each rank's call; a rank that does
+not call at all makes the others raise InsituError after the timeout, after which the
+adaptor is unusable (every call raises, ``finalize()`` frees what it can) while the
+simulation goes on. At start, the ranks compare their validated configurations (a hash):
+a difference is a ConfigError naming the keys; sizes that cannot fit in the device's
+memory and an output folder that cannot take the results (a file, unwritable, holding an
+earlier run's results unless ``output.existing`` is resume or overwrite) are ConfigErrors too.
 """
 from __future__ import annotations
 
@@ -170,6 +185,8 @@ class Adaptor:
              warm, iterations) -> result`` with ``result.metrics``, where ``warm`` is the
              previous step's result or None; collective over ``comm`` (a ``parallel.Comm``).
              Defaults to ``pipeline.run_step``.
+
+    status:  step -> :class:`StepStatus` (queued, trained, failed or skipped, and why), on every rank.
     """
 
     def __init__(self, comm=None, config: Config | dict | str | Path | None = None, *,

@@ -532,8 +532,9 @@ class StepWriter:
         done = {int(s) for s in done}
         for r in read_csv(self.csv_path) if done else []:
             with contextlib.suppress(KeyError, ValueError):
-                if int(r["step"]) in done:
-                    self.rows[int(r["step"])] = r
+                if int(r["step"]) in done:       # complete: trained (a csv from before statuses has none)
+                    self.rows[int(r["step"])] = {"step": r["step"], "status": r.get("status") or "trained",
+                                                 **{k: v for k, v in r.items() if k not in ("step", "status")}}
         for step in done - set(self.rows):
             self.rows[step] = {"step": step, "status": "trained"}
 

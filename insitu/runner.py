@@ -157,6 +157,11 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         if comm.rank == 0:
             print(f"insitu: error: {e}", file=sys.stderr, flush=True)
         return 2 if isinstance(e, (InputError, ConfigError)) else 1
+    except OSError as e:                    # disk full...: in a parallel run, agreed (a RankFailure)
+        print(f"insitu: error: {e}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            comm.mpi.Abort(1)
+        return 1
     except Exception:                       # unexpected: never leave the other ranks waiting
         traceback.print_exc()
         sys.stderr.flush()

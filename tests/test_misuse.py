@@ -353,3 +353,58 @@ def test_a_replay_goes_on_after_a_step_without_surface(tmp_path):
     rows = read_csv(tmp_path / "out" / "metrics.csv")
     assert [(r["step"], r["status"]) for r in rows] == [("1", "trained"), ("0", "failed")]
     assert "outside the field's range" in rows[1]["reason"]
+
+
+# ------------------------------------------------------------------------------------------ the Adaptor, one rank
+
+def _process(seen):
+    def process(block, cfg, comm, *, step, time, writer, warm, iterations):
+        seen.append(step)
+        return type("R", (), {"gaussians": None, "metrics": {}})()
+    return process
+
+
+def test_the_adaptor_refuses_an_output_folder_with_results_and_resumes_when_asked(tmp_path):
+    from insitu.adaptor import Adaptor
+
+    out = tmp_path / "out"
+    (out / "step_000003").mkdir(parents=True)
+    (out / "step_000003" / "metrics.json").write_text("{}")
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+    with pytest.raises(ConfigError, match=r"holds the results of an earlier run \(steps 3\); give --resume"):
+        Adaptor(None, cfg, process=_process([]))
+    seen = []
+    u = np.zeros((4, 5, 6), np.float32)
+    with Adaptor(None, {**cfg, "output": {"dir": str(out), "existing": "resume"}}, process=_process(seen)) as ad:
+        for step in (3, 4):
+            ad.execute(step, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+    assert seen == [4]
+    assert ad.status[3].status == "skipped" and "complete in the output folder" in ad.status[3].reason
+    assert ad.status[4].status == "trained"
+
+
+def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_file(tmp_path):
+    from insitu.adaptor import Adaptor
+
+    with pytest.raises(ConfigError, match=r"need at least [\d.e+]+ GiB per rank"):
+        Adaptor(None, {"views": {"resolution": 100000}, "parallel": {"device": "cpu"},
+                       "output": {"dir": str(tmp_path / "o")}}, process=_process([]))
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match=r"is a file, so the folder cannot be created"):
+        Adaptor(None, {"parallel": {"device": "cpu"}, "output": {"dir": str(tmp_path / "f" / "o")}},
+                process=_process([]))
+
+
+def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):
+    from insitu.adaptor import Adaptor
+    from insitu.volume import InputError
+
+    seen = []
+    u = np.zeros((4, 5, 6), np.float32)
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path / "o")}, "parallel": {"device": "cpu"}}
+    with Adaptor(None, cfg, process=_process(seen)) as ad:
+        for bad in (-1, 1.5):
+            with pytest.raises(InputError, match=r"step: expected an integer >= 0"):
+                ad.execute(bad, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+        ad.execute(2, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+    assert seen == [2]
