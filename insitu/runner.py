@@ -110,10 +110,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     try:
         compare_configs(comm.mpi, cfg, cfg.parallel.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
-        with comm.phase("memory"):
-            check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}")
-        with comm.phase("output folder"):      # before any work: a folder that cannot take the results
-            done = prepare_output(out, cfg.output.existing) if comm.rank == 0 else None
+        # before any work: sizes that cannot fit, a folder that cannot take the results (rank 0 writes)
+        done = _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
+                                      prepare_output(out, cfg.output.existing) if comm.rank == 0 else None)[1])
         done = comm.mpi.bcast(done, root=0)
         writer = StepWriter(out, ply=cfg.output.ply, done=done)
         failed: list[tuple[int, str]] = []
@@ -170,6 +169,19 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         return 1
     finally:
         shutdown(comm)
+
+
+def _agreed(comm, check):
+    """``check()`` on every rank; a ConfigError on any rank is raised on every rank (exit 2)."""
+    error, value = None, None
+    try:
+        value = check()
+    except ConfigError as e:
+        error = str(e)
+    first = next((e for e in comm.allgather_object(error) if e), None)
+    if first is not None:
+        raise ConfigError(first)
+    return value
 
 
 def _steps_text(steps: list[int]) -> str:

@@ -170,6 +170,13 @@ def test_an_output_path_that_is_or_lies_under_a_file_is_refused_before_training(
     assert "step 0:" not in r.stdout                        # refused before any work
 
 
+@pytest.mark.mpi
+def test_an_output_path_under_a_file_is_refused_on_two_ranks_with_exit_2(files, tmp_path):
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", files / "afile" / "sub", cwd=tmp_path,
+               ranks=2, timeout=180)
+    assert "afile is a file, so the folder cannot be created" in one_error(r)
+
+
 def test_an_unwritable_output_folder_is_refused_before_training(files, tmp_path):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.fail("this test drops root's file-permission override with setpriv; run it as root")
