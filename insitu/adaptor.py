@@ -20,10 +20,25 @@ each rank's worker is kept from starting a new step), and only steps that no wor
 has started are ever dropped. The worker trains on its own duplicated communicator,
 so its collectives never interleave with the simulation thread's.
 
-Errors are never lost: a failure in a trained step is agreed across ranks right after
-the step and raised (as ``InsituError``, same message on every rank) from the next
-``execute()`` or from ``finalize()``. Invalid input (a missing field, wrong shapes)
-raises from the same ``execute()`` call, on every rank.
+Errors are never lost, and one bad step never ends the analysis: a failure in a trained
+step (no surface, NaN, an iso value out of range) is agreed across ranks right after the
+step, recorded (``Adaptor.status[step]``, a "failed" row with the reason in metrics.csv)
+and raised once, as ``InsituError`` with the same message on every rank, by the next
+``execute()`` (after it has taken its own step) or by ``finalize()``; later steps train
+as usual. In sync mode the step's own ``execute()`` raises it. Steps dropped by policy
+``discard`` are recorded as "skipped". Invalid input (a missing field, wrong shapes)
+raises InputError from the same ``execute()`` call, on every rank, and that step is not taken.
+
+Agreement never hangs and never pairs different calls: every call starts with one
+cross-rank decision (the call and step number, bad input, failures to report) that waits
+at most ``parallel.timeout_s``. Ranks that call ``execute()`` with different step numbers
+(or one calls ``finalize()``) get an InputError naming each rank's call; a rank that does
+not call at all makes the others raise InsituError after the timeout, after which the
+adaptor is unusable (every call raises, ``finalize()`` frees what it can) while the
+simulation goes on. At start, the ranks compare their validated configurations (a hash):
+a difference is a ConfigError naming the keys; sizes that cannot fit in the device's
+memory and an output folder that cannot take the results (a file, unwritable, holding an
+earlier run's results unless ``output.existing`` is resume or overwrite) are ConfigErrors too.
 """
 from __future__ import annotations
 
@@ -39,7 +54,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import Config, ConfigError, from_dict, load_config, validate
+from .config import Config, ConfigError, ParallelConfig, check_memory, from_dict, load_config, validate
+from .parallel import AgreementTimeout, allgather_within, compare_configs, shutdown
 from .decomposition import block_from_local
 from .volume import Block, InputError
 
@@ -104,6 +120,20 @@ class AdaptorStats:
 
 
 @dataclass
+class StepStatus:
+    """What became of one step handed to ``execute()`` (``Adaptor.status[step]``).
+
+    status: "queued" (waiting or training), "trained", "failed" (reason: the agreed error,
+            also raised once by a later call) or "skipped" (reason: dropped by policy discard
+            or finalize(drain=False), or complete in the output folder on resume).
+    """
+
+    step: int
+    status: str
+    reason: str = ""
+
+
+@dataclass
 class _Item:
     index: int          # position in the sequence of enqueued steps (same on every rank)
     step: int
@@ -155,6 +185,8 @@ class Adaptor:
              warm, iterations) -> result`` with ``result.metrics``, where ``warm`` is the
              previous step's result or None; collective over ``comm`` (a ``parallel.Comm``).
              Defaults to ``pipeline.run_step``.
+
+    status:  step -> :class:`StepStatus` (queued, trained, failed or skipped, and why), on every rank.
     """
 
     def __init__(self, comm=None, config: Config | dict | str | Path | None = None, *,
@@ -164,16 +196,27 @@ class Adaptor:
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         self._sim = comm.Dup()              # the simulation thread's collectives
+        self._timeout = ParallelConfig().timeout_s
+        self._broken: str | None = None     # a cross-rank decision timed out: the adaptor is unusable
+        self._work = None
         try:
-            error = None
+            error, cfg = None, None
             try:
                 cfg = _load(config)
             except (ConfigError, OSError) as e:
                 error = str(e)
             self._agree([error], "invalid configuration", ConfigError)
+            self._timeout = cfg.parallel.timeout_s
+            compare_configs(self._sim, cfg, self._timeout)      # the same validated configuration everywhere
+            self._setup(comm, cfg, process)
         except BaseException:
+            if self._work is not None:
+                shutdown(self._work)
             self._sim.Free()
             raise
+
+    def _setup(self, comm, cfg: Config, process) -> None:
+        MPI = self._MPI
         self.cfg: Config = cfg
         self.rank = self._sim.Get_rank()
         self.size = self._sim.Get_size()
@@ -185,20 +228,32 @@ class Adaptor:
             warnings.warn("insitu.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
                           f"(got thread level {MPI.Query_thread()}); training synchronously instead. "
                           "Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
-                          "to train in the background.", RuntimeWarning, stacklevel=2)
+                          "to train in the background.", RuntimeWarning, stacklevel=3)
             self.mode = "sync"
-        from .export import StepWriter
-        from .parallel import init_comm
+        from .export import StepWriter, prepare_output
+        from .parallel import device_memory, init_comm
 
         # the training's own duplicate of comm + torch.distributed group (the worker thread's in background mode)
         self._work = init_comm(comm, device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s,
                                threads=cfg.parallel.threads)
-        self._writer = StepWriter(cfg.output.dir)
+        error, done = None, []
+        try:                                 # before any step: sizes that cannot fit, an unusable output folder
+            check_memory(cfg, self.size, device_memory(self._work.device), f"device {self._work.device}")
+            if self.rank == 0:
+                done = prepare_output(cfg.output.dir, cfg.output.existing)
+        except (ConfigError, OSError) as e:
+            error = str(e)
+        gathered = self._gather("checking memory and the output folder", (error, done))
+        if any(e for e, _ in gathered):
+            raise ConfigError(_report("unusable configuration", [e for e, _ in gathered]))
+        self._done = set(gathered[0][1])     # complete in the output folder (output.existing: resume)
+        self._writer = StepWriter(cfg.output.dir, ply=cfg.output.ply, done=self._done)
         self.stats = AdaptorStats()
+        self.status: dict[int, StepStatus] = {}
         self._warm = None
         self._closed = False
-        self._failed: str | None = None     # agreed failure: every later call raises it again
-        self._worker_error: str | None = None
+        self._failures: list[tuple[int, str]] = []   # agreed failures of trained steps, in order
+        self._reported: set[int] = set()             # ... of which these were raised already
         # queue state, guarded by self._cond
         self._cond = threading.Condition()
         self._queue: collections.deque[_Item] = collections.deque()
@@ -255,11 +310,15 @@ class Adaptor:
 
     def finalize(self, drain: bool = True) -> None:
         """Train the steps still waiting (``drain=False``: drop them), stop the worker, free the
-        communicators. Collective. Raises InsituError if a step failed on any rank."""
+        communicators. Collective. Raises InsituError for failed steps not reported yet."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self._broken is not None:     # the ranks no longer agree: leave without collectives
+                self._stop_worker(wait_s=1.0)
+                return
+            self._same_call(("finalize()", None))
             if self._thread is not None:
                 dropped = []
                 with self._cond:
@@ -268,14 +327,13 @@ class Adaptor:
                     self._stop = True
                     self._cond.notify_all()
                 self.stats.dropped.extend(dropped)
+                self._skipped(dropped, "dropped: finalize(drain=False)")
                 self._thread.join()
-            if self._failed is None:
-                self._raise_worker_error(self._worker_error)
+            self._raise_failures(self._gather("finalize()", self._pending()))
         finally:
-            from .parallel import shutdown
-
-            shutdown(self._work)
-            self._sim.Free()
+            shutdown(self._work)            # the worker's own communicator and process group
+            if self._broken is None:        # a pending operation may remain on it otherwise
+                self._sim.Free()
 
     def __enter__(self) -> "Adaptor":
         return self
@@ -284,21 +342,66 @@ class Adaptor:
         self.finalize(drain=exc_type is None)
 
     # ------------------------------------------------------------------ internals
+    def _gather(self, what: str, obj: Any) -> list[Any]:
+        """Allgather on the simulation communicator within ``parallel.timeout_s``; past that the
+        adaptor is unusable (InsituError now and from every later call), the simulation goes on."""
+        try:
+            return allgather_within(self._sim, obj, self._timeout, what)
+        except AgreementTimeout as e:
+            self._broken = f"{e}; the adaptor trains nothing more"
+            raise InsituError(self._broken) from None
+
     def _agree(self, errors: list[str | None], what: str, kind: type[Exception]) -> None:
-        """Allgather this rank's error messages on the simulation communicator; raise on every rank
-        if any rank has one."""
-        gathered = self._sim.allgather("; ".join(e for e in errors if e) or None)
+        """Gather this rank's error messages; raise on every rank if any rank has one."""
+        gathered = self._gather(what, "; ".join(e for e in errors if e) or None)
         if any(gathered):
             raise kind(_report(what, gathered))
 
-    def _raise_worker_error(self, error: str | None) -> None:
-        """Collective: raise the failure of a trained step on every rank (its text was agreed by
-        the workers already; a rank whose worker has not recorded it yet takes it from the others)."""
-        gathered = self._sim.allgather(error)
-        first = next((m for m in gathered if m), None)
-        if first is not None:
-            self._failed = first
-            raise InsituError(first)
+    def _same_call(self, call: tuple[str, int | None], error: str | None = None) -> list[Any]:
+        """First decision of every call: all ranks make the same call (method, step), and which
+        of them has bad input or failed steps to report. Returns [(call, error, pending)] per rank."""
+        gathered = self._gather(call[0].replace("()", f"(step {call[1]})") if call[1] is not None else call[0],
+                                (call, error, self._pending()))
+        calls = [g[0] for g in gathered]
+        if any(c != call for c in calls):
+            def name(c):
+                return f"execute(step {c[1]})" if c[0] == "execute()" else c[0]
+            raise InputError("the ranks made different calls (every rank must call execute() for every step, "
+                             "then finalize()): " + ", ".join(f"rank {r}: {name(c)}" for r, c in enumerate(calls)))
+        return gathered
+
+    def _pending(self) -> list[tuple[int, str]]:
+        with self._cond:
+            return [f for f in self._failures if f[0] not in self._reported]
+
+    def _raise_failures(self, gathered: list[list[tuple[int, str]]]) -> None:
+        """Raise, once, the failures that any rank knows of and that were not raised yet."""
+        failures = dict(sorted({s: m for pending in gathered for s, m in pending if s not in self._reported}.items()))
+        if failures:
+            self._reported.update(failures)
+            raise InsituError("\n".join(failures.values()))
+
+    def _skipped(self, steps: list[int], reason: str) -> None:
+        with self._cond:
+            for s in steps:
+                self.status[s] = StepStatus(s, "skipped", reason)
+        if self.rank == 0:
+            for s in steps:
+                self._write_status(s, "skipped", reason)
+
+    def _write_status(self, step: int, status: str, reason: str) -> None:
+        try:
+            self._writer.record(step, status, reason)
+        except OSError as e:                # the status stays readable in self.status
+            print(f"[insitu rank {self.rank}] metrics.csv: {e}", file=sys.stderr, flush=True)
+
+    def _stop_worker(self, wait_s: float) -> None:
+        if self._thread is not None:
+            with self._cond:
+                self._queue.clear()
+                self._stop = True
+                self._cond.notify_all()
+            self._thread.join(wait_s)
 
     def _check(self, fields, global_shape, start) -> tuple[tuple, tuple]:
         cfg = self.cfg.input
@@ -330,48 +433,53 @@ class Adaptor:
         t0 = _time.perf_counter()
         if self._closed:
             raise InsituError("execute() after finalize()")
-        if self._failed is not None:
-            raise InsituError(self._failed)
-        # 1. agree on errors: an earlier step's failure, or unusable input on any rank
+        if self._broken is not None:
+            raise InsituError(self._broken)
+        # 1. agree: the same call on every rank, unusable input on any rank, failures to report
         gshape = start_ = None
-        if error is None:
-            try:
+        try:
+            if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+                raise InputError(f"step: expected an integer >= 0 (the outputs are named by it), got {step!r}")
+            step = int(step)
+            if error is None:
                 gshape, start_ = self._check(fields, global_shape, start)
                 origin = _triple("origin", origin, float)
                 spacing = _triple("spacing", spacing, float)
-            except InputError as e:
-                error = str(e)
-        with self._cond:
-            worker_error = self._worker_error
-        self._raise_worker_error(worker_error)
-        self._agree([error], f"step {step}: invalid input", InputError)
-        # 2. copy: the halo exchange builds new arrays with ghost layers (collective)
-        cfg = self.cfg.input
-        block = block_from_local(fields[cfg.var], start_, gshape, self._sim, origin, spacing)
-        nbytes = block.data.nbytes
-        if cfg.color_var:
-            color = block_from_local(fields[cfg.color_var], start_, gshape, self._sim, origin, spacing)
-            block.fields[cfg.color_var] = color.data
-            nbytes += color.data.nbytes
-        record = ExecuteRecord(step=int(step), seconds=0.0, bytes_copied=nbytes)
-        # 3. train now, or queue
-        if self.mode == "sync":
-            self._train(step, time, block)
-            if self._worker_error is not None:
-                self._failed = self._worker_error
-                record.seconds = _time.perf_counter() - t0
-                self.stats.executes.append(record)
-                raise InsituError(self._failed)
+        except InputError as e:
+            error = str(e)
+        gathered = self._same_call(("execute()", step if isinstance(step, int) else None), error)
+        if any(e for _, e, _ in gathered):
+            raise InputError(_report(f"step {step}: invalid input", [e for _, e, _ in gathered]))
+        pending = [p for _, _, p in gathered]
+        record = ExecuteRecord(step=step, seconds=0.0, bytes_copied=0)
+        if step in self._done:               # complete in the output folder (output.existing: resume)
+            self.status[step] = StepStatus(step, "skipped", "complete in the output folder (resume)")
         else:
-            self._enqueue(_Item(0, int(step), float(time), block), record)
+            # 2. copy: the halo exchange builds new arrays with ghost layers (collective)
+            cfg = self.cfg.input
+            block = block_from_local(fields[cfg.var], start_, gshape, self._sim, origin, spacing)
+            record.bytes_copied = block.data.nbytes
+            if cfg.color_var:
+                color = block_from_local(fields[cfg.color_var], start_, gshape, self._sim, origin, spacing)
+                block.fields[cfg.color_var] = color.data
+                record.bytes_copied += color.data.nbytes
+            # 3. train now (its failure is agreed inside), or queue
+            with self._cond:
+                self.status[step] = StepStatus(step, "queued")
+            if self.mode == "sync":
+                self._train(step, time, block)
+                pending.append(self._pending())
+            else:
+                self._enqueue(_Item(0, step, float(time), block), record)
         record.seconds = _time.perf_counter() - t0
         self.stats.executes.append(record)
+        self._raise_failures(pending)        # this call's step was taken: earlier failures, once
 
     def _drop_waiting(self, keep: int) -> list[int]:
         """Drop the oldest steps that no worker on any rank has started, so that at most
         ``keep`` of them remain. Collective; call with ``self._cond`` held so the worker
         cannot start a step between the allgather and the drop."""
-        started = max(self._sim.allgather(self._started))   # index < started: running or done somewhere
+        started = max(self._gather("dropping waiting steps", self._started))   # index < started: running or done
         waiting = [it for it in self._queue if it.index >= started]   # the same items on every rank
         dropped = waiting[:max(len(waiting) - keep, 0)]
         for it in dropped:
@@ -386,13 +494,15 @@ class Adaptor:
                 self.stats.dropped.extend(record.dropped)
             else:
                 t = _time.perf_counter()
-                while len(self._queue) >= capacity and self._worker_error is None and self._thread.is_alive():
+                while len(self._queue) >= capacity and self._thread.is_alive():
                     self._cond.wait()
                 record.waited_s = _time.perf_counter() - t
             item.index = self._enqueued
             self._enqueued += 1
             self._queue.append(item)
             self._cond.notify_all()
+        self._skipped(record.dropped, f"dropped: newer steps arrived while it waited (insitu.policy discard, "
+                                      f"insitu.queue {capacity})")
 
     def _worker(self) -> None:
         while True:
@@ -405,12 +515,6 @@ class Adaptor:
                 self._started = item.index + 1
                 self._cond.notify_all()
             self._train(item.step, item.time, item.block)
-            if self._worker_error is not None:
-                with self._cond:
-                    # nothing more is trained: release everything waiting
-                    self._queue.clear()
-                    self._cond.notify_all()
-                return
 
     def _train(self, step: int, time: float, block: Block) -> None:
         """Train one step on the worker communicator; afterwards all ranks agree whether it
@@ -426,12 +530,19 @@ class Adaptor:
                                    warm=warm, iterations=iterations)
         except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost
             message = f"step {step}: {type(e).__name__}: {e}"
-            print(f"[insitu rank {self.rank}] {traceback.format_exc()}", end="", file=sys.stderr, flush=True)
-        gathered = self._work.mpi.allgather(message)
-        if any(gathered):
+            detail = message + "\n" if isinstance(e, InputError) else traceback.format_exc()   # bad input: one line
+            print(f"[insitu rank {self.rank}] {detail}", end="", file=sys.stderr, flush=True)
+        gathered = self._work.mpi.allgather(message)     # the ranks train the same steps: no timeout needed
+        if any(gathered):                   # reported once, recorded; the next steps train as usual
+            report = _report(f"training step {step} failed", gathered)
             with self._cond:
-                self._worker_error = _report(f"training step {step} failed", gathered)
+                self._failures.append((step, report))
+                self.status[step] = StepStatus(step, "failed", report)
                 self._cond.notify_all()
+            if self.rank == 0:
+                self._write_status(step, "failed", report)
             return
         self._warm = result
+        with self._cond:
+            self.status[step] = StepStatus(step, "trained")
         self.stats.trained.append(TrainedRecord(int(step), _time.perf_counter() - t0, dict(result.metrics)))

@@ -40,6 +40,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
     g.add_argument("--backend", choices=["auto", "gsplat", "torch"], help="rasterizer")
     g.add_argument("--quiet", action="store_true", help="no progress bars")
+    g = p.add_argument_group("an output folder that holds results (default: refuse to use it)")
+    g = g.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="keep its complete steps and train only the others (after a crash or a killed job)")
+    g.add_argument("--overwrite", action="store_true", help="delete its results first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,12 +102,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
     }
     if args.quiet:
         flags["train.progress"] = False
-    overrides.update({k: v for k, v in flags.items() if v is not None})
+    if getattr(args, "resume", False):
+        flags["output.existing"] = "resume"
+    if getattr(args, "overwrite", False):
+        flags["output.existing"] = "overwrite"
     defaults = None
     if args.command == "demo":
         from .demo import DEMO_DEFAULTS
 
         defaults = DEMO_DEFAULTS
+    load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
+    overrides.update({k: v for k, v in flags.items() if v is not None})
     return load_config(args.config, overrides, defaults)
 
 

@@ -7,6 +7,9 @@ expected and what came, before anything is computed or written.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -86,6 +89,7 @@ class OutputConfig:
     dir: str = "out"
     images: int = 4                     # how many held-out views to write as GT | render PNGs
     ply: bool = True
+    existing: str = "refuse"            # a folder that holds results: refuse | resume | overwrite
 
 
 @dataclass
@@ -126,15 +130,22 @@ _CHOICES = {
     "parallel.transfer": ("float32", "bfloat16", "float16"),
     "insitu.mode": ("background", "sync"),
     "insitu.policy": ("block", "discard"),
+    "output.existing": ("refuse", "resume", "overwrite"),
 }
 _POSITIVE = {
     "views.count", "views.resolution", "views.supersample", "views.test_every", "views.fov_deg",
     "seeds.budget", "seeds.thickness", "train.iterations", "train.batch", "train.densify_every",
     "input.downsample", "input.every", "input.timeout_s", "parallel.timeout_s", "insitu.queue",
     "train.max_gaussians", "train.sh_increase_every",
+    "train.lr_means", "train.lr_scales", "train.lr_quats", "train.lr_opacities", "train.lr_sh0", "train.lr_shN",
+    "train.grad_threshold",
 }
 _NON_NEGATIVE = {"output.images", "train.sh_degree", "train.eval_every", "insitu.warm_iterations",
-                 "parallel.threads"}
+                 "parallel.threads", "train.seed", "train.lr_means_final", "train.densify_from",
+                 "train.densify_until", "train.opacity_reset_every", "train.prune_opacity"}
+_FRACTION = {"train.ssim_weight", "seeds.opacity", "train.prune_opacity"}     # in [0, 1]
+SUPERSAMPLE_MAX = 8                     # 8 x 8 rays per pixel; more multiplies ray casting time for no visible gain
+NESTING_MAX = 32                        # deeper YAML is not a configuration (and would exhaust the parser's stack)
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:
@@ -207,14 +218,24 @@ def validate(cfg: Config) -> Config:
         for f in dataclasses.fields(sub):
             key = f"{section.name}.{f.name}"
             value = getattr(sub, f.name)
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{key}: expected a finite number, got {value!r}")
             if key in _CHOICES and value not in _CHOICES[key]:
                 raise ConfigError(f"{key}: expected one of {', '.join(_CHOICES[key])}, got {value!r}")
             if key in _POSITIVE and value is not None and value <= 0:
                 raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
             if key in _NON_NEGATIVE and value < 0:
                 raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
+            if key in _FRACTION and not 0 <= value <= 1:
+                raise ConfigError(f"{key}: expected a value in [0, 1], got {value!r}")
     if not cfg.input.iso:
         raise ConfigError("input.iso: expected at least one iso value, got an empty list")
+    if cfg.train.seed >= 2**32:
+        raise ConfigError(f"train.seed: expected 0 <= seed < 2**32, got {cfg.train.seed}")
+    if cfg.views.supersample > SUPERSAMPLE_MAX:
+        raise ConfigError(f"views.supersample: expected 1..{SUPERSAMPLE_MAX} rays per pixel and axis, "
+                          f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
     if cfg.views.fov_deg >= 180:
@@ -223,6 +244,16 @@ def validate(cfg: Config) -> Config:
         v = getattr(cfg.views, key)
         if len(v) != 3 or not all(0.0 <= c <= 1.0 for c in v):
             raise ConfigError(f"views.{key}: expected 3 values in [0, 1], got {v!r}")
+    if cfg.input.dtype is not None:
+        import numpy as np
+
+        try:
+            kind = np.dtype(cfg.input.dtype).kind
+        except TypeError:
+            kind = None
+        if kind is None or kind not in "uif":
+            raise ConfigError(f"input.dtype: expected an integer or float type such as uint8, int16, float32, "
+                              f"got {cfg.input.dtype!r}")
     if cfg.input.dims is not None and (len(cfg.input.dims) != 3 or min(cfg.input.dims) <= 0):
         raise ConfigError(f"input.dims: expected 3 positive integers (x, y, z), got {cfg.input.dims!r}")
     if cfg.views.count <= cfg.views.test_every and cfg.views.count < 2:
@@ -270,17 +301,21 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     Precedence: ``overrides`` > the file > ``defaults`` (dotted, e.g. a command's own) > built-in defaults.
     """
-    import yaml
-
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path}: is a directory, expected a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file {path}: does not exist")
         try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: not valid YAML ({e})") from None
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path}: not a text file (byte {e.start} is not UTF-8); "
+                              "expected YAML") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path}: cannot be read ({e.strerror})") from None
+        values = _yaml(text, f"config file {path}") or {}
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(values).__name__}")
     base = merge({}, defaults or {})
@@ -292,14 +327,101 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return from_dict(merge(base, overrides or {}))
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``SECTION.KEY=VALUE`` (VALUE as YAML) from the command line."""
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)`` with every failure (syntax, tags, binary, nesting) as a ConfigError."""
     import yaml
 
+    if "\0" in text:
+        raise ConfigError(f"{where}: not a text file (it holds NUL bytes); expected YAML")
+    depth = level = 0                           # flow nesting, counted before the parser recurses into it
+    for c in text:
+        level += (c in "[{") - (c in "]}")
+        depth = max(depth, level)
+    if depth > NESTING_MAX:
+        raise ConfigError(f"{where}: nested {depth} levels deep, expected at most {NESTING_MAX}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply (expected at most {NESTING_MAX} levels)") from None
+    if _depth(value) > NESTING_MAX:
+        raise ConfigError(f"{where}: nested {_depth(value)} levels deep, expected at most {NESTING_MAX}")
+    return value
+
+
+GAUSSIAN_BYTES = 4 * 4 * 59            # float32 parameters (SH degree 3), gradients and two Adam moments
+RAY_BYTES = 300                         # ray casting, per ray marched at once (groundtruth.raycast)
+CHUNK_RAYS = 1 << 22                    # rays marched at once
+
+
+def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
+    """Bytes one of ``ranks`` ranks needs at least, per part, for a step trained with ``cfg``.
+
+    ground_truth: the rank's band of every view (float16 RGB);
+    ray_casting:  one chunk of views ray cast and composited (float32 RGBA, several copies);
+    rendering:    one batch of views rendered, composited and differentiated (float32);
+    gaussians:    the rank's share of the initial Gaussians with gradients and optimiser state
+                  (the budget is only reached with ``seeds.fill``; without it, by the surface's vertices).
+    """
+    vc, res = cfg.views, cfg.views.resolution
+    pixels = res * res
+    band = -(-res // ranks) * res
+    chunk = max(1, CHUNK_RAYS // pixels)
+    rays = min(chunk * pixels * vc.supersample ** 2, CHUNK_RAYS)
+    return {
+        "ground_truth": vc.count * band * 3 * 2,
+        "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
+        "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
+        "gaussians": (cfg.seeds.budget // ranks if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,
+    }
+
+
+def check_memory(cfg: Config, ranks: int, available: int, where: str = "this machine") -> None:
+    """Raise ConfigError when ``cfg`` needs more than ``available`` bytes per rank (``memory_estimate``)."""
+    parts = memory_estimate(cfg, ranks)
+    need = sum(parts.values())
+    if need > available:
+        gib = 2.0 ** 30
+        detail = ", ".join(f"{k.replace('_', ' ')} {v / gib:.3g} GiB" for k, v in parts.items() if v)
+        raise ConfigError(f"views.resolution={cfg.views.resolution}, views.count={cfg.views.count}, "
+                          f"views.supersample={cfg.views.supersample}, train.batch={cfg.train.batch}, "
+                          f"seeds.budget={cfg.seeds.budget}{' with seeds.fill' if cfg.seeds.fill else ''} "
+                          f"on {ranks} rank(s) need at least {need / gib:.3g} GiB per rank ({detail}); "
+                          f"{where} has {available / gib:.3g} GiB")
+
+
+def config_hash(cfg: Config) -> str:
+    """A hash of the validated configuration: ranks that compare it know they run the same one."""
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (``Config.to_dict()``)."""
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_differences(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``SECTION.KEY=VALUE`` (VALUE as YAML) from the command line."""
     key, sep, raw = text.partition("=")
     if not sep or "." not in key:
         raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.iterations=500")
-    value = yaml.safe_load(raw)
+    value = _yaml(raw, f"--set {text!r}")
     if isinstance(value, str):                  # YAML 1.1 reads "1e-4" as a string
         try:
             value = float(value)

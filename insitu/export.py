@@ -26,8 +26,11 @@ import json
 import math
 import os
 import re
+import shutil
+import tempfile
+import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -426,6 +429,16 @@ def append_csv(path: str | Path, row: Mapping[str, Any]) -> Path:
     return atomic_write(path, buf.getvalue())
 
 
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``rows`` as the CSV at ``path`` (columns in order of first appearance), atomically."""
+    columns = list(dict.fromkeys(str(k) for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({str(k): v for k, v in r.items()} for r in rows)
+    return atomic_write(path, buf.getvalue())
+
+
 # ---------------------------------------------------------------------------------------------
 # Step folders, report
 
@@ -433,13 +446,77 @@ def append_csv(path: str | Path, row: Mapping[str, Any]) -> Path:
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
-def step_dir(out_root: str | Path, step: int) -> Path:
-    """``out_root/step_000120`` for step 120, created."""
+def step_name(step: int) -> str:
+    """``step_000120`` for step 120."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    d = Path(out_root) / f"step_{int(step):06d}"
+    return f"step_{int(step):06d}"
+
+
+def step_dir(out_root: str | Path, step: int) -> Path:
+    """``out_root/step_000120`` for step 120, created."""
+    d = Path(out_root) / step_name(step)
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def _results(out: Path) -> tuple[list[int], list[Path]]:
+    """(complete steps, every result file and folder) in an output folder."""
+    done, found = [], []
+    for p in out.iterdir():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            found.append(p)
+            if (p / "metrics.json").is_file():
+                done.append(int(m.group(1)))
+        elif p.name in ("metrics.csv", "report.html") or re.match(r"^\.step_\d{6,}\..*\.(tmp|old)$", p.name):
+            found.append(p)
+    return sorted(done), found
+
+
+def prepare_output(out_root: str | Path, existing: str = "refuse") -> list[int]:
+    """Check that ``out_root`` can take this run's results before any work; returns the steps to keep.
+
+    existing: what to do when the folder holds results (step folders, metrics.csv, report.html):
+              "refuse" (raise ConfigError), "overwrite" (delete them; other files stay),
+              "resume" (keep the complete steps, returned; remove partial ones).
+    Raises ConfigError when the path (or a parent) is a file or the folder cannot be written.
+    Creates nothing: the first step written creates the folder.
+    """
+    from insitu.config import ConfigError
+
+    out = Path(out_root)
+    if existing not in ("refuse", "resume", "overwrite"):
+        raise ValueError(f"existing: expected 'refuse', 'resume' or 'overwrite', got {existing!r}")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output.dir {out}: is a file, expected a folder (give another --out)")
+    base = out
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"output.dir {out}: {base} is a file, so the folder cannot be created")
+    try:
+        with tempfile.TemporaryFile(dir=base, prefix=".insitu-probe."):
+            pass
+    except OSError as e:
+        raise ConfigError(f"output.dir {out}: cannot write in {base} ({e.strerror or e})") from None
+    if base != out:
+        return []
+    done, found = _results(out)
+    if not found:
+        return []
+    if existing == "refuse":
+        listed = ", ".join(map(str, done[:10])) + (", ..." if len(done) > 10 else "")
+        raise ConfigError(f"output.dir {out}: holds the results of an earlier run"
+                          + (f" (steps {listed})" if done else "")
+                          + "; give --resume to keep its complete steps and train the others, --overwrite "
+                            "to delete them, or another --out (in a config: output.existing)")
+    for p in found:
+        m = STEP_DIR.match(p.name)
+        keep = existing == "resume" and (int(m.group(1)) in done if m else not p.name.startswith("."))
+        if not keep:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return [] if existing == "overwrite" else done
 
 
 def _fmt(value: str) -> str:
@@ -452,14 +529,16 @@ def _fmt(value: str) -> str:
     return f"{x:.4g}" if math.isfinite(x) else value
 
 
-def write_report(out_dir: str | Path, *, title: str = "insitu-gs") -> Path:
+def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collection[int] | None = None) -> Path:
     """Write ``out_dir/report.html``, atomically; returns its path.
 
     The page has a table of every ``step_XXXXXX`` folder with its metrics (from ``metrics.csv``),
     then one section per step with links to its files and thumbnails of its PNGs (relative links,
-    so the folder can be moved or served as is)."""
+    so the folder can be moved or served as is). ``steps``: only these steps' folders (default: all)."""
     out = Path(out_dir)
-    steps = sorted((int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)))
+    wanted = None if steps is None else {int(s) for s in steps}
+    steps = sorted((int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))
+                   and (wanted is None or int(m.group(1)) in wanted))
     by_step = {}
     for r in read_csv(out / "metrics.csv"):
         with contextlib.suppress(KeyError, ValueError):
@@ -503,31 +582,75 @@ class StepWriter:
     """Writes each step's outputs under ``out_root`` (see the module docstring), atomically.
 
     Only one process may write to ``out_root``: in a parallel run, every rank calls
-    :meth:`write_model` with its shard (a collective), then rank 0 alone calls :meth:`write`
-    with ``gaussians=None`` for the rest of the step.
+    :meth:`write_model` with its shard (a collective: the ranks write one ``model.ply``
+    together), then rank 0 alone calls :meth:`write` with ``gaussians=None`` for the rest.
+
+    A step is written into a hidden temporary folder that is renamed to ``step_XXXXXX`` once
+    complete, so a step's outputs appear together or not at all. ``metrics.csv`` holds one row
+    per step with its ``status`` (trained, skipped, failed) and, unless trained, the ``reason``;
+    the report lists this writer's trained steps. The folder is created by the first write.
+
+    ply:  write ``model.ply`` (``output.ply``).
+    done: steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
+          ``resume``): their rows of ``metrics.csv`` are kept, and the report lists them too.
     """
 
-    def __init__(self, out_root: str | Path) -> None:
+    def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = ()) -> None:
         self.out_root = Path(out_root)
-        self.out_root.mkdir(parents=True, exist_ok=True)
+        self.ply = ply
+        self._lock = threading.Lock()           # rows come from a training thread and the caller's
+        self.rows: dict[int, dict[str, Any]] = {}
+        self._pending: dict[int, Path] = {}     # step -> its temporary folder, until write() renames it
+        done = {int(s) for s in done}
+        for r in read_csv(self.csv_path) if done else []:
+            with contextlib.suppress(KeyError, ValueError):
+                if int(r["step"]) in done:       # complete: trained (a csv from before statuses has none)
+                    self.rows[int(r["step"])] = {"step": r["step"], "status": r.get("status") or "trained",
+                                                 **{k: v for k, v in r.items() if k not in ("step", "status")}}
+        for step in done - set(self.rows):
+            self.rows[step] = {"step": step, "status": "trained"}
 
     @property
     def csv_path(self) -> Path:
         return self.out_root / "metrics.csv"
 
-    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path:
-        """Write the step's ``model.ply``; returns its path. Collective when ``comm`` spans several ranks.
+    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path | None:
+        """Write the step's ``model.ply`` into its folder in the making; returns the file's path
+        (None with ``ply=False``). Collective when ``comm`` spans several ranks; :meth:`write`
+        on rank 0 completes the step.
 
         gaussians: this rank's shard (any device); the file holds every rank's shard in rank
                    order (:func:`write_ply` with ``comm``).
         comm:      an :class:`insitu.parallel.Comm`, or None for one process.
         """
-        if comm is None or comm.size == 1:
-            return write_ply(step_dir(self.out_root, step) / "model.ply", gaussians)
+        if not self.ply:
+            return None
+        several = comm is not None and comm.size > 1
+        if not several:
+            return write_ply(self._folder(step) / "model.ply", gaussians)
         with comm.phase("export: step folder"):
+            folder = str(self._folder(step)) if comm.rank == 0 else None
+        folder = Path(comm.mpi.bcast(folder, root=0))
+        try:
+            return write_ply(folder / "model.ply", gaussians, comm=comm)
+        except BaseException:
             if comm.rank == 0:
-                step_dir(self.out_root, step)
-        return write_ply(self.out_root / f"step_{int(step):06d}" / "model.ply", gaussians, comm=comm)
+                shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
+            raise
+
+    def _folder(self, step: int) -> Path:
+        """The step's temporary folder (made on first use; :meth:`write` renames it into place)."""
+        if int(step) not in self._pending:
+            final = self.out_root / step_name(step)
+            self.out_root.mkdir(parents=True, exist_ok=True)
+            self._pending[int(step)] = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp",
+                                                             dir=self.out_root))
+        return self._pending[int(step)]
+
+    @property
+    def trained(self) -> list[int]:
+        """Steps written (or kept) by this writer."""
+        return sorted(s for s, r in self.rows.items() if r.get("status") == "trained")
 
     def write(
         self,
@@ -539,7 +662,7 @@ class StepWriter:
     ) -> Path:
         """Write one step; returns its folder.
 
-        gaussians: the merged model (None: no model.ply);
+        gaussians: the merged model (None: model.ply comes from :meth:`write_model`, or none with ``ply=False``);
         views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
@@ -547,20 +670,48 @@ class StepWriter:
         for name, _, _ in views:
             if not isinstance(name, str) or not _VIEW_NAME.match(name):
                 raise ValueError(f"view names must be plain file names ([A-Za-z0-9_.-]+), got {name!r}")
-        d = step_dir(self.out_root, step)
-        if gaussians is not None:
-            write_ply(d / "model.ply", gaussians)
-        if views:
-            (d / "views").mkdir(exist_ok=True)
-        for name, gt, pred in views:
-            write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
-        write_json(d / "metrics.json", {"step": int(step), **_plain(dict(metrics))})
-        if config is not None:
-            cfg = config.to_dict() if hasattr(config, "to_dict") else config
-            atomic_write(d / "config.yaml", yaml.safe_dump(_plain(cfg), sort_keys=False))
-        append_csv(self.csv_path, {"step": int(step), **flatten_metrics(metrics)})
-        write_report(self.out_root)
-        return d
+        final = self.out_root / step_name(step)
+        d = self._folder(step)
+        try:
+            if gaussians is not None and self.ply:
+                write_ply(d / "model.ply", gaussians)
+            if views:
+                (d / "views").mkdir(exist_ok=True)
+            for name, gt, pred in views:
+                write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
+            write_json(d / "metrics.json", {"step": int(step), **_plain(dict(metrics))})
+            if config is not None:
+                cfg = config.to_dict() if hasattr(config, "to_dict") else config
+                atomic_write(d / "config.yaml", yaml.safe_dump(_plain(cfg), sort_keys=False))
+            d.chmod(0o755)
+            if final.exists():                      # the same step again (overwrite): the old one goes
+                old = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.old")
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(d, final)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        finally:
+            self._pending.pop(int(step), None)
+        self._row(step, {"status": "trained", **flatten_metrics(metrics)})
+        return final
+
+    def record(self, step: int, status: str, reason: str) -> None:
+        """A step that was not trained: ``status`` "skipped" or "failed", and why (one row of metrics.csv)."""
+        if status not in ("skipped", "failed"):
+            raise ValueError(f"status: expected 'skipped' or 'failed', got {status!r}")
+        if self.rows.get(int(step), {}).get("status") == "trained":
+            return                                  # a step trained earlier in this run stays trained
+        step_name(step)
+        self.out_root.mkdir(parents=True, exist_ok=True)
+        self._row(step, {"status": status, "reason": " ".join(str(reason).split())})
+
+    def _row(self, step: int, row: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.rows[int(step)] = {"step": int(step), **row}
+            write_csv(self.csv_path, list(self.rows.values()))
+            write_report(self.out_root, steps=self.trained)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,6 +64,64 @@ class RankInputFailure(RankFailure, InputError):
     """A :class:`RankFailure` in which every failing rank failed on bad input (an InputError)."""
 
 
+class AgreementTimeout(RuntimeError):
+    """The other ranks did not join a cross-rank decision in time (a rank skipped a call, hangs or died).
+
+    The communicator it was raised on is left with a pending operation: do not use it again.
+    """
+
+
+def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, like ``mpi.allgather``, but waiting at most
+    ``seconds`` for the other ranks; past that, raise :class:`AgreementTimeout` naming ``what``."""
+    import pickle
+
+    import numpy as np
+    from mpi4py import MPI
+
+    size = mpi.Get_size()
+    if size == 1:
+        return [obj]
+
+    def late() -> None:
+        raise AgreementTimeout(f"{what}: the other ranks did not answer within {seconds:g} s "
+                               "(parallel.timeout_s): a rank skipped this call, hangs or died")
+
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    counts = np.empty(size, dtype=np.int64)
+    _wait(mpi.Iallgather(np.array([data.size], dtype=np.int64), counts), seconds, late)
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    buf = np.empty(int(counts.sum()), dtype=np.uint8)
+    _wait(mpi.Iallgatherv(data, [buf, counts, displs, MPI.BYTE]), seconds, late)
+    return [pickle.loads(buf[d:d + c].tobytes()) for d, c in zip(displs, counts)]
+
+
+def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = None) -> None:
+    """Collective: raise ConfigError on every rank unless every rank holds the same validated ``cfg``
+    (and the same ``extra``, e.g. the command and its input); the error names the keys that differ."""
+    from .config import ConfigError, config_differences, config_hash
+
+    mine = (config_hash(cfg), extra or {})
+    gathered = allgather_within(mpi, mine, seconds, "comparing the configurations of the ranks")
+    if all(g == gathered[0] for g in gathered):
+        return
+    dicts = allgather_within(mpi, {**cfg.to_dict(), **(extra or {})}, seconds, "comparing configurations")
+    lines = []
+    for r, d in enumerate(dicts[1:], start=1):
+        keys = config_differences(dicts[0], d)
+        if keys:
+            lines.append(f"rank {r} differs from rank 0 in " + ", ".join(
+                f"{k} ({_lookup(dicts[0], k)!r} vs {_lookup(d, k)!r})" for k in keys))
+    raise ConfigError("the ranks run different configurations (every rank must be given the same one):\n  "
+                      + "\n  ".join(lines))
+
+
+def _lookup(d: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
 @dataclass
 class Traffic:
     """Bytes this rank moves through the tensor collectives of a :class:`Comm`.
@@ -313,6 +371,13 @@ def node_local_rank(local_comm) -> int:
     if None not in theirs and len(set(theirs)) == len(theirs):
         return mine
     return local_comm.Get_rank()
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of ``device``: the GPU's, or the machine's physical memory for the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _pick_device(device, local_rank: int) -> tuple[torch.device | None, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
+from .config import Config, ConfigError, check_memory
 from .volume import InputError
 
 
@@ -24,11 +24,18 @@ def summary(metrics: dict, out: Path) -> str:
             f"-> {out / ('step_%06d' % metrics['step'])}")
 
 
-def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
-    """Train every step a source yields (warm-starting from the previous one when configured)."""
+def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
+                failed: list[tuple[int, str]] | None = None) -> int:
+    """Train every step a source yields (warm-starting from the previous one when configured).
+
+    done:   steps already complete in the output folder (``--resume``): not trained again.
+    failed: a step whose input is unusable (no surface, NaN, ...; the same verdict on every rank)
+            is appended here as (step, message) and the next step is trained; without a list,
+            the failure is raised.
+    """
     from .pipeline import run_step
 
-    previous, done = None, 0
+    previous, trained = None, 0
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -39,14 +46,47 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path) -> int:
         if any(ended):
             raise InputError(f"the source ended on rank(s) {[r for r, e in enumerate(ended) if e]} "
                              "but not on the others")
+        if item.step in done:
+            say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
+            previous = None
+            continue
         iterations = (min(cfg.insitu.warm_iterations, cfg.train.iterations)
                       if previous is not None and cfg.insitu.warm_start else None)
-        result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
-                          warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
+        try:
+            result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
+                              warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
+        except InputError as e:                 # agreed on every rank: this step is skipped
+            if failed is None:
+                raise
+            failed.append((item.step, str(e)))
+            previous = None
+            continue
         previous = result
-        done += 1
+        trained += 1
         say(comm, summary(result.metrics, out))
-    return done
+    return trained
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """A ``.npy`` array, memory-mapped (each rank copies only its block); InputError when unusable."""
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a .npy file")
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(f)
+    except (ValueError, EOFError, OSError) as e:
+        raise InputError(f"{path}: not a readable .npy file ({e})") from None
+    if dtype.hasobject or dtype.kind not in "uif":
+        raise InputError(f"{path}: expected an array of integers or floats, got dtype {dtype}")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, OSError) as e:       # e.g. fewer bytes than the header announces
+        raise InputError(f"{path}: not a readable .npy file of shape {shape} {dtype} ({e})") from None
 
 
 def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
@@ -55,22 +95,27 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
 
     path, spacing = Path(args.input), tuple(args.spacing)
     if path.suffix == ".npy":
-        if not path.is_file():
-            raise InputError(f"{path}: no such file")
-        return ArraySource(np.load(path, mmap_mode="r"), rank=rank, size=size, spacing=spacing,
+        return ArraySource(load_npy(path), rank=rank, size=size, spacing=spacing,
                            downsample=cfg.input.downsample, name=path.name)
     return RawSource(path, rank=rank, size=size, dims=cfg.input.dims, dtype=cfg.input.dtype,
                      downsample=cfg.input.downsample, spacing=spacing)
 
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
-    from .export import StepWriter
-    from .parallel import RankFailure, init_comm, shutdown
+    from .export import StepWriter, prepare_output
+    from .parallel import RankFailure, compare_configs, device_memory, init_comm, shutdown
 
     comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
     out = Path(cfg.output.dir)
     try:
-        writer = StepWriter(out)
+        compare_configs(comm.mpi, cfg, cfg.parallel.timeout_s,
+                        {"command": args.command, "input": str(getattr(args, "input", ""))})
+        # before any work: sizes that cannot fit, a folder that cannot take the results (rank 0 writes)
+        done = _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
+                                      prepare_output(out, cfg.output.existing) if comm.rank == 0 else None)[1])
+        done = comm.mpi.bcast(done, root=0)
+        writer = StepWriter(out, ply=cfg.output.ply, done=done)
+        failed: list[tuple[int, str]] = []
         if args.command == "demo":
             from .demo import run_demo
 
@@ -78,18 +123,44 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         elif args.command == "run":
             with comm.phase("read input"):
                 source = volume_source(args, cfg, comm.rank, comm.size)
-            n = train_steps(source, cfg, comm, writer, out)
+            n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
         else:
             from .sources import open_source
 
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
-                n = train_steps(source, cfg, comm, writer, out)
-        say(comm, f"done: {n} step(s) trained; outputs in {out} (report: {out / 'report.html'})")
+                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+                missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))
+            if missing:
+                seen = list(getattr(source, "seen", []))
+                say(comm, f"insitu: warning: step(s) {', '.join(map(str, missing))} asked for (--steps) are not in "
+                          f"{args.input}; its steps: {_steps_text(seen)}")
+                if n == 0 and not failed and not done:
+                    raise InputError(f"{args.input}: none of the steps asked for (--steps "
+                                     f"{' '.join(map(str, cfg.input.steps))}) is in it; its steps: {_steps_text(seen)}")
+        if failed and n == 0 and not done:
+            raise InputError(failed[0][1] if len(failed) == 1 else
+                             "no step could be trained:\n" + "\n".join(f"  step {s}: {m}" for s, m in failed))
+        if comm.rank == 0:
+            for step, message in failed:
+                writer.record(step, "failed", message)
+        if n == 0 and not done:
+            raise InputError("no step was trained: the source delivered none")
+        text = f"done: {n} step(s) trained"
+        if done:
+            text += f", {len(done)} kept from the earlier run (--resume)"
+        if failed:
+            text += f", {len(failed)} failed (" + "; ".join(f"step {s}: {m.splitlines()[0]}" for s, m in failed) + ")"
+        say(comm, f"{text}; outputs in {out} (report: {out / 'report.html'})")
         return 0
-    except (InputError, RankFailure) as e:     # the same on every rank: rank 0 says it
+    except (InputError, ConfigError, RankFailure) as e:     # the same on every rank: rank 0 says it
         if comm.rank == 0:
             print(f"insitu: error: {e}", file=sys.stderr, flush=True)
-        return 2 if isinstance(e, InputError) else 1
+        return 2 if isinstance(e, (InputError, ConfigError)) else 1
+    except OSError as e:                    # disk full...: in a parallel run, agreed (a RankFailure)
+        print(f"insitu: error: {e}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            comm.mpi.Abort(1)
+        return 1
     except Exception:                       # unexpected: never leave the other ranks waiting
         traceback.print_exc()
         sys.stderr.flush()
@@ -98,3 +169,20 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         return 1
     finally:
         shutdown(comm)
+
+
+def _agreed(comm, check):
+    """``check()`` on every rank; a ConfigError on any rank is raised on every rank (exit 2)."""
+    error, value = None, None
+    try:
+        value = check()
+    except ConfigError as e:
+        error = str(e)
+    first = next((e for e in comm.allgather_object(error) if e), None)
+    if first is not None:
+        raise ConfigError(first)
+    return value
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:20])) + (", ..." if len(steps) > 20 else "") if steps else "none"

@@ -133,6 +133,10 @@ class ArraySource(_Source):
 
     def _steps(self) -> Iterator[Step]:
         block = cut_block(self.array, self.rank, self.size, self.origin, self.spacing, self.fields)
+        # a read-only memory map (a .npy file) cut for one rank is a view of it: copy this rank's block
+        if not block.data.flags.writeable:
+            block.data = np.array(block.data)
+        block.fields = {k: v if v.flags.writeable else np.array(v) for k, v in block.fields.items()}
         yield Step(self.step, self.time, block)
 
 
@@ -241,18 +245,18 @@ def check_bp5(path: str | Path) -> _BP5Index | None:
                 data.append(chunk[-1])
             steps.append((md_pos, md_size, data))
             for w, p, n in flush_ranges:
-                _need(path / f"data.{subfile[w]}", p + n, corrupt, f"step {len(steps) - 1}")
+                _need(path / f"data.{subfile[w]}", p + n, corrupt, f"ADIOS step index {len(steps) - 1}")
         else:
             raise SourceInputError(f"{corrupt} (md.idx has an unknown record type {kind!r} at byte {pos})")
         pos += 9 + length
     if steps:
         md_end = max(p + n for p, n, _ in steps)
-        _need(path / "md.0", md_end, corrupt, f"the metadata of step {len(steps) - 1}")
+        _need(path / "md.0", md_end, corrupt, f"the metadata of ADIOS step index {len(steps) - 1}")
     _check_mmd(path / "mmd.0", corrupt)
     for i, (_, _, data) in enumerate(steps):
         for w, p in enumerate(data):
             # the data of step i-1 ends where step i's starts: the file must reach that far
-            _need(path / f"data.{subfile[w]}", p, corrupt, f"step {max(i - 1, 0)}")
+            _need(path / f"data.{subfile[w]}", p, corrupt, f"ADIOS step index {max(i - 1, 0)}")
     return _BP5Index(steps, subfile)
 
 
@@ -260,21 +264,58 @@ _PROBE = """
 import sys
 sys.modules["torch"] = None     # adios2 imports torch and cupy when present: slow, not needed here
 sys.modules["cupy"] = None
+import json
 import adios2
+numbers = []
 with adios2.Stream(sys.argv[1], "r") as s:
     while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
-        s.available_variables()
+        info = s.available_variables().get("step")
         s.available_attributes()
+        if info is not None and info.get("SingleValue") == "true":
+            value = s.read("step")
+            value = value if isinstance(value, str) else value.tolist()
+            numbers.append([info.get("Type", ""), value])
+        else:
+            numbers.append(None)
         s.end_step()
+print(json.dumps(numbers))
 """
 
 
-def probe_bp(path: str | Path, timeout_s: float = 60.0) -> None:
-    """Read every step's metadata of a BP file in a child process.
+def step_number(kind: str, value: Any, index: int, name: str) -> int:
+    """The step number that a writer's ``step`` variable (``value``, of ADIOS type ``kind``) gives
+    ADIOS step ``index``; ``value`` None: no such variable, the index is the number.
+    SourceInputError unless it is a non-negative integer."""
+    if value is None:
+        return int(index)
+    where = f"{name}: variable 'step' at ADIOS step index {index}"
+    if kind == "string" or isinstance(value, str):
+        raise SourceInputError(f"{where} is a string ({value!r}); expected an integer step number")
+    v = np.asarray(value, dtype=np.float64).ravel()
+    if v.size != 1 or not np.isfinite(v[0]) or v[0] != np.floor(v[0]):
+        raise SourceInputError(f"{where} is {value!r}; expected an integer step number")
+    if v[0] < 0:
+        raise SourceInputError(f"{where} is {int(v[0])}; expected a step number >= 0 (the outputs are named by it)")
+    return int(v[0])
+
+
+def unique_step(number: int, index: int, first: dict[int, int], name: str) -> None:
+    """SourceInputError when ``number`` was given by another ADIOS step already (``first``: number -> index)."""
+    if number in first and first[number] != index:
+        raise SourceInputError(f"{name}: step number {number} is written at ADIOS step indices {first[number]} and "
+                               f"{index}; expected each step number once (the outputs are named by it)")
+    first[number] = index
+
+
+def probe_bp(path: str | Path, timeout_s: float = 60.0) -> list[int]:
+    """Read every step's metadata of a BP file in a child process; returns the step numbers.
 
     ADIOS2 can crash (segmentation fault) or hang on corrupt metadata; a child process
-    turns either into a SourceInputError here instead of taking the reader down.
+    turns either into a SourceInputError here instead of taking the reader down. The step
+    numbers (the ``step`` variable, else the ADIOS step index) must be unique integers >= 0.
     """
+    import json
+
     import subprocess
 
     try:
@@ -290,6 +331,16 @@ def probe_bp(path: str | Path, timeout_s: float = 60.0) -> None:
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
         raise SourceInputError(f"{path}: truncated or corrupt BP file "
                                f"({_first_line(RuntimeError(lines[-1])) if lines else 'exit ' + str(r.returncode)})")
+    try:
+        records = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise SourceInputError(f"{path}: ADIOS2 read its metadata but listed no steps") from None
+    numbers, first = [], {}
+    for i, rec in enumerate(records):
+        n = step_number(*(rec or ("", None)), i, str(path))
+        unique_step(n, i, first, str(path))
+        numbers.append(n)
+    return numbers
 
 
 def _need(file: Path, size: int, corrupt: str, what: str) -> None:
@@ -340,6 +391,8 @@ class _AdiosSource(_Source):
         self.last_step: int | None = None        # the last step completed (yielded or skipped)
         self.dropped = 0                         # steps this rank held but dropped to agree with the others
         self.read_seconds: list[float] = []      # per step read: this rank's block (and end_step)
+        self.seen: list[int] = []                # every step number met (read or not)
+        self._first: dict[int, int] = {}         # step number -> the ADIOS step index that gave it
         self._stream = None
         self._used = False
         self._open()
@@ -417,12 +470,17 @@ class _AdiosSource(_Source):
         if status != adios2.bindings.StepStatus.OK:
             raise self._ended_unexpectedly()
         try:
-            available = s.available_variables()
-            if "step" in available and available["step"].get("SingleValue") == "true":
-                return "ok", int(s.read("step"))
-            return "ok", int(s.current_step())
+            index = int(s.current_step())
+            info = s.available_variables().get("step")
+            value = None
+            if info is not None and info.get("SingleValue") == "true":
+                value = s.read("step")
         except Exception as e:
             raise self._step_error(e) from None
+        number = step_number(info.get("Type", "") if info else "", value, index, self.name)
+        unique_step(number, index, self._first, self.name)
+        self.seen.append(number)
+        return "ok", number
 
     def _begin_agreed(self) -> tuple[str, int | None]:
         """Begin a step that every rank holds (ranks behind skip forward); collective with comm."""
@@ -564,18 +622,25 @@ class BPSource(_AdiosSource):
                  steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None,
                  probe: bool = True):
         self._index = None
+        self.numbers: list[int] | None = None    # every step number in the file (from the probe)
         error = None
         try:
             self._index = check_bp5(path)
             if probe and (comm is None or comm.Get_rank() == 0):
-                probe_bp(path, timeout_s)
+                self.numbers = probe_bp(path, timeout_s)
+                if steps is not None and not set(steps) & set(self.numbers):
+                    raise SourceInputError(
+                        f"{path}: none of the steps asked for ({', '.join(map(str, sorted(set(steps))))}) is in "
+                        f"the file; its steps: {', '.join(map(str, self.numbers[:20]))}"
+                        f"{', ...' if len(self.numbers) > 20 else ''}")
         except SourceError as e:
             error = e
         if comm is not None and comm.Get_size() > 1:
-            msgs = comm.allgather(None if error is None else str(error))
-            if error is None and any(msgs):
-                r = next(i for i, m in enumerate(msgs) if m)
-                raise SourceError(f"rank {r}: {msgs[r]}")
+            msgs = comm.allgather((None if error is None else str(error), self.numbers))
+            if error is None and any(m for m, _ in msgs):
+                r = next(i for i, (m, _) in enumerate(msgs) if m)
+                raise SourceInputError(msgs[r][0])
+            self.numbers = msgs[0][1]
         if error is not None:
             raise error
         super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
@@ -615,7 +680,7 @@ class BPSource(_AdiosSource):
         for w, nbytes in need.items():
             if w < len(self._index.subfile):
                 _need(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
-                      corrupt, f"step {i}")
+                      corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
 
 
 def _adios_dtype(name: str):

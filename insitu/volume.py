@@ -117,20 +117,36 @@ def parse_raw_name(path: str | Path) -> tuple[tuple[int, int, int], np.dtype] | 
     return (int(m["x"]), int(m["y"]), int(m["z"])), np.dtype(m["dtype"])
 
 
+def raw_dtype(dtype: str | np.dtype) -> np.dtype:
+    """``dtype`` as a numpy integer or float dtype; InputError when it is none."""
+    try:
+        out = np.dtype(dtype)
+    except TypeError:
+        out = None
+    if out is None or out.kind not in "uif":
+        raise InputError(f"dtype: expected an integer or float type such as uint8, int16, float32, "
+                         f"got {dtype!r}")
+    return out
+
+
 def read_raw(path: str | Path, dims: tuple[int, int, int] | None = None,
              dtype: str | np.dtype | None = None) -> np.ndarray:
     """Read a raw volume as [nz, ny, nx]; dims (x, y, z) and dtype default to those in its name."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a raw volume file")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     parsed = parse_raw_name(path)
     if dims is None or dtype is None:
         if parsed is None:
-            raise InputError(f"{path.name}: dims and dtype are not in the name (expected NAME_XxYxZ_uint8.raw); "
-                             "give them with --dims X Y Z and --dtype")
+            missing = " and ".join(w for w, v in (("dims", dims), ("dtype", dtype)) if v is None)
+            flags = " and ".join(f for f, v in (("--dims X Y Z", dims), ("--dtype", dtype)) if v is None)
+            raise InputError(f"{path.name}: {missing} {'is' if ' and ' not in missing else 'are'} not given and not "
+                             f"in the name (expected NAME_XxYxZ_uint8.raw); give {flags}")
         dims = dims or parsed[0]
         dtype = dtype or parsed[1]
-    dtype = np.dtype(dtype)
+    dtype = raw_dtype(dtype)
     nx, ny, nz = (int(d) for d in dims)
     expected = nx * ny * nz * dtype.itemsize
     size = path.stat().st_size

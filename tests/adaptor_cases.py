@@ -11,6 +11,7 @@ import json
 import random
 import sys
 import threading
+import time
 import warnings
 from time import sleep
 from pathlib import Path
@@ -81,9 +82,8 @@ def simulate(adaptor: Adaptor, steps: int, rank: int, size: int, pause: float = 
         u, start = local(step, rank, size)
         try:
             adaptor.execute(step, 0.1 * step, {"U": u, "V": -u}, GLOBAL, start)
-        except (InsituError, InputError) as e:
+        except (InsituError, InputError) as e:      # the adaptor goes on: so does the simulation
             errors.append({"step": step, "type": type(e).__name__, "message": str(e)})
-            break
         u.fill(-1.0)                    # the simulation reuses its array at once
         sleep(pause + jitter * rng.random())
     return errors
@@ -175,6 +175,80 @@ def run(case: str, out: Path) -> None:
             record["errors"] = []
         except ConfigError as e:
             record["errors"] = [{"type": "ConfigError", "message": str(e)}]
+    elif case == "skip_execute":
+        # rank 1 skips execute(2): the next call pairs execute(2) with execute(3) and must say so
+        ad = Adaptor(comm, config(mode="sync"), process=make_process({}, log=log))
+        errors = []
+        for step in range(5):
+            if rank == 1 and step == 2:
+                continue
+            u, start = local(step, rank, size)
+            try:
+                ad.execute(step, 0.0, {"U": u}, GLOBAL, start)
+            except (InsituError, InputError) as e:
+                errors.append({"step": step, "type": type(e).__name__, "message": str(e)})
+                break
+        ad.finalize()
+        record["errors"] = errors
+    elif case == "silent_rank":
+        # rank 1 stops calling execute() for longer than parallel.timeout_s: rank 0 must not wait for ever
+        ad = Adaptor(comm, {**config(mode="sync"), "parallel": {"device": "cpu", "timeout_s": 2}},
+                     process=make_process({}, log=log))
+        errors = []
+        t0 = time.monotonic()
+        steps = 3 if rank == 0 else 1
+        for step in range(steps):
+            u, start = local(step, rank, size)
+            try:
+                ad.execute(step, 0.0, {"U": u}, GLOBAL, start)
+            except (InsituError, InputError) as e:
+                errors.append({"step": step, "type": type(e).__name__, "message": str(e),
+                               "after_s": time.monotonic() - t0})
+        if rank == 1:
+            sleep(5)
+        try:
+            u, start = local(9, rank, size)
+            ad.execute(9, 0.0, {"U": u}, GLOBAL, start)   # unusable now: raises at once
+        except InsituError as e:
+            errors.append({"step": 9, "type": "InsituError", "message": str(e)})
+        ad.finalize()
+        record["errors"] = errors
+    elif case == "config_differs":
+        cfg = config()
+        cfg["views"] = {"count": 8 + rank}
+        try:
+            Adaptor(comm, cfg, process=make_process({}))
+            record["errors"] = []
+        except ConfigError as e:
+            record["errors"] = [{"type": "ConfigError", "message": str(e)}]
+    elif case == "bad_step_then_good":
+        # the real pipeline: step 0 is uniform (no surface), steps 1 and 2 a sphere; background mode
+        out_dir = out / "out"
+        cfg = {**base, "insitu": {"mode": "background", "warm_iterations": 2},
+               "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 100},
+               "views": {"count": 8, "resolution": 16, "supersample": 1},
+               "train": {"iterations": 3, "progress": False, "backend": "torch"},
+               "output": {"dir": str(out_dir), "images": 0}}
+        ad = Adaptor(comm, cfg)
+        n = 12
+        z, y, x = np.meshgrid(*(np.linspace(-1, 1, n, dtype=np.float32),) * 3, indexing="ij")
+        sphere = np.clip(1.2 - np.sqrt(x**2 + y**2 + z**2) / 0.6, 0, 1)
+        lo, hi = rank * n // size, (rank + 1) * n // size
+        errors = []
+        for step in range(3):
+            u = np.zeros((n, n, n), np.float32) if step == 0 else sphere
+            try:
+                ad.execute(step, 0.0, {"U": np.ascontiguousarray(u[:, :, lo:hi])}, (n, n, n), (lo, 0, 0))
+            except InsituError as e:
+                errors.append({"step": step, "type": "InsituError", "message": str(e)})
+            sleep(0.5)
+        try:
+            ad.finalize()
+        except InsituError as e:
+            errors.append({"step": "finalize", "type": "InsituError", "message": str(e)})
+        record["errors"] = errors
+        record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
+        record["out"] = str(out_dir)
     elif case == "pipeline":
         # the real pipeline, tiny: a sphere that grows from step to step, trained in the background
         cfg = {**base, "insitu": {"mode": "background", "warm_iterations": 10},

@@ -78,9 +78,9 @@ def test_finalize_without_drain_drops_waiting_steps_on_every_rank(queue_cases):
 
 
 @pytest.mark.mpi
-def test_worker_error_is_raised_on_every_rank_from_the_next_execute(error_cases):
+def test_worker_error_is_raised_once_on_every_rank_and_later_steps_train(error_cases):
     r0, r1 = error_cases["worker_error"]           # step 2 fails on rank 1 only
-    assert r0["trained"] == r1["trained"] == [0, 1]
+    assert r0["trained"] == r1["trained"] == [0, 1] + list(range(3, 12))
     for r in (r0, r1):
         assert len(r["errors"]) == 1 and r["errors"][0]["type"] == "InsituError"
         assert "training step 2 failed" in r["errors"][0]["message"]
@@ -100,9 +100,10 @@ def test_error_in_the_last_step_is_raised_by_finalize(error_cases):
 def test_sync_mode_trains_on_the_caller_thread_and_raises_at_once(error_cases):
     r0, r1 = error_cases["sync"]                    # step 3 fails on rank 1
     assert r0["mode"] == "sync" and r0["warnings"] == []
-    assert r0["trained"] == r1["trained"] == [0, 1, 2]
+    assert r0["trained"] == r1["trained"] == [0, 1, 2, 4, 5]            # the failed step 3 does not stop it
     assert {e["thread"] for e in r0["log"] + r1["log"]} == {"MainThread"}
     for r in (r0, r1):
+        assert len(r["errors"]) == 1
         assert r["errors"][0]["step"] == 3 and "boom at step 3" in r["errors"][0]["message"]
 
 
@@ -113,7 +114,60 @@ def test_background_without_thread_multiple_falls_back_to_sync_with_a_warning(tm
         assert r["mode"] == "sync"
         assert any("MPI_THREAD_MULTIPLE" in w for w in r["warnings"])
         assert {e["thread"] for e in r["log"]} == {"MainThread"}
-    assert r0["trained"] == r1["trained"] == [0, 1, 2]
+    assert r0["trained"] == r1["trained"] == [0, 1, 2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def misuse_cases(tmp_path_factory):
+    return run_cases("skip_execute,config_differs,silent_rank,bad_step_then_good", tmp_path_factory.mktemp("misuse"),
+                     timeout=300)
+
+
+@pytest.mark.mpi
+def test_a_rank_that_skips_an_execute_gets_an_error_naming_both_steps(misuse_cases):
+    r0, r1 = misuse_cases["skip_execute"]           # rank 1 skips execute(2)
+    text = ("the ranks made different calls (every rank must call execute() for every step, then finalize()): "
+            "rank 0: execute(step 2), rank 1: execute(step 3)")
+    assert r0["errors"] == [{"step": 2, "type": "InputError", "message": text}]
+    assert r1["errors"] == [{"step": 3, "type": "InputError", "message": text}]
+    assert r0["trained"] == r1["trained"] == [0, 1]          # no step trained from a silent pairing
+
+
+@pytest.mark.mpi
+def test_ranks_with_different_configurations_get_a_config_error_naming_the_keys(misuse_cases):
+    r0, r1 = misuse_cases["config_differs"]         # views.count 8 on rank 0, 9 on rank 1
+    assert r0["errors"] == r1["errors"]
+    assert r0["errors"][0]["type"] == "ConfigError"
+    assert "rank 1 differs from rank 0 in views.count (8 vs 9)" in r0["errors"][0]["message"]
+
+
+@pytest.mark.mpi
+def test_a_rank_that_stops_calling_execute_does_not_hang_the_others(misuse_cases):
+    r0, r1 = misuse_cases["silent_rank"]            # parallel.timeout_s 2; rank 1 calls execute(0) only
+    first = r0["errors"][0]
+    assert first["step"] == 1 and first["type"] == "InsituError"
+    assert "did not answer within 2 s (parallel.timeout_s)" in first["message"]
+    assert 1.9 < first["after_s"] < 10
+    assert [e["step"] for e in r0["errors"]] == [1, 2, 9]    # unusable afterwards: raises at once
+    assert r1["errors"][-1]["step"] == 9 and "did not answer" in r1["errors"][-1]["message"]
+    assert r0["trained"] == r1["trained"] == [0]
+
+
+@pytest.mark.mpi
+def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_cases):
+    """The real pipeline in the background: step 0 uniform (a usual initial condition), then a sphere."""
+    from insitu.export import read_csv
+
+    r0, r1 = misuse_cases["bad_step_then_good"]
+    for r in (r0, r1):
+        assert r["trained"] == [1, 2]
+        assert len(r["errors"]) == 1 and r["errors"][0]["step"] == 1           # from the next execute, once
+        assert "training step 0 failed" in r["errors"][0]["message"]
+        assert "outside the field's range [0, 0]" in r["errors"][0]["message"]
+        assert [r["status"][s][0] for s in ("0", "1", "2")] == ["failed", "trained", "trained"]
+    rows = read_csv(Path(r0["out"]) / "metrics.csv")
+    assert [(row["step"], row["status"]) for row in rows] == [("0", "failed"), ("1", "trained"), ("2", "trained")]
+    assert "no surface to extract" in rows[0]["reason"]
 
 
 @pytest.mark.mpi

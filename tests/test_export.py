@@ -319,7 +319,7 @@ def test_step_writer_and_report(tmp_path):
     assert not (d5 / "model.ply").exists()
 
     rows = read_csv(out / "metrics.csv")
-    assert [r["step"] for r in rows] == ["0", "5"]
+    assert [(r["step"], r["status"]) for r in rows] == [("0", "trained"), ("5", "trained")]
     assert rows[0]["psnr"] == "inf" and rows[0]["timing.train"] == "1.5" and "history" not in rows[0]
     assert rows[1]["new"] == "1" and rows[0]["new"] == ""
 
@@ -329,7 +329,8 @@ def test_step_writer_and_report(tmp_path):
     assert links == ["step_000000/views/view_000.png", "step_000000/views/view_008.png",
                      "step_000005/views/view_001.png"]
     assert all((out / link).is_file() for link in links)
-    assert "<tr><th><a href='#step_000005'>5</a></th><td>25</td><td>0.9</td>" + "<td></td>" * 3 + "<td>1</td>" in report
+    assert ("<tr><th><a href='#step_000005'>5</a></th><td>trained</td><td>25</td><td>0.9</td>" + "<td></td>" * 3
+            + "<td>1</td>") in report
     assert "unavailable" in report and "<td>inf</td>" in report
     assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "step_000000", "step_000005"]
 

@@ -190,9 +190,9 @@ def test_bp_file_that_does_not_exist(tmp_path):
 
 
 @pytest.mark.parametrize("name, cut, yielded, message", [
-    ("data.0", -8, [10, 20, 30, 40, 50], r"data.0 has \d+ bytes; step 5 needs at least"),
-    ("data.0", 0.5, None, r"data.0 has \d+ bytes; step \d needs at least"),
-    ("md.0", -1, None, r"md.0 has \d+ bytes; the metadata of step 5 needs"),
+    ("data.0", -8, [10, 20, 30, 40, 50], r"data.0 has \d+ bytes; step 60 \(ADIOS step index 5\) needs at least"),
+    ("data.0", 0.5, None, r"data.0 has \d+ bytes; ADIOS step index \d needs at least"),
+    ("md.0", -1, None, r"md.0 has \d+ bytes; the metadata of ADIOS step index 5 needs"),
     ("mmd.0", -1, None, "mmd.0 is cut short"),
     ("md.idx", -1, None, r"md.idx record at byte \d+ is cut short"),
     ("md.idx", 10, None, "md.idx: truncated or corrupt index"),
