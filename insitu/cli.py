@@ -1,4 +1,4 @@
-"""Command line: ``insitu demo | run | replay | stream`` (also ``python -m insitu``).
+"""Command line: ``insitu demo | run | replay | stream | view`` (also ``python -m insitu``).
 
 Every command takes ``--config FILE`` (YAML), ``--set SECTION.KEY=VALUE`` overrides,
 the common flags below, ``--out DIR`` and ``--help``. Run under ``mpiexec -n P`` (or
@@ -18,6 +18,7 @@ EPILOG = """examples:
   insitu run ../shared/data/bonsai_256x256x256_uint8.raw --iso 40 --downsample 4 --out bonsai
   mpiexec -n 2 insitu replay gs.bp --var U --iso 0.3 --out replay_out
   insitu stream gs.bp --var U --iso 0.3 --out stream_out   (reader of a running SST writer)
+  insitu view demo_out --port 8000      (serves the report: open the URL it prints)
 """
 
 
@@ -73,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
     _common(p)
 
+    p = sub.add_parser("view", help="serve an output folder's report on localhost (open the URL it prints)",
+                       description="Serve OUT (report.html, models, images) over HTTP on localhost, which the "
+                                   "report's 3D viewer needs; from a login node, open it through an SSH tunnel.")
+    p.add_argument("out", metavar="OUT", help="output folder of a run (holds report.html)")
+    p.add_argument("--port", type=int, default=8000, help="port on localhost (default 8000; 0: any free port)")
+
     p = sub.add_parser("stream", help="train on steps as a running simulation sends them (ADIOS2 SST)",
                        description="Connect to a simulation writing through the ADIOS2 SST engine.")
     p.add_argument("input", help="SST stream name (the writer's file name)")
@@ -109,6 +116,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "view":
+        from .report import serve
+
+        return serve(args.out, args.port)
     from .runner import run_command
 
     try:
