@@ -53,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",
                        description="Runs the Gray-Scott mini-app in this process and trains a splat model of the "
                                    "isosurface of V every plotgap steps, in the background.")
-    p.add_argument("--L", type=int, default=32, help="grid size of the simulation (default 32)")
-    p.add_argument("--steps", type=int, default=600, help="simulation steps (default 600)")
-    p.add_argument("--plotgap", type=int, default=300, help="analyse every this many steps (default 300)")
+    p.add_argument("--L", type=int, help="grid size of the simulation (default 32; 128 with a CUDA GPU)")
+    p.add_argument("--steps", type=int, help="simulation steps (default 600; 480 with a CUDA GPU)")
+    p.add_argument("--plotgap", type=int, help="analyse every this many steps (default 300; 80 with a CUDA GPU)")
     _common(p)
 
     p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
@@ -107,9 +107,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     overrides.update({k: v for k, v in flags.items() if v is not None})
     defaults = None
     if args.command == "demo":
-        from .demo import DEMO_DEFAULTS
+        from .demo import demo_defaults
 
-        defaults = DEMO_DEFAULTS
+        cfg = load_config(args.config, overrides, demo_defaults(gpu=False))
+        if cfg.parallel.device != "cpu":
+            import torch
+
+            if torch.cuda.is_available():
+                cfg = load_config(args.config, overrides, demo_defaults(gpu=True))
+        return cfg
     return load_config(args.config, overrides, defaults)
 
 

@@ -196,3 +196,30 @@ def test_insitu_view_serves_the_folder(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_insitu_view_command_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "insitu", "view", "--help"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=60, check=False)
+    assert r.returncode == 0 and "--port" in r.stdout and "SSH" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-m", "insitu", "view", str(tmp_path)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=60, check=False)
+    assert r.returncode == 2 and "no report.html" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_demo_defaults_fit_the_device():
+    from insitu.cli import build_parser, config_from_args
+    from insitu.demo import CPU_SIMULATION, GPU_SIMULATION, demo_defaults
+
+    cfg = config_from_args(build_parser().parse_args(["demo", "--device", "cpu"]))
+    assert cfg.views.resolution == demo_defaults(gpu=False)["views.resolution"] and cfg.train.eval_every > 0
+    gpu = demo_defaults(gpu=True)
+    assert gpu["views.resolution"] >= 512 and GPU_SIMULATION["L"] >= 128
+    assert GPU_SIMULATION["steps"] // GPU_SIMULATION["plotgap"] >= 4 and gpu["insitu.warm_start"]
+    assert CPU_SIMULATION["steps"] // CPU_SIMULATION["plotgap"] == 2
