@@ -21,8 +21,11 @@ const scene = new THREE.Scene();
 const camera = new THREE.PerspectiveCamera(40, 1, 0.01, 1000);
 // As the training rasterizer (gsplat "classic"): 0.3 px^2 blur on the 2D covariance, splats
 // to 3 standard deviations, alphas below 1/255 dropped, sorted by view depth.
+// Frames are drawn on demand: after a change, and when Spark has a new sort order (onDirty).
+let dirty = 2;
+const invalidate = () => { dirty = 2; };
 const spark = new SparkRenderer({ renderer, preBlurAmount: 0.3, maxStdDev: 3.0, minAlpha: 1.0 / 255.0,
-                                  sortRadial: false });
+                                  sortRadial: false, onDirty: invalidate });
 scene.add(spark);
 
 let controls = null;
@@ -51,6 +54,7 @@ function resize() {
   renderer.setSize(w, h, true);
   camera.aspect = fixedSize && current.aspect ? current.aspect : w / h;
   camera.updateProjectionMatrix();
+  invalidate();
 }
 new ResizeObserver(() => { if (!fixedSize) resize(); }).observe(box);
 
@@ -70,6 +74,7 @@ function setCamera(cam, exact = null) {
   controls = new OrbitControls(camera, renderer.domElement);    // orbits about target, around cam.up
   controls.target.fromArray(cam.target);
   controls.enableDamping = false;
+  controls.addEventListener("change", invalidate);
   controls.update();
   resize();
 }
@@ -150,6 +155,7 @@ async function show(index) {
   const kb = step.web_model_bytes ? `, ${(step.web_model_bytes / 1e6).toFixed(2)} MB` : "";
   info.textContent = `${step.gaussians ?? "?"} Gaussians${kb}`;
   say("");
+  invalidate();
 }
 
 cameraSelect.addEventListener("change", () => {
@@ -172,8 +178,10 @@ function nextFrame() {
 }
 
 renderer.setAnimationLoop(() => {
-  if (controls) controls.update();
-  renderer.render(scene, camera);
+  if (dirty > 0) {
+    dirty -= 1;
+    renderer.render(scene, camera);
+  }
 });
 
 window.insituViewer = {
@@ -188,6 +196,7 @@ window.insituViewer = {
     return { width: current.cameras.width, height: current.cameras.height };
   },
   async frames(n = 2) {
+    invalidate();
     for (let i = 0; i < n; i++) await nextFrame();
   },
   state() {
