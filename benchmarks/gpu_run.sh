@@ -6,7 +6,7 @@
 #   step    per-step time of a ~4M-Gaussian model at 2048^2 on 1 and 2 GPUs
 #   train2  the same on 2 GPUs
 #   adaptor Gray-Scott L=128 with the adaptor off / sync / background, 2 ranks on 2 GPUs
-#   demo    `insitu demo` on one GPU
+#   demo    `insitu demo` on one GPU (sized for it: L=128, six timesteps at 512^2)
 #   ablate  train1 without opacity reset, and with SH bands every 300 iterations (to PSNR 30, 1 GPU)
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
@@ -55,8 +55,9 @@ for stage in "$@"; do
                 --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \
                 2>&1 | tee -a "$OUT/step8.log" | tail -n 1
             done ;;
-    demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
-            tail -n 5 "$OUT/demo.log" ;;
+    demo)   CUDA_VISIBLE_DEVICES=0 timeout 400 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
+            ls -l /tmp/demo/step_*/model.* >> "$OUT/demo.log"; cp /tmp/demo/metrics.csv "$OUT/demo_metrics.csv"
+            tail -n 24 "$OUT/demo.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
