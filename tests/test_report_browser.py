@@ -138,7 +138,7 @@ def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
     r = subprocess.run([sys.executable, "-m", "insitu", *RUN, "--out", str(out)], env=env, cwd=ROOT,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=840, check=False)
     assert r.returncode == 0, r.stdout[-3000:]
     server = subprocess.Popen([sys.executable, "-m", "insitu", "view", str(out), "--port", "0"], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
