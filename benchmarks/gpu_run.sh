@@ -6,7 +6,7 @@
 #   step    per-step time of a ~4M-Gaussian model at 2048^2 on 1 and 2 GPUs
 #   train2  the same on 2 GPUs
 #   adaptor Gray-Scott L=128 with the adaptor off / sync / background, 2 ranks on 2 GPUs
-#   demo    `insitu demo` on one GPU
+#   demo    `insitu demo` on one GPU (sized for it: L=128, six timesteps at 512^2)
 #   ablate  train1 without opacity reset, and with SH bands every 300 iterations (to PSNR 30, 1 GPU)
 #   gs128   Gray-Scott L=128 steps/s: no output, SST reader that only reads, full analysis attached
 #   step8   as `step`, 8 views per step, bfloat16 colour transfer
@@ -78,8 +78,9 @@ for stage in "$@"; do
               grep -m 2 " via " "$OUT/netemu_run.log" | tee -a "$OUT/netemu.log"       # the transport NCCL chose
               grep '^{' "$OUT/netemu_run.log" | tail -n 1 | tee -a "$OUT/netemu.log"
             done ;;
-    demo)   CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
-            tail -n 5 "$OUT/demo.log" ;;
+    demo)   CUDA_VISIBLE_DEVICES=0 timeout 400 python -m insitu demo --out /tmp/demo --quiet > "$OUT/demo.log" 2>&1
+            ls -l /tmp/demo/step_*/model.* >> "$OUT/demo.log"; cp /tmp/demo/metrics.csv "$OUT/demo_metrics.csv"
+            tail -n 24 "$OUT/demo.log" ;;
     kernels) python -m pytest -q -m gpu tests/test_ssim.py tests/test_groundtruth.py tests/test_training.py \
               -p no:cacheprovider > "$OUT/kernels_tests.log" 2>&1; tail -n 3 "$OUT/kernels_tests.log"
             python benchmarks/bench_ssim.py --size 2048 2>&1 | tee "$OUT/kernels_ssim.json" | tail -n 1

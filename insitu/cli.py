@@ -1,4 +1,4 @@
-"""Command line: ``insitu demo | run | replay | stream`` (also ``python -m insitu``).
+"""Command line: ``insitu demo | run | replay | stream | view`` (also ``python -m insitu``).
 
 Every command takes ``--config FILE`` (YAML), ``--set SECTION.KEY=VALUE`` overrides,
 the common flags below, ``--out DIR`` and ``--help``. Run under ``mpiexec -n P`` (or
@@ -18,6 +18,7 @@ EPILOG = """examples:
   insitu run ../shared/data/bonsai_256x256x256_uint8.raw --iso 40 --downsample 4 --out bonsai
   mpiexec -n 2 insitu replay gs.bp --var U --iso 0.3 --out replay_out
   insitu stream gs.bp --var U --iso 0.3 --out stream_out   (reader of a running SST writer)
+  insitu view demo_out --port 8000      (serves the report: open the URL it prints)
 """
 
 
@@ -57,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",
                        description="Runs the Gray-Scott mini-app in this process and trains a splat model of the "
                                    "isosurface of V every plotgap steps, in the background.")
-    p.add_argument("--L", type=int, default=32, help="grid size of the simulation (default 32)")
-    p.add_argument("--steps", type=int, default=600, help="simulation steps (default 600)")
-    p.add_argument("--plotgap", type=int, default=300, help="analyse every this many steps (default 300)")
+    p.add_argument("--L", type=int, help="grid size of the simulation (default 32; 128 with a CUDA GPU)")
+    p.add_argument("--steps", type=int, help="simulation steps (default 600; 480 with a CUDA GPU)")
+    p.add_argument("--plotgap", type=int, help="analyse every this many steps (default 300; 80 with a CUDA GPU)")
     _common(p)
 
     p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, nargs="+", metavar="S", help="only these step numbers")
     p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
     _common(p)
+
+    p = sub.add_parser("view", help="serve an output folder's report on localhost (open the URL it prints)",
+                       description="Serve OUT (report.html, models, images) over HTTP on localhost, which the "
+                                   "report's 3D viewer needs; from a login node, open it through an SSH tunnel.")
+    p.add_argument("out", metavar="OUT", help="output folder of a run (holds report.html)")
+    p.add_argument("--port", type=int, default=8000, help="port on localhost (default 8000; 0: any free port)")
 
     p = sub.add_parser("stream", help="train on steps as a running simulation sends them (ADIOS2 SST)",
                        description="Connect to a simulation writing through the ADIOS2 SST engine.")
@@ -108,17 +115,26 @@ def config_from_args(args: argparse.Namespace) -> Config:
         flags["output.existing"] = "overwrite"
     defaults = None
     if args.command == "demo":
-        from .demo import DEMO_DEFAULTS
+        from .demo import demo_defaults
 
-        defaults = DEMO_DEFAULTS
+        defaults = demo_defaults(gpu=False)
     load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
     overrides.update({k: v for k, v in flags.items() if v is not None})
+    if args.command == "demo" and load_config(args.config, overrides, defaults).parallel.device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():                   # the demo's sizes for a GPU
+            defaults = demo_defaults(gpu=True)
     return load_config(args.config, overrides, defaults)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "view":
+        from .report import serve
+
+        return serve(args.out, args.port)
     from .runner import run_command
 
     try:

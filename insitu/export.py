@@ -3,11 +3,13 @@
 Layout of an output directory::
 
     OUT/step_000120/model.ply       merged Gaussians, reference 3DGS layout (any 3DGS viewer reads it)
+    OUT/step_000120/model.spz       its compressed web copy (insitu.webmodel), which the report's viewer reads
+    OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
     OUT/step_000120/views/*.png     held-out views, ground truth | render
     OUT/step_000120/metrics.json
     OUT/step_000120/config.yaml     the configuration the step was trained with
     OUT/metrics.csv                 one row per step
-    OUT/report.html                 every step with its metrics and thumbnails
+    OUT/report.html                 every step: 3D viewer, timestep slider, images, plots (insitu.report)
 
 Every file is written atomically: to a temporary file in the same directory, renamed over the
 target only once complete, so a crash never leaves a half-written file. Writing is for one
@@ -20,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
-import html
 import io
 import json
 import math
@@ -29,11 +30,11 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 from numpy.lib.recfunctions import structured_to_unstructured
@@ -530,49 +531,12 @@ def _fmt(value: str) -> str:
 
 
 def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collection[int] | None = None) -> Path:
-    """Write ``out_dir/report.html``, atomically; returns its path.
+    """Write ``out_dir/report.html`` (see :func:`insitu.report.write_report`), atomically; returns its path.
 
-    The page has a table of every ``step_XXXXXX`` folder with its metrics (from ``metrics.csv``),
-    then one section per step with links to its files and thumbnails of its PNGs (relative links,
-    so the folder can be moved or served as is). ``steps``: only these steps' folders (default: all)."""
-    out = Path(out_dir)
-    wanted = None if steps is None else {int(s) for s in steps}
-    steps = sorted((int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))
-                   and (wanted is None or int(m.group(1)) in wanted))
-    by_step = {}
-    for r in read_csv(out / "metrics.csv"):
-        with contextlib.suppress(KeyError, ValueError):
-            by_step[int(r["step"])] = r
-    e = html.escape
-    parts = [
-        "<!doctype html>\n<html><head><meta charset='utf-8'>",
-        f"<title>{e(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-        "img{height:160px;margin:2px;border:1px solid #ccc}section{margin-bottom:2em}</style>",
-        f"</head><body><h1>{e(title)}</h1>",
-        f"<p>{len(steps)} step(s). <a href='metrics.csv'>metrics.csv</a></p>",
-    ]
-    columns = [k for k in dict.fromkeys(k for r in by_step.values() for k in r) if k != "step"]
-    parts.append("<table><tr><th>step</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "</tr>")
-    for step, d in steps:
-        row = by_step.get(step, {})
-        parts.append(f"<tr><th><a href='#{e(d.name)}'>{step}</a></th>"
-                     + "".join(f"<td>{e(_fmt(row.get(c) or ''))}</td>" for c in columns) + "</tr>")
-    parts.append("</table>")
-    for step, d in steps:
-        rel = quote(d.name)
-        parts.append(f"<section id='{e(d.name)}'><h2>Step {step}</h2><p>")
-        for name in ("model.ply", "metrics.json", "config.yaml"):
-            if (d / name).is_file():
-                parts.append(f"<a href='{rel}/{quote(name)}'>{e(name)}</a> ")
-        parts.append("</p>")
-        for png in sorted(d.rglob("*.png")):
-            link = rel + "/" + quote(png.relative_to(d).as_posix())
-            parts.append(f"<a href='{link}'><img src='{link}' alt='{e(png.stem)}' title='{e(png.stem)}'></a>")
-        parts.append("</section>")
-    parts.append("</body></html>\n")
-    return atomic_write(out / "report.html", "\n".join(parts))
+    steps: only these steps' folders (default: every ``step_XXXXXX`` folder)."""
+    from .report import write_report as _write_report
+
+    return _write_report(out_dir, title=title, steps=steps)
 
 
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -659,27 +623,47 @@ class StepWriter:
         views: Sequence[tuple[str, Tensor | np.ndarray, Tensor | np.ndarray]],
         metrics: Mapping[str, Any],
         config: Any = None,
+        *,
+        cameras: Any = None,
     ) -> Path:
         """Write one step; returns its folder.
 
-        gaussians: the merged model (None: model.ply comes from :meth:`write_model`, or none with ``ply=False``);
+        gaussians: the merged model, for model.spz (and model.ply unless :meth:`write_model` wrote it);
+                   None: no web copy (model.ply only from :meth:`write_model`); ``ply=False``: neither;
         views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
+        cameras:   the step's views (:class:`insitu.views.Views`), as cameras.json for the report's viewer.
+
+        With a model, its web copy ``model.spz`` is written too, and ``model_bytes``, ``web_model_bytes``
+        and ``export_seconds`` (writing the model, web copy, images and cameras) join the metrics.
         """
         for name, _, _ in views:
             if not isinstance(name, str) or not _VIEW_NAME.match(name):
                 raise ValueError(f"view names must be plain file names ([A-Za-z0-9_.-]+), got {name!r}")
         final = self.out_root / step_name(step)
+        t0 = time.perf_counter()
         d = self._folder(step)
+        metrics = dict(metrics)
         try:
             if gaussians is not None and self.ply:
-                write_ply(d / "model.ply", gaussians)
+                from .webmodel import write_spz
+
+                if not (d / "model.ply").exists():      # not written by write_model already
+                    write_ply(d / "model.ply", gaussians)
+                write_spz(d / "model.spz", gaussians)
+                metrics["model_bytes"] = (d / "model.ply").stat().st_size
+                metrics["web_model_bytes"] = (d / "model.spz").stat().st_size
             if views:
                 (d / "views").mkdir(exist_ok=True)
             for name, gt, pred in views:
                 write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
-            write_json(d / "metrics.json", {"step": int(step), **_plain(dict(metrics))})
+            if cameras is not None:
+                from .report import cameras_json
+
+                write_json(d / "cameras.json", cameras_json(cameras))
+            metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
+            write_json(d / "metrics.json", {"step": int(step), **_plain(metrics)})
             if config is not None:
                 cfg = config.to_dict() if hasattr(config, "to_dict") else config
                 atomic_write(d / "config.yaml", yaml.safe_dump(_plain(cfg), sort_keys=False))

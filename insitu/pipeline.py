@@ -365,7 +365,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
         with comm.phase("export"):                  # a failed write (disk full...) ends every rank
             if comm.rank == 0:
-                writer.write(step, None, images, metrics, cfg)
+                writer.write(step, merged, images, metrics, cfg, cameras=scene.views.to("cpu"))
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained)
 

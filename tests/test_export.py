@@ -309,7 +309,7 @@ def test_step_writer_and_report(tmp_path):
     d5 = writer.write(5, None, [("view_001", gt, gt)], {"psnr": 25.0, "ssim": 0.9, "new": 1}, {"a": 1})
 
     assert d0 == out / "step_000000" and d5 == out / "step_000005"
-    assert sorted(p.name for p in d0.iterdir()) == ["config.yaml", "metrics.json", "model.ply", "views"]
+    assert sorted(p.name for p in d0.iterdir()) == ["config.yaml", "metrics.json", "model.ply", "model.spz", "views"]
     assert_same(g, read_ply(d0 / "model.ply"))
     png = np.asarray(Image.open(d0 / "views" / "view_000.png"))
     assert png.shape == (8, 2 * 10 + 2, 3)
@@ -325,14 +325,16 @@ def test_step_writer_and_report(tmp_path):
 
     report = (out / "report.html").read_text()
     assert "Step 0" in report and "Step 5" in report
-    links = re.findall(r"src='([^']+)'", report)
+    links = re.findall(r"<img src='([^']+)'", report)
     assert links == ["step_000000/views/view_000.png", "step_000000/views/view_008.png",
                      "step_000005/views/view_001.png"]
     assert all((out / link).is_file() for link in links)
-    assert ("<tr><th><a href='#step_000005'>5</a></th><td>trained</td><td>25</td><td>0.9</td>" + "<td></td>" * 3
-            + "<td>1</td>") in report
+    # columns: status psnr ssim lpips gaussians timing.train model_bytes web_model_bytes export_seconds new
+    assert re.search("<tr><th><a href='#step_000005'>5</a></th><td>trained</td><td>25</td><td>0.9</td>"
+                     + "<td></td>" * 5 + "<td>[0-9.e-]+</td><td>1</td>", report)
     assert "unavailable" in report and "<td>inf</td>" in report
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "step_000000", "step_000005"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "report.json", "step_000000",
+                                                     "step_000005", "viewer"]
 
     with pytest.raises(ValueError, match="plain file names"):
         writer.write(6, None, [("../escape", gt, gt)], {"psnr": 1.0})

@@ -15,6 +15,7 @@ from conftest import SHARED_DATA
 from insitu.config import Config
 from insitu.decomposition import cut_block
 from insitu.export import StepWriter, read_csv, read_ply
+from insitu.webmodel import read_spz
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import run_step
 from insitu.volume import InputError, downsample, read_raw, whole_block
@@ -99,6 +100,9 @@ def test_run_step_writes_every_output(comm, tmp_path):
     assert len(rows) == 1 and rows[0]["step"] == "3" and float(rows[0]["psnr"]) == pytest.approx(m["psnr"])
     report = (tmp_path / "report.html").read_text()
     assert "step_000003" in report and "view_000.png" in report
+    cams = json.loads((d / "cameras.json").read_text())           # the step's cameras, for the viewer
+    assert len(cams["views"]) == cfg.views.count and cams["width"] == cfg.views.resolution
+    assert len(read_spz(d / "model.spz")) == len(model)
     assert not [p for p in tmp_path.rglob(".*")]                # no temporary files left
     assert math.isfinite(m["psnr"]) and math.isfinite(m["psnr_initial"]) and m["iterations"] == 10
     for key in ("ply_psnr", "ply_ssim", "psnr_foreground", "psnr_white"):

@@ -65,11 +65,18 @@ def main(out: Path):
     if rank == 0 and peak > 100_000:
         fail(f"rank 0 allocated {peak} bytes writing a {size}-byte file from a 10-Gaussian shard")
 
-    # StepWriter.write_model: the step folder, the same bytes
+    # StepWriter.write_model: into the step's temporary folder, which write() on rank 0 renames; the same bytes
     writer = StepWriter(out / "run")
     p = writer.write_model(7, big, comm)
-    if p != out / "run" / "step_000007" / "model.ply" or p.read_bytes() != (out / "big.ply").read_bytes():
+    if p.parent.name.startswith("step_") or p.read_bytes() != (out / "big.ply").read_bytes():
         fail(f"write_model wrote {p}")
+    comm.mpi.Barrier()
+    if rank == 0:
+        writer.write(7, None, [], {"psnr": 1.0})
+    comm.mpi.Barrier()
+    final = out / "run" / "step_000007" / "model.ply"
+    if not final.is_file() or final.read_bytes() != (out / "big.ply").read_bytes() or p.exists():
+        fail(f"write() did not move {p} to {final}")
 
     # failures: on every rank, the target untouched, no temporary file left
     before = (out / "big.ply").read_bytes()

@@ -1,0 +1,316 @@
+"""The report of an output directory: ``OUT/report.html`` with an interactive splat viewer, and ``insitu view``.
+
+The page shows, for every ``step_XXXXXX`` folder, its model in a 3D viewer (orbit, zoom, and the
+step's orbit cameras), a timestep slider with a play button that switches between the steps'
+models, the held-out images (ground truth | render) and plots: held-out PSNR/SSIM over the
+iterations of each step, PSNR/SSIM per timestep and the time per stage per timestep. It is
+rewritten after every step; served, the page polls ``report.json`` and shows new steps as a
+running simulation writes them.
+
+The viewer is Spark (``@sparkjsdev/spark``, on three.js), vendored as built in ``insitu/viewer/vendor``
+and copied next to the report (``OUT/viewer/``), so the page needs no network. It reads each
+step's ``model.spz`` (:mod:`insitu.webmodel`) and the step's cameras (``cameras.json``), converted
+once, here, from the project's convention (:mod:`insitu.views`: world-to-camera, OpenCV axes) to
+three.js's (:func:`viewer_camera`). Browsers load ES modules and models only over HTTP, not from
+``file://``: ``insitu view OUT`` serves the folder on localhost.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import html
+import http.server
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import uuid
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import yaml
+
+from .export import STEP_DIR, _fmt, _plain, atomic_write, read_csv, write_json
+
+VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
+VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
+_SKIP_ASSETS = {"update.sh"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cameras
+
+
+def viewer_camera(viewmat, K, width: int, height: int, *, target=None) -> dict[str, Any]:
+    """One camera of :mod:`insitu.views` as the viewer's (three.js) camera.
+
+    viewmat: [4, 4] world-to-camera, OpenCV axes (+x right, +y down, +z forward).
+    K:       [3, 3] pinhole intrinsics in pixels, principal point at the image centre.
+    target:  [3] a world point the camera looks towards (default: the one at distance 1);
+             it is moved onto the optical axis, so it is the camera's look-at point.
+
+    Returns ``position`` [3], ``target`` [3] (look-at point), ``up`` [3] (unit, the image's
+    upward direction in world coordinates), ``fov`` (vertical, degrees) and ``aspect``
+    (width / height in three.js terms, ``W fy / (H fx)``). A three.js PerspectiveCamera with
+    ``position``, ``up``, ``lookAt(target)``, ``fov`` and ``aspect`` maps every world point to the
+    same pixel as ``K @ viewmat`` (tests/test_report.py checks it); three.js cameras look along
+    their -z with +y up, i.e. OpenCV's axes with y and z flipped.
+    """
+    viewmat, K = np.asarray(viewmat, np.float64), np.asarray(K, np.float64)
+    if viewmat.shape != (4, 4) or K.shape != (3, 3):
+        raise ValueError(f"viewer_camera: expected viewmat [4, 4] and K [3, 3], got {list(viewmat.shape)} "
+                         f"and {list(K.shape)}")
+    if width <= 0 or height <= 0:
+        raise ValueError(f"viewer_camera: expected a positive image size, got {width} x {height}")
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    if abs(cx - width / 2) > 1e-3 * width or abs(cy - height / 2) > 1e-3 * height:
+        raise ValueError(f"viewer_camera: the viewer needs the principal point at the image centre "
+                         f"({width / 2}, {height / 2}), got ({cx}, {cy})")
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    position = -R.T @ t
+    right, down, forward = R                  # rows: the camera's axes in world coordinates
+    distance = 1.0 if target is None else float(np.dot(np.asarray(target, np.float64) - position, forward))
+    if not distance > 0:
+        raise ValueError("viewer_camera: the target lies behind the camera")
+    fov = 2.0 * math.degrees(math.atan(0.5 * height / fy))
+    return {"position": position.tolist(), "target": (position + distance * forward).tolist(),
+            "up": (-down).tolist(), "fov": fov, "aspect": float(width * fy / (height * fx))}
+
+
+def look_at_point(viewmats) -> np.ndarray | None:
+    """[3] the point closest to every camera's optical axis (``viewmats: [N, 4, 4]``; for orbit
+    views, the centre they look at); None when the axes are all parallel."""
+    vm = np.asarray(viewmats, np.float64)
+    R, t = vm[:, :3, :3], vm[:, :3, 3]
+    origins = -np.einsum("nji,nj->ni", R, t)
+    d = R[:, 2, :]                                            # forward axes
+    P = np.eye(3)[None] - d[:, :, None] * d[:, None, :]      # projectors orthogonal to each axis
+    A, b = P.sum(axis=0), np.einsum("nij,nj->i", P, origins)
+    if np.linalg.cond(A) > 1e8:
+        return None
+    return np.linalg.solve(A, b)
+
+
+def cameras_json(views) -> dict[str, Any]:
+    """The content of a step's ``cameras.json``: every orbit camera of ``views`` (:class:`insitu.views.Views`)
+    for the viewer (looking at :func:`look_at_point`), with its viewmat and K as well."""
+    vm, Ks = views.viewmats.detach().cpu().double().numpy(), views.Ks.detach().cpu().double().numpy()
+    test = views.test.detach().cpu().numpy()
+    centre = look_at_point(vm)
+    if centre is None:                                        # one view, or parallel ones: 1 unit ahead
+        centre = -vm[0, :3, :3].T @ vm[0, :3, 3] + vm[0, 2, :3]
+    return {"width": int(views.width), "height": int(views.height), "centre": [float(c) for c in centre],
+            "views": [{"id": i, "name": f"view_{i:03d}", "test": bool(test[i]),
+                       "camera": viewer_camera(vm[i], Ks[i], views.width, views.height, target=centre),
+                       "viewmat": vm[i].tolist(), "K": Ks[i].tolist()} for i in range(len(vm))]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def copy_viewer(out_dir: str | Path) -> Path:
+    """Copy the viewer's scripts and vendored libraries to ``out_dir/viewer`` (only what changed)."""
+    dest = Path(out_dir) / VIEWER_DIR
+    for src in sorted(VIEWER_SOURCE.rglob("*")):
+        if not src.is_file() or src.name in _SKIP_ASSETS or "__pycache__" in src.parts:
+            continue
+        target = dest / src.relative_to(VIEWER_SOURCE)
+        st = src.stat()
+        with contextlib.suppress(FileNotFoundError):
+            t = target.stat()
+            if t.st_size == st.st_size and t.st_mtime_ns == st.st_mtime_ns:
+                continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            shutil.copy2(src, tmp)
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return dest
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
+    """What the report shows of one step folder (missing files leave their entries empty)."""
+    metrics: dict[str, Any] = {}
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        metrics = json.loads((d / "metrics.json").read_text())
+    background = [0.0, 0.0, 0.0]
+    with contextlib.suppress(FileNotFoundError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        background = [float(c) for c in yaml.safe_load((d / "config.yaml").read_text())["views"]["background"]][:3]
+    rel = quote(d.name)
+
+    def link(name: str) -> str | None:
+        return f"{rel}/{quote(name)}" if (d / name).is_file() else None
+
+    history = [{k: _number(h.get(k)) for k in ("iteration", "psnr", "ssim")}
+               for h in metrics.get("history") or [] if isinstance(h, Mapping)]
+    stages = {"seeds": "seeds_seconds", "ground truth": "ground_truth_seconds", "training": "train_seconds",
+              "export": "export_seconds"}
+    return {
+        "step": step, "dir": d.name, "time": _number(metrics.get("time")),
+        "psnr": _number(metrics.get("psnr")), "ssim": _number(metrics.get("ssim")),
+        "gaussians": _number(metrics.get("gaussians")), "iterations": _number(metrics.get("iterations")),
+        "history": history, "stages": {name: _number(metrics.get(key)) for name, key in stages.items()},
+        "model": link("model.spz"), "ply": link("model.ply"), "cameras": link("cameras.json"),
+        "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
+        "background": background,
+        "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
+                   for p in sorted(d.rglob("*.png"))],
+    }
+
+
+def report_data(out_dir: str | Path, *, title: str = "insitu-gs",
+                steps: Collection[int] | None = None) -> dict[str, Any]:
+    """Everything the report page shows, as plain JSON (``OUT/report.json``).
+
+    steps: only these steps' folders (default: every ``step_XXXXXX`` folder)."""
+    out = Path(out_dir)
+    wanted = None if steps is None else {int(s) for s in steps}
+    steps = sorted((int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))
+                   and (wanted is None or int(m.group(1)) in wanted))
+    return {"title": title, "steps": [step_summary(out, s, d) for s, d in steps]}
+
+
+_HEAD = """<!doctype html>
+<html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>
+<title>{title}</title>
+<link rel='stylesheet' href='viewer/report.css'>
+<script type='importmap'>{{"imports": {{"three": "./viewer/vendor/three/three.module.min.js",
+ "three/addons/": "./viewer/vendor/three/addons/",
+ "@sparkjsdev/spark": "./viewer/vendor/spark/spark.module.min.js"}}}}</script>
+</head><body>
+<h1>{title}</h1>
+<p id='file-note' class='note' hidden>This page was opened as a plain file: browsers load the 3D viewer and
+the models only from a web server. Run <code>insitu view {out}</code> (on a cluster, on the login node) and open
+the URL it prints; through an SSH tunnel: <code>ssh -L 8000:localhost:8000 LOGIN-NODE</code>, then
+<code>http://localhost:8000/report.html</code>. Plots, images and tables below work without it.</p>
+<div id='app'>
+ <div id='viewer-panel'>
+  <div id='viewer' tabindex='0'><div id='viewer-status'>3D viewer: loading...</div></div>
+  <div class='controls'>
+   <button id='play' type='button' title='play the timesteps'>&#9654;</button>
+   <input id='slider' type='range' min='0' max='0' value='0' step='1' aria-label='timestep'>
+   <span id='step-label'></span>
+  </div>
+  <div class='controls'>
+   <label>camera <select id='camera'></select></label>
+   <button id='reset' type='button' title='back to the selected orbit camera'>reset</button>
+   <span id='model-info'></span>
+  </div>
+ </div>
+ <div id='images-panel'><h3>Held-out views: ground truth | render</h3><div id='images'></div></div>
+</div>
+<div id='plots'></div>
+"""
+
+
+def _table(steps: list[dict[str, Any]], rows: dict[int, dict[str, str]]) -> list[str]:
+    e = html.escape
+    columns = [k for k in dict.fromkeys(k for r in rows.values() for k in r) if k != "step"]
+    parts = ["<h2>Metrics</h2><p><a href='metrics.csv'>metrics.csv</a>, <a href='report.json'>report.json</a></p>",
+             "<div class='table'><table><tr><th>step</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "</tr>"]
+    for s in steps:
+        row = rows.get(s["step"], {})
+        parts.append(f"<tr><th><a href='#{e(s['dir'])}'>{s['step']}</a></th>"
+                     + "".join(f"<td>{e(_fmt(row.get(c) or ''))}</td>" for c in columns) + "</tr>")
+    parts.append("</table></div>")
+    return parts
+
+
+def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collection[int] | None = None) -> Path:
+    """Write ``out_dir/report.html`` and ``report.json`` (atomically) and the viewer's assets; returns the page.
+
+    Links are relative, so the folder can be moved, copied or served as it is. steps: only
+    these steps (default: every ``step_XXXXXX`` folder)."""
+    out = Path(out_dir)
+    copy_viewer(out)
+    data = report_data(out, title=title, steps=steps)
+    rows = {}
+    for r in read_csv(out / "metrics.csv"):
+        with contextlib.suppress(KeyError, ValueError):
+            rows[int(r["step"])] = r
+    e = html.escape
+    parts = [_HEAD.format(title=e(title), out=e(str(out)))]
+    parts += _table(data["steps"], rows)
+    for s in data["steps"]:
+        parts.append(f"<section id='{e(s['dir'])}'><h2>Step {s['step']}</h2><p>")
+        for name in ("model.ply", "model.spz", "metrics.json", "config.yaml", "cameras.json"):
+            if (out / s["dir"] / name).is_file():
+                parts.append(f"<a href='{quote(s['dir'])}/{quote(name)}'>{e(name)}</a> ")
+        parts.append("</p>")
+        for image in s["images"]:
+            parts.append(f"<a href='{image['src']}'><img src='{image['src']}' alt='{e(image['name'])}' "
+                         f"title='{e(image['name'])}'></a>")
+        parts.append("</section>")
+    payload = json.dumps(_plain(data), allow_nan=False).replace("</", "<\\/")
+    parts.append(f"<script id='insitu-data' type='application/json'>{payload}</script>")
+    parts.append("<script src='viewer/report.js'></script>\n<script type='module' src='viewer/viewer.js'></script>")
+    parts.append("</body></html>\n")
+    write_json(out / "report.json", data)
+    return atomic_write(out / "report.html", "\n".join(parts))
+
+
+# ---------------------------------------------------------------------------------------------
+# insitu view
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".js": "text/javascript", ".mjs": "text/javascript", ".json": "application/json",
+                      ".spz": "application/octet-stream", ".ply": "application/octet-stream"}
+
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-cache")      # a running simulation rewrites the report
+        super().end_headers()
+
+    def log_message(self, format: str, *args) -> None:      # quiet: one line per request is noise
+        pass
+
+
+def make_server(out_dir: str | Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+    """An HTTP server for ``out_dir`` on ``host:port`` (port 0: any free port); not yet serving."""
+    out = Path(out_dir)
+    if not (out / "report.html").is_file():
+        raise FileNotFoundError(f"{out}: no report.html here (expected the --out folder of an insitu run)")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be in 0..65535, got {port}")
+    handler = functools.partial(_Handler, directory=str(out))
+    return http.server.ThreadingHTTPServer((host, port), handler)
+
+
+def serve(out_dir: str | Path, port: int = 8000) -> int:
+    """``insitu view OUT``: serve ``OUT`` on localhost until interrupted; prints the report's URL."""
+    out = Path(out_dir)
+    try:
+        server = make_server(out, port)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"insitu view: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"insitu view: error: cannot listen on port {port} ({e.strerror}); try --port 0 for a free one",
+              file=sys.stderr)
+        return 2
+    port = server.server_address[1]
+    url = f"http://localhost:{port}/report.html"
+    print(f"serving {out} at {url}\n"
+          f"from another machine: ssh -L {port}:localhost:{port} {socket.gethostname()}, then open {url}\n"
+          "Ctrl-C stops", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

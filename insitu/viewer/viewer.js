@@ -1,0 +1,216 @@
+// The report's 3D view: the selected step's model.spz, rendered by Spark (three.js).
+// report.js owns the page state (the selected step); this module follows it through the
+// "insitu-step" event. Cameras come converted from the project's convention by
+// insitu.report.viewer_camera (position, look-at target, up, vertical fov, aspect).
+// window.insituViewer is the interface the browser test drives.
+import * as THREE from "three";
+import { OrbitControls } from "three/addons/controls/OrbitControls.js";
+import { SparkRenderer, SplatMesh } from "@sparkjsdev/spark";
+
+const report = window.insituReport;
+const box = document.getElementById("viewer");
+const status = document.getElementById("viewer-status");
+const cameraSelect = document.getElementById("camera");
+const info = document.getElementById("model-info");
+const KEEP = 6;                                   // models kept loaded (most recently used)
+
+const renderer = new THREE.WebGLRenderer({ antialias: false });
+renderer.setPixelRatio(window.devicePixelRatio || 1);
+box.appendChild(renderer.domElement);
+const scene = new THREE.Scene();
+const camera = new THREE.PerspectiveCamera(40, 1, 0.01, 1000);
+// As the training rasterizer (gsplat "classic"): 0.3 px^2 blur on the 2D covariance, splats
+// to 3 standard deviations, alphas below 1/255 dropped, sorted by view depth.
+// Frames are drawn on demand: after a change, and when Spark has a new sort order (onDirty).
+let dirty = 2;
+const invalidate = () => { dirty = 2; };
+const spark = new SparkRenderer({ renderer, preBlurAmount: 0.3, maxStdDev: 3.0, minAlpha: 1.0 / 255.0,
+                                  sortRadial: false, onDirty: invalidate });
+scene.add(spark);
+
+let controls = null;
+let fixedSize = null;                             // [W, H] while showing an exact orbit view
+let shown = null;                                 // {index, url, mesh}
+const meshes = new Map();                         // url -> {mesh, ready}
+const camerasByUrl = new Map();                   // url -> Promise of cameras.json
+let current = { index: -1, cameras: null, viewId: null };
+let token = 0;
+
+function say(text) {
+  status.textContent = text;
+  status.hidden = !text;
+}
+
+function resize() {
+  let w, h;
+  if (fixedSize) {
+    [w, h] = fixedSize;
+    renderer.setPixelRatio(1);
+  } else {
+    w = Math.max(1, box.clientWidth);
+    h = Math.max(1, box.clientHeight);
+    renderer.setPixelRatio(window.devicePixelRatio || 1);
+  }
+  renderer.setSize(w, h, true);
+  camera.aspect = fixedSize && current.aspect ? current.aspect : w / h;
+  camera.updateProjectionMatrix();
+  invalidate();
+}
+new ResizeObserver(() => { if (!fixedSize) resize(); }).observe(box);
+
+// Place the camera: cam = {position, target, up, fov, aspect} (insitu.report.viewer_camera).
+// exact: [W, H] renders at that many pixels with the camera's own aspect, as the orbit view.
+function setCamera(cam, exact = null) {
+  fixedSize = exact;
+  current.aspect = cam.aspect;
+  camera.position.fromArray(cam.position);
+  camera.up.fromArray(cam.up);
+  camera.fov = cam.fov;
+  const distance = camera.position.distanceTo(new THREE.Vector3().fromArray(cam.target));
+  camera.near = distance * 1e-3;
+  camera.far = distance * 1e3;
+  camera.lookAt(new THREE.Vector3().fromArray(cam.target));
+  if (controls) controls.dispose();
+  controls = new OrbitControls(camera, renderer.domElement);    // orbits about target, around cam.up
+  controls.target.fromArray(cam.target);
+  controls.enableDamping = false;
+  controls.addEventListener("change", invalidate);
+  controls.update();
+  resize();
+}
+
+function loadCameras(url) {
+  if (!camerasByUrl.has(url)) {
+    camerasByUrl.set(url, fetch(url, { cache: "no-cache" }).then((r) => {
+      if (!r.ok) throw new Error(`${url}: ${r.status} ${r.statusText}`);
+      return r.json();
+    }));
+  }
+  return camerasByUrl.get(url);
+}
+
+function loadMesh(url) {
+  let entry = meshes.get(url);
+  if (!entry) {
+    const mesh = new SplatMesh({ url });
+    mesh.visible = false;
+    scene.add(mesh);
+    entry = { mesh, ready: mesh.initialized };
+    meshes.set(url, entry);
+  }
+  meshes.delete(url);                              // most recently used last
+  meshes.set(url, entry);
+  while (meshes.size > KEEP) {
+    const [oldUrl, old] = meshes.entries().next().value;
+    if (shown && shown.url === oldUrl) break;
+    meshes.delete(oldUrl);
+    scene.remove(old.mesh);
+    old.mesh.dispose();
+  }
+  return entry;
+}
+
+function fillCameras(cams) {
+  const keep = cameraSelect.value;
+  cameraSelect.textContent = "";
+  for (const v of cams.views) {
+    const option = document.createElement("option");
+    option.value = String(v.id);
+    option.textContent = `${v.name}${v.test ? " (held out)" : ""}`;
+    cameraSelect.appendChild(option);
+  }
+  const first = cams.views.find((v) => v.test) || cams.views[0];
+  cameraSelect.value = cams.views.some((v) => String(v.id) === keep) ? keep : String(first.id);
+}
+
+function viewById(id) {
+  return current.cameras && current.cameras.views.find((v) => v.id === Number(id));
+}
+
+// Show step number `index` of report.data.steps; resolves once its model is loaded and visible.
+async function show(index) {
+  const mine = ++token;
+  const step = report.data.steps[index];
+  if (!step) return;
+  if (!step.model) {
+    say(`step ${step.step}: no model.spz in this folder`);
+    return;
+  }
+  say(shown ? "" : `loading step ${step.step}...`);
+  const entry = loadMesh(step.model);
+  const cams = step.cameras ? await loadCameras(step.cameras).catch(() => null) : null;
+  await entry.ready;
+  if (mine !== token) return;                       // a later step was asked for meanwhile
+  const firstCamera = current.cameras === null;
+  current.index = index;
+  if (cams) {
+    current.cameras = cams;
+    fillCameras(cams);
+  }
+  for (const e of meshes.values()) e.mesh.visible = e === entry;
+  shown = { index, url: step.model, mesh: entry.mesh };
+  const bg = step.background || [0, 0, 0];
+  scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
+  if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
+  const kb = step.web_model_bytes ? `, ${(step.web_model_bytes / 1e6).toFixed(2)} MB` : "";
+  info.textContent = `${step.gaussians ?? "?"} Gaussians${kb}`;
+  say("");
+  invalidate();
+}
+
+cameraSelect.addEventListener("change", () => {
+  const v = viewById(cameraSelect.value);
+  if (v) setCamera(v.camera);
+});
+document.getElementById("reset").addEventListener("click", () => {
+  const v = viewById(cameraSelect.value);
+  if (v) setCamera(v.camera);
+});
+document.addEventListener("insitu-step", (event) => { show(event.detail.index).catch(fail); });
+
+function fail(error) {
+  console.error(error);
+  say(`3D viewer: ${error && error.message ? error.message : error}`);
+}
+
+function nextFrame() {
+  return new Promise((resolve) => requestAnimationFrame(() => resolve()));
+}
+
+renderer.setAnimationLoop(() => {
+  if (dirty > 0) {
+    dirty -= 1;
+    renderer.render(scene, camera);
+  }
+});
+
+window.insituViewer = {
+  show,
+  setCamera,
+  // the camera of orbit view `id` of the shown step, at its own size in pixels
+  showView(id) {
+    const v = viewById(id);
+    if (!v) throw new Error(`no orbit camera ${id} in this step`);
+    cameraSelect.value = String(v.id);
+    setCamera(v.camera, [current.cameras.width, current.cameras.height]);
+    return { width: current.cameras.width, height: current.cameras.height };
+  },
+  async frames(n = 2) {
+    invalidate();
+    for (let i = 0; i < n; i++) await nextFrame();
+  },
+  state() {
+    return { index: current.index, url: shown ? shown.url : null,
+             visible: [...meshes.entries()].filter(([, e]) => e.mesh.visible).map(([u]) => u),
+             canvas: [renderer.domElement.width, renderer.domElement.height] };
+  },
+  canvas: renderer.domElement,
+};
+
+resize();
+if (report && report.data.steps.length) {
+  show(report.index).then(() => { window.insituViewer.ready = true; }).catch(fail);
+} else {
+  say("no steps yet");
+  window.insituViewer.ready = true;
+}

@@ -1,0 +1,257 @@
+"""The report's 3D viewer in a real browser: headless Chromium (software WebGL) driven over the
+Chrome DevTools protocol. The CPU demo's output is served with ``insitu view``; the viewer's
+camera is set to a held-out view, the canvas is screenshot and compared with that view's ground
+truth, and the timestep slider must switch the model. Another test compares the canvas with the
+project's rasterizer on the same model.
+
+Skipped, with the reason, only when no Chromium is installed (``.ci/run`` installs the Debian
+package ``chromium``) or websocket-client is missing (the ``test`` extra has it).
+"""
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# the CPU demo as `make demo` runs it (two analysed steps, the second warm-started)
+RUN = ["demo", "--device", "cpu", "--quiet", "--set", "output.images=2"]
+
+
+def find_browser() -> str | None:
+    for name in BROWSERS:
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) / 255 - b.astype(np.float64) / 255) ** 2)
+    return float("inf") if mse == 0 else float(-10 * np.log10(mse))
+
+
+class DevTools:
+    """A minimal Chrome DevTools protocol client for one page (commands in order, events kept)."""
+
+    def __init__(self, ws_url: str):
+        import websocket
+
+        self.ws = websocket.create_connection(ws_url, timeout=120, suppress_origin=True)
+        self.next_id = 0
+        self.log: list[str] = []
+
+    def send(self, method: str, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+            if msg.get("method") == "Runtime.consoleAPICalled":
+                self.log.append(" ".join(str(a.get("value", a.get("description", ""))) for a in msg["params"]["args"]))
+            elif msg.get("method") == "Runtime.exceptionThrown":
+                self.log.append("exception: " + json.dumps(msg["params"]["exceptionDetails"])[:500])
+
+    def eval(self, expression: str, timeout: float = 120):
+        r = self.send("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True,
+                      timeout=timeout * 1000)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expression[:80]}...: {r['exceptionDetails']}\nconsole: {self.log[-20:]}")
+        return r["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 180):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.eval(expression):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{expression} not true after {timeout} s; console: {self.log[-20:]}")
+
+    def canvas_png(self) -> np.ndarray:
+        """Screenshot of the viewer's canvas, in CSS pixels (device scale factor 1)."""
+        rect = self.eval("(() => { const r = insituViewer.canvas.getBoundingClientRect();"
+                         " return [r.x + scrollX, r.y + scrollY, r.width, r.height]; })()")
+        shot = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                         clip={"x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1})
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB"))
+
+    def close(self):
+        self.ws.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    path = find_browser()
+    if path is None:
+        pytest.skip("no Chromium installed (looked for " + ", ".join(BROWSERS) + "); .ci/run installs it")
+    pytest.importorskip("websocket", reason="websocket-client is not installed (pip install '.[test]')")
+    profile = tmp_path_factory.mktemp("chromium")
+    proc = subprocess.Popen(
+        [path, "--headless=new", "--no-sandbox", "--disable-gpu-sandbox", "--use-angle=swiftshader",
+         "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist", "--no-first-run", "--no-default-browser-check",
+         "--disable-dev-shm-usage", "--remote-debugging-port=0", f"--user-data-dir={profile}",
+         "--window-size=1000,1000", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        endpoint, seen = None, []
+        t0 = time.monotonic()
+        while endpoint is None and time.monotonic() - t0 < 60:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen.append(line)
+            if m := re.search(r"DevTools listening on ws://([\d.]+:\d+)/", line):
+                endpoint = m.group(1)
+        assert endpoint, f"Chromium did not start its DevTools endpoint: {''.join(seen)[-2000:]}"
+        with urllib.request.urlopen(f"http://{endpoint}/json/list") as r:
+            pages = [t for t in json.load(r) if t["type"] == "page"]
+        dt = DevTools(pages[0]["webSocketDebuggerUrl"])
+        dt.send("Runtime.enable")
+        dt.send("Page.enable")
+        dt.send("Emulation.setDeviceMetricsOverride", width=1000, height=1000, deviceScaleFactor=1, mobile=False)
+        yield dt
+        dt.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A small demo run's output folder, served by ``insitu view`` on a free port: (out, base URL)."""
+    out = tmp_path_factory.mktemp("demo") / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, "-m", "insitu", *RUN, "--out", str(out)], env=env, cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=840, check=False)
+    assert r.returncode == 0, r.stdout[-3000:]
+    server = subprocess.Popen([sys.executable, "-m", "insitu", "view", str(out), "--port", "0"], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = server.stdout.readline()
+        m = re.search(r"(http://localhost:\d+/)report\.html", line)
+        assert m, f"insitu view printed {line!r}"
+        yield out, m.group(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """Two steps of random Gaussians (SH degree 1) with orbit cameras, served in this process: (out, URL, views)."""
+    import threading
+
+    import torch
+
+    from insitu.export import StepWriter
+    from insitu.report import make_server
+    from insitu.views import orbit_views
+    from test_report import random_gaussians
+
+    out = tmp_path_factory.mktemp("synthetic") / "out"
+    views = orbit_views([-5, -5, -5], [5, 5, 5], 16, 96)
+    writer = StepWriter(out)
+    for step in (0, 10):
+        g = random_gaussians(300, 1, seed=step, extent=4.0)
+        g.log_scales -= 1.0
+        writer.write(step, g, [("view_000", torch.zeros(96, 96, 3), torch.zeros(96, 96, 3))], {"psnr": 20.0}, None,
+                     cameras=views)
+    server = make_server(out, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield out, f"http://localhost:{server.server_address[1]}/", views
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
+    """The viewer's canvas at an orbit camera against the project's rasterizer on the same (decoded)
+    model: checks the camera mapping, the SPZ encoding (SH included) and the render settings together."""
+    from insitu.rendering import rasterize
+    from insitu.webmodel import read_spz
+
+    out, base, views = synthetic
+    dt = browser
+    dt.send("Page.navigate", url=base + "report.html")
+    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    for view_id in (0, 5, 11):
+        shot = show_view(dt, view_id)
+        g = read_spz(out / "step_000010" / "model.spz")
+        ids = [view_id]
+        rgb, _, _ = rasterize(g.means, g.quats / g.quats.norm(dim=1, keepdim=True), g.scales, g.opacities, g.sh,
+                              views.viewmats[ids], views.Ks[ids], 96, 96, sh_degree=1, backend="torch")
+        ours = (rgb[0].clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)
+        value = psnr(shot, ours)
+        print(f"viewer vs rasterizer, view {view_id}: {value:.2f} dB")
+        assert value >= 30.0, (view_id, value, dt.log[-20:])
+        mirrored = psnr(shot[:, ::-1], ours)                   # a mirrored camera would not pass
+        assert mirrored < value - 5, (view_id, value, mirrored)
+
+
+def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:
+    """The left half (ground truth) of a held-out image ``GT | render``."""
+    image = np.asarray(Image.open(out / step_dir / "views" / f"{name}.png").convert("RGB"))
+    w = (image.shape[1] - 2) // 2
+    return image[:, :w]
+
+
+def show_view(dt: DevTools, view_id: int) -> np.ndarray:
+    size = dt.eval(f"(async () => {{ const s = insituViewer.showView({view_id}); await insituViewer.frames(5);"
+                   " return s; })()")
+    time.sleep(1.0)                           # Spark sorts in a worker: let it finish, then render again
+    dt.eval("insituViewer.frames(10)")
+    image = dt.canvas_png()
+    assert image.shape[:2] == (size["height"], size["width"]), image.shape
+    return image
+
+
+def test_viewer_renders_held_out_views_and_the_slider_switches_steps(browser, served):
+    out, base = served
+    dt = browser
+    dt.send("Page.navigate", url=base + "report.html")
+    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    data = dt.eval("insituReport.data")
+    steps = data["steps"]
+    assert len(steps) == 2 and all(s["model"] for s in steps), steps
+    assert dt.eval("insituViewer.state().url") == steps[-1]["model"]          # opens on the newest step
+    assert dt.eval("document.querySelectorAll('#plots svg').length") == 5
+
+    results = {}
+    for index in (1, 0):
+        s = steps[index]
+        if index == 0:                                                           # move the slider
+            dt.eval("(() => { const s = document.getElementById('slider'); s.value = '0';"
+                    " s.dispatchEvent(new Event('input')); })()")
+            dt.wait_for(f"insituViewer.state().url === {json.dumps(s['model'])} && "
+                        f"insituViewer.state().visible.join() === {json.dumps(s['model'])}")
+            assert dt.eval("document.getElementById('step-label').textContent").startswith(f"step {s['step']} ")
+            assert dt.eval("document.querySelector('#images img').getAttribute('src')").startswith(s["dir"])
+        for image in s["images"]:
+            view_id = int(image["name"].split("_")[1])
+            shot = show_view(dt, view_id)
+            gt = ground_truth(out, s["dir"], image["name"])
+            results[(index, view_id)] = (psnr(shot, gt), shot)
+            Image.fromarray(np.concatenate([gt, shot], axis=1)).save(out / f"browser_{s['dir']}_{image['name']}.png")
+    summary = {k: round(v[0], 2) for k, v in results.items()}
+    print("viewer vs ground truth, PSNR (dB):", summary)
+    assert all(p >= 20.0 for p, _ in results.values()), (summary, dt.log[-20:])
+    # the two steps' surfaces differ: the same camera shows different images
+    (_, a), (_, b) = results[(1, 0)], results[(0, 0)]
+    assert psnr(a, b) < min(results[(1, 0)][0], results[(0, 0)][0]), summary
