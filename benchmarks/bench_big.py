@@ -79,6 +79,7 @@ def main() -> None:
                         "--set", "seeds.fill=true", "--set", f"train.sh_degree={args.sh_degree}",
                         "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
                         "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}", "--set", "output.images=2",
+                        "--set", "output.ply_metrics=false",
                         "--quiet", "--out", args.model_dir]
         code, _, seconds = run(cmd, out / "run_2gpu.log", timeout=420)
         metrics_path = Path(args.model_dir) / "step_000000" / "metrics.json"

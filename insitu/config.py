@@ -89,6 +89,8 @@ class OutputConfig:
     dir: str = "out"
     images: int = 4                     # how many held-out views to write as GT | render PNGs
     ply: bool = True
+    ply_metrics: bool = True            # ply_psnr/ply_ssim and model.spz: the whole model gathered on rank 0
+                                        # and drawn there; off for models larger than one GPU or host
     existing: str = "refuse"            # a folder that holds results: refuse | resume | overwrite
 
 

@@ -344,12 +344,14 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     gaussians = trainer.gaussians()
     from .export import gather_gaussians
 
-    merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)        # model.ply: on rank 0
-    qm = model_quality(merged, scene, comm, backend=tc.backend)
+    merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
+    if cfg.output.ply_metrics:
+        merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
+        qm = model_quality(merged, scene, comm, backend=tc.backend)
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
-        "ply_psnr": qm.psnr, "ply_ssim": qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
+        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
