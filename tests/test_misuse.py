@@ -228,7 +228,8 @@ def test_resume_trains_the_steps_a_killed_run_left_unfinished(files, tmp_path):
     assert "holds the results of an earlier run; give --resume" in one_error(refused)
     r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, "--resume", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "step_000000"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "report.json", "step_000000",
+                                                     "viewer"]
     assert [(r["step"], r["status"]) for r in read_csv(out / "metrics.csv")] == [("0", "trained")]
 
 

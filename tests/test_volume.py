@@ -22,7 +22,7 @@ def test_raw_size_mismatch_is_a_clear_error(tmp_path):
         read_raw(p)
     q = tmp_path / "noname.raw"
     np.zeros(8, np.uint8).tofile(q)
-    with pytest.raises(InputError, match="dims and dtype are not in the name"):
+    with pytest.raises(InputError, match="dims and dtype are not given and not in the name"):
         read_raw(q)
     assert read_raw(q, dims=(2, 2, 2), dtype="uint8").shape == (2, 2, 2)
     with pytest.raises(InputError, match="no such file"):
