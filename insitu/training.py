@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .compositing import composite
 from .config import TrainConfig
-from .gaussians import Gaussians
+from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
 from .ssim import ssim_map
 from .views import Views
@@ -132,6 +132,54 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
     bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
     info["alpha"] = rgba[..., 3:]
     return rgba[..., :3] + (1.0 - rgba[..., 3:]) * bg, info
+
+
+def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: Tensor, gt: Tensor, comm, *,
+                       backend: str = "auto", batch: int = 1, only: Tensor | None = None) -> Gaussians:
+    """Each Gaussian's colour (SH band 0) from the ground-truth pixels it covers; collective over ``comm``.
+
+    gaussians: this rank's shard.
+    views:     every view; ``ids: [V]`` the ones to read, ``order: [N_views, P]`` the ranks' visibility keys.
+    gt:        [N_views, h_band, W, 4] this rank's band of every view, premultiplied RGBA.
+    only:      [N] bool, the Gaussians whose colour is set (default: all); the others keep theirs
+               but still occlude.
+    The colour of Gaussian i is ``sum_p w_i(p) gt_rgb(p) / sum_p w_i(p) gt_alpha(p)`` over the pixels
+    p of the views, ``w_i(p)`` its blending weight in the composited render (opacity times the
+    transmittance in front of it, across ranks): the mean unpremultiplied ground-truth colour where
+    the Gaussian shows. Both sums are gradients of the render with respect to the colours, so the
+    distributed render's backward computes them exactly, on any number of ranks, one pass over
+    the views. A Gaussian that shows in no view keeps its colour; higher SH bands are untouched.
+    """
+    if gt.ndim != 4 or gt.shape[-1] != 4 or gt.shape[0] != len(views):
+        raise ValueError(f"gt: expected [{len(views)}, h_band, W, 4], got {tuple(gt.shape)}")
+    n = len(gaussians)
+    device, dtype = gaussians.means.device, gaussians.means.dtype
+    colors = torch.ones(n, 3, device=device, dtype=dtype, requires_grad=True)   # the render is linear in them
+    params = {"means": gaussians.means.detach(), "quats": gaussians.quats.detach(),
+              "scales": gaussians.log_scales.detach(), "opacities": gaussians.opacity_logits.detach(),
+              "colors": colors}
+    num, den = torch.zeros(n, 3, device=device, dtype=dtype), torch.zeros(n, device=device, dtype=dtype)
+    black = torch.zeros(3, device=device, dtype=dtype)
+    for chunk in torch.as_tensor(ids, device=device).split(max(int(batch), 1)):
+        pred, _ = render_bands(params, views, chunk, order, comm, background=black, sh_degree=None,
+                               backend=backend)
+        target = gt[chunk.to(gt.device)].to(device=device, dtype=dtype)
+        (pred * target[..., :3]).sum().backward(retain_graph=True)      # every rank: the collectives
+        if colors.grad is not None:
+            num += colors.grad
+            colors.grad = None
+        (pred[..., 0] * target[..., 3]).sum().backward()
+        if colors.grad is not None:
+            den += colors.grad[:, 0]
+            colors.grad = None
+    seen = den > 1e-6
+    if only is not None:
+        seen &= only.to(device)
+    rgb = (num[seen] / den[seen, None]).clamp(0.0, 1.0)
+    sh0 = gaussians.sh0.detach().clone()
+    sh0[seen] = rgb_to_sh0(rgb)[:, None, :].to(sh0.dtype)
+    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
+                     sh0, gaussians.shN)
 
 
 class _AllGather(torch.autograd.Function):
