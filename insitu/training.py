@@ -213,7 +213,7 @@ class _HaloExchange(torch.autograd.Function):
         ctx.comm, ctx.shape = comm, slab.shape
         ctx.send, ctx.recv = [n if f else 0 for f in send_to], [n if f else 0 for f in recv_from]
         out = slab.new_empty(sum(ctx.recv))
-        comm.traffic.add(sum(ctx.send) * slab.element_size())
+        comm.traffic.add(sum(ctx.recv) * slab.element_size())      # what this rank receives
         dist.all_to_all_single(out, slab.reshape(-1).repeat(sum(send_to)), ctx.recv, ctx.send, group=comm.group)
         return out.view(-1, *slab.shape)
 
@@ -222,7 +222,7 @@ class _HaloExchange(torch.autograd.Function):
         import torch.distributed as dist
 
         back = grad.new_empty(sum(ctx.send))
-        ctx.comm.traffic.add(sum(ctx.recv) * grad.element_size())
+        ctx.comm.traffic.add(sum(ctx.send) * grad.element_size())
         dist.all_to_all_single(back, grad.contiguous().view(-1), ctx.send, ctx.recv, group=ctx.comm.group)
         return back.view(-1, *ctx.shape).sum(0), None, None, None
 
