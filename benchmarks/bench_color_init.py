@@ -7,6 +7,11 @@ and final held-out PSNR, the PSNR curve, and the first evaluated iteration at wh
 ``--targets`` PSNR was reached (null: not within ``--iterations``).
 
     python benchmarks/bench_color_init.py --iterations 500 --targets 24 26 --seeds 0 1
+    python benchmarks/bench_color_init.py --scene metaballs --iterations 300 --eval-every 25 --seeds 3 4
+
+``--scene metaballs``: the 2-rank test's scene and settings instead (``tests/mpi/dist_train.py``:
+three metaballs, 24 views at 48², 2000 seeds with ``seeds.fill``); only ``--iterations``,
+``--eval-every``, ``--color-views`` and the seeds apply.
     mpiexec -n 2 python benchmarks/bench_color_init.py ...        # the same on 2 ranks
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ BONSAI = Path("/work/shared/data/bonsai_256x256x256_uint8.raw")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scene", choices=("bonsai", "metaballs"), default="bonsai")
     ap.add_argument("--data", type=Path, default=BONSAI)
     ap.add_argument("--downsample", type=int, default=4)
     ap.add_argument("--views", type=int, default=40)
@@ -45,7 +51,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     comm = init_comm(device=args.device)
-    volume = downsample(read_raw(args.data), args.downsample)
+    if args.scene == "metaballs":
+        sys.path.insert(0, str(ROOT / "tests" / "mpi"))
+        import dist_train
+        volume = dist_train.metaballs()
+    else:
+        volume = downsample(read_raw(args.data), args.downsample)
     for seed in args.seeds:
         for mode in args.modes:
             cfg = Config()
@@ -59,6 +70,11 @@ def main() -> None:
             t.densify_from, t.densify_every, t.densify_until, t.opacity_reset_every = 100, 100, 400, 0
             t.max_gaussians, t.progress, t.eval_every = 2 * args.budget, False, args.eval_every
             t.backend = "torch" if args.device == "cpu" else "auto"
+            if args.scene == "metaballs":
+                cfg = dist_train.tiny_config(0.5)
+                cfg.seeds.color_init, cfg.seeds.color_views = mode, args.color_views
+                cfg.train.iterations, cfg.train.seed, cfg.train.eval_every = args.iterations, seed, args.eval_every
+                cfg.parallel.device = args.device
             m = run_step(cut_block(volume, comm.rank, comm.size), cfg, comm).metrics
             curve = [(h["iteration"], round(h["psnr"], 3)) for h in m["history"]] + [(m["iterations"], round(m["psnr"], 3))]
             reached = {str(x): next((i for i, p in curve if p >= x), None) for x in args.targets}
