@@ -40,6 +40,8 @@ class SeedConfig:
     thickness: float = 0.1              # disc thickness, as a fraction of its radius
     opacity: float = 0.5
     fill: bool = False                  # sample points on the triangles up to the budget
+    color_init: str = "gt"              # gt: each Gaussian's colour from the ground truth it covers | constant
+    color_views: int = 16               # training views the gt colours are read from (one render pass each)
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Config:
 
 
 _CHOICES = {
+    "seeds.color_init": ("gt", "constant"),
     "train.backend": ("auto", "gsplat", "torch"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.transfer": ("float32", "bfloat16", "float16"),
@@ -136,7 +139,7 @@ _CHOICES = {
 }
 _POSITIVE = {
     "views.count", "views.resolution", "views.supersample", "views.test_every", "views.fov_deg",
-    "seeds.budget", "seeds.thickness", "train.iterations", "train.batch", "train.densify_every",
+    "seeds.budget", "seeds.thickness", "seeds.color_views", "train.iterations", "train.batch", "train.densify_every",
     "input.downsample", "input.every", "input.timeout_s", "parallel.timeout_s", "insitu.queue",
     "train.max_gaussians", "train.sh_increase_every",
     "train.lr_means", "train.lr_scales", "train.lr_quats", "train.lr_opacities", "train.lr_sh0", "train.lr_shN",

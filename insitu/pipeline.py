@@ -22,7 +22,7 @@ from .decomposition import Decomposition, decompose
 from .gaussians import Gaussians
 from .groundtruth import raycast_views
 from .seeds import Seeds, extract_seeds, init_gaussians
-from .training import Trainer, render_bands
+from .training import Trainer, colors_from_images, render_bands
 from .views import Views, orbit_views
 from .volume import Block, InputError, check_field
 
@@ -82,8 +82,11 @@ def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
 
 
 def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing: float, device, *,
-               near: float = 1.0) -> Gaussians:
+               near: float = 1.0) -> tuple[Gaussians, Tensor]:
     """Previous step's shard refit to the new surface: drop Gaussians far from it, seed where it is new.
+
+    Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
+    :func:`init_colors`; the kept Gaussians keep their trained ones).
 
     near: in cells; an old Gaussian is kept when a vertex of the new surface lies within this
           distance (a Gaussian on the surface is within ~0.7 cells of one), and a new seed is
@@ -95,17 +98,34 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, spacing:
                            thickness=cfg.seeds.thickness, sh_degree=cfg.train.sh_degree, seed=cfg.train.seed,
                            device=device)
     if len(warm) == 0 or len(seeds) == 0:
-        return fresh
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
     old = warm.to(device)
     radius = near * spacing
     d_old, _ = cKDTree(seeds.points).query(old.means.cpu().numpy(), distance_upper_bound=radius)
     keep = torch.as_tensor(np.isfinite(d_old), device=device)
     old = old.select(keep)
     if len(old) == 0:
-        return fresh
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
     d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=radius)
     add = torch.as_tensor(~np.isfinite(d_new), device=device)
-    return Gaussians.cat([old, fresh.select(add)])
+    new = fresh.select(add)
+    mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
+                      torch.ones(len(new), dtype=torch.bool, device=device)])
+    return Gaussians.cat([old, new]), mask
+
+
+def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
+    """The seeds' colours as ``cfg.seeds.color_init`` says: ``gt`` reads them from ``cfg.seeds.color_views``
+    training views spread over the orbit (:func:`insitu.training.colors_from_images`, collective),
+    ``constant`` keeps ``views.surface_color``. ``only``: [N] bool, the Gaussians to colour (a warm
+    start's new seeds); default all."""
+    if cfg.seeds.color_init == "constant":
+        return shard
+    train = scene.views.train_ids
+    k = min(cfg.seeds.color_views, len(train))
+    ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
+    return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
+                              batch=cfg.train.batch, only=only)
 
 
 def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tensor:
@@ -280,9 +300,10 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     budget = int(round(cfg.seeds.budget * share))
     spacing = float(min(block.spacing))
+    fresh = None                                 # the Gaussians whose colours the ground truth sets: all
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard = warm_shard(warm.gaussians, seeds, budget, cfg, spacing, device)
+            shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, spacing, device)
         else:
             shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
                                    thickness=cfg.seeds.thickness, sh_degree=tc.sh_degree, seed=tc.seed + comm.rank,
@@ -293,6 +314,11 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    t_scene = _time.perf_counter()
+    shard = init_colors(shard, scene, cfg, comm, only=fresh)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_color = _time.perf_counter()
     lo, hi = block.box
     margin = 2.0 * spacing
     box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
@@ -355,7 +381,9 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
-        "seeds_seconds": round(t_seed - t0, 3), "ground_truth_seconds": round(t_gt - t_seed, 3),
+        "seeds_seconds": round(t_seed - t0 + (t_color - t_scene), 3),     # the seed colours included
+        "ground_truth_seconds": round(t_gt - t_seed - (t_color - t_scene), 3),
+        "color_init_seconds": round(t_color - t_scene, 3),
         "train_seconds": round(t_train - t_gt, 3), "history": history,
     }
     if device.type == "cuda":

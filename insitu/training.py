@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .compositing import composite
 from .config import TrainConfig
-from .gaussians import Gaussians
+from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
 from .ssim import ssim_map
 from .views import Views
@@ -134,28 +134,108 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
     return rgba[..., :3] + (1.0 - rgba[..., 3:]) * bg, info
 
 
-class _AllGather(torch.autograd.Function):
-    """``comm.all_gather`` with autograd: backward sums every rank's gradient for this rank's
-    slot (a reduce-scatter), so the rows a rank lends its neighbours get their gradients back."""
+def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: Tensor, gt: Tensor, comm, *,
+                       backend: str = "auto", batch: int = 1, only: Tensor | None = None) -> Gaussians:
+    """Each Gaussian's colour (SH band 0) from the ground-truth pixels it covers; collective over ``comm``.
+
+    gaussians: this rank's shard.
+    views:     every view; ``ids: [V]`` the ones to read, ``order: [N_views, P]`` the ranks' visibility keys.
+    gt:        [N_views, h_band, W, 4] this rank's band of every view, premultiplied RGBA.
+    only:      [N] bool, the Gaussians whose colour is set (default: all); the others keep theirs
+               but still occlude.
+    The colour of Gaussian i is ``sum_p w_i(p) gt_rgb(p) / sum_p w_i(p) gt_alpha(p)`` over the pixels
+    p of the views, ``w_i(p)`` its blending weight in the composited render (opacity times the
+    transmittance in front of it, across ranks): the mean unpremultiplied ground-truth colour where
+    the Gaussian shows. Both sums are gradients of the render with respect to the colours, so the
+    distributed render's backward computes them exactly, on any number of ranks, one pass over
+    the views. A Gaussian that shows in no view keeps its colour; higher SH bands are untouched.
+    """
+    if gt.ndim != 4 or gt.shape[-1] != 4 or gt.shape[0] != len(views):
+        raise ValueError(f"gt: expected [{len(views)}, h_band, W, 4], got {tuple(gt.shape)}")
+    n = len(gaussians)
+    device, dtype = gaussians.means.device, gaussians.means.dtype
+    colors = torch.ones(n, 3, device=device, dtype=dtype, requires_grad=True)   # the render is linear in them
+    params = {"means": gaussians.means.detach(), "quats": gaussians.quats.detach(),
+              "scales": gaussians.log_scales.detach(), "opacities": gaussians.opacity_logits.detach(),
+              "colors": colors}
+    num, den = torch.zeros(n, 3, device=device, dtype=dtype), torch.zeros(n, device=device, dtype=dtype)
+    black = torch.zeros(3, device=device, dtype=dtype)
+    for chunk in torch.as_tensor(ids, device=device).split(max(int(batch), 1)):
+        pred, _ = render_bands(params, views, chunk, order, comm, background=black, sh_degree=None,
+                               backend=backend)
+        target = gt[chunk.to(gt.device)].to(device=device, dtype=dtype)
+        (pred * target[..., :3]).sum().backward(retain_graph=True)      # every rank: the collectives
+        if colors.grad is not None:
+            num += colors.grad
+            colors.grad = None
+        (pred[..., 0] * target[..., 3]).sum().backward()
+        if colors.grad is not None:
+            den += colors.grad[:, 0]
+            colors.grad = None
+    seen = den > 1e-6
+    if only is not None:
+        seen &= only.to(device)
+    rgb = (num[seen] / den[seen, None]).clamp(0.0, 1.0)
+    sh0 = gaussians.sh0.detach().clone()
+    sh0[seen] = rgb_to_sh0(rgb)[:, None, :].to(sh0.dtype)
+    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
+                     sh0, gaussians.shN)
+
+
+def _halo_partners(bands: list[tuple[int, int]], rank: int, height: int) -> tuple[list[bool], list[bool]]:
+    """(send_to, recv_from) [P] flags: the ranks that need rows of this rank's band within their
+    ``HALF``-row halo, and the ranks whose bands hold rows of this rank's halo (never itself)."""
+    from .ssim import HALF
+
+    def halo(q):
+        r0, r1 = bands[q]
+        return [(max(r0 - HALF, 0), r0), (r1, min(r1 + HALF, height))]
+
+    def meets(q, spans):
+        a, b = bands[q]
+        return a < b and any(lo < b and a < hi for lo, hi in spans)
+
+    P = len(bands)
+    return ([q != rank and meets(rank, halo(q)) for q in range(P)],
+            [q != rank and meets(q, halo(rank)) for q in range(P)])
+
+
+class _HaloExchange(torch.autograd.Function):
+    """This rank's edge slab to the ranks that need it, theirs from the ranks it needs: one
+    ``all_to_all`` with empty chunks for every other rank (traffic per rank does not grow with P).
+    Backward sends the received slabs' gradients back to their owners and sums them."""
 
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return comm.all_gather(x)
+    def forward(ctx, slab, comm, send_to, recv_from):
+        import torch.distributed as dist
+
+        n = slab.numel()
+        ctx.comm, ctx.shape = comm, slab.shape
+        ctx.send, ctx.recv = [n if f else 0 for f in send_to], [n if f else 0 for f in recv_from]
+        out = slab.new_empty(sum(ctx.recv))
+        comm.traffic.add(sum(ctx.recv) * slab.element_size())      # what this rank receives
+        dist.all_to_all_single(out, slab.reshape(-1).repeat(sum(send_to)), ctx.recv, ctx.send, group=comm.group)
+        return out.view(-1, *slab.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.comm.reduce_scatter(grad.contiguous()), None
+        import torch.distributed as dist
+
+        back = grad.new_empty(sum(ctx.send))
+        ctx.comm.traffic.add(sum(ctx.send) * grad.element_size())
+        dist.all_to_all_single(back, grad.contiguous().view(-1), ctx.send, ctx.recv, group=ctx.comm.group)
+        return back.view(-1, *ctx.shape).sum(0), None, None, None
 
 
 def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Tensor, Tensor]:
     """This rank's band with up to ``HALF`` rows of the neighbouring bands above and below.
 
     x: [B, h, W, C] rows ``rows`` of images of ``height`` rows (:func:`band_rows` of ``comm.size``).
-    Returns ``(ext [B, h', W, C]`` rows ``max(r0 - 5, 0) : min(r1 + 5, height)``, ``gathered``): the
-    rows of the other bands come from one all-gather of every band's first and last 5 rows (a band
-    shorter than 5 rows lends all it has; the rows 5 away always lie in such an edge slab), and
-    backward returns their gradients to their owners.
+    Returns ``(ext [B, h', W, C]`` rows ``max(r0 - 5, 0) : min(r1 + 5, height)``, ``received``): the
+    rows of the other bands come from the first and last 5 rows of the bands they lie in, sent by
+    their owners to the ranks whose halo they reach and to no other (a band shorter than 5 rows
+    lends all it has; the rows 5 away always lie in such an edge slab), and backward returns
+    their gradients to their owners.
     """
     from .compositing import band_rows
     from .ssim import HALF
@@ -168,10 +248,12 @@ def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Ten
     h = x.shape[1]
     top = torch.nn.functional.pad(x[:, :HALF], (0, 0, 0, 0, 0, HALF - min(h, HALF)))
     bottom = torch.nn.functional.pad(x[:, max(h - HALF, 0):], (0, 0, 0, 0, HALF - min(h, HALF), 0))
-    gathered = _AllGather.apply(torch.cat([top, bottom], dim=1), comm)       # [P, B, 2 * HALF, W, C]
+    send_to, recv_from = _halo_partners(bands, comm.rank, height)
+    received = _HaloExchange.apply(torch.cat([top, bottom], dim=1).contiguous(), comm, send_to, recv_from)
+    slot = {q: i for i, q in enumerate(q for q, f in enumerate(recv_from) if f)}   # [n_recv, B, 2 * HALF, W, C]
 
     def lent(ys) -> list[Tensor]:
-        """Image rows ``ys`` (outside this band) as slices of the gathered slabs, one per run of rows
+        """Image rows ``ys`` (outside this band) as slices of the received slabs, one per run of rows
         of one owner (plain slices: no index tensor to copy to the device)."""
         runs = []
         for y in ys:
@@ -182,10 +264,10 @@ def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Ten
                 runs[-1][2] += 1
             else:
                 runs.append([q, i, i + 1])
-        return [gathered[q, :, i:j] for q, i, j in runs]
+        return [received[slot[q], :, i:j] for q, i, j in runs]
 
     ext = torch.cat(lent(range(max(r0 - HALF, 0), r0)) + [x] + lent(range(r1, min(r1 + HALF, height))), dim=1)
-    return ext, gathered
+    return ext, received
 
 
 def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, int], height: int,
@@ -217,8 +299,8 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
             raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
         ext, spare = torch.cat([pred, gt], dim=-1), None
     else:
-        ext, gathered = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
-        spare = 0.0 * gathered.sum()                # this rank's backward always reaches the exchange
+        ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
+        spare = 0.0 * received.sum()                # this rank's backward always reaches the exchange
     windows = B * (height - 2 * HALF) * (W - 2 * HALF)
     if ext.shape[1] >= KERNEL:                      # the windows centred on this band's rows
         m = ssim_map(ext[..., :3], ext[..., 3:])

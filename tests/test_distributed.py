@@ -93,7 +93,8 @@ def test_ground_truth_matches_one_rank():
 
 def test_two_rank_training_matches_one_rank(tmp_path):
     """run_step on 2 ranks vs 1 rank (24 views at 48 x 48, 2000 Gaussians, 150 iterations, same seed):
-    held-out PSNR within 0.5 dB, and training gained well over the initial model on both."""
+    held-out PSNR within 0.5 dB, and training gained over the initial model on both; the initial
+    models (seed colours from the ground truth) within 0.2 dB."""
     out = run_worker(2, "dist_train.py", "train", str(tmp_path), timeout=180)
     assert all_ok(out, 2), out.stdout
     two = json.loads((tmp_path / "metrics_2.json").read_text())
@@ -103,8 +104,10 @@ def test_two_rank_training_matches_one_rank(tmp_path):
     assert two["iterations"] == one["iterations"] == 150
     assert all(n > 0 for n in two["per_rank"]), two["per_rank"]        # the surface crosses the cut plane
     assert two["gaussians_initial"] == one["gaussians_initial"] == 2000
-    for m in (one, two):
-        assert m["psnr"] > m["psnr_initial"] + 3, m
+    for m in (one, two):             # seeds coloured from the ground truth: the initial model is good already
+        assert m["psnr"] > m["psnr_initial"] + 0.5, m
+        assert m["psnr_initial"] > 18.0, m                          # the constant colour starts near 14 dB
+    assert abs(two["psnr_initial"] - one["psnr_initial"]) < 0.2, (two["psnr_initial"], one["psnr_initial"])
     assert abs(two["psnr"] - one["psnr"]) < 0.5, (two["psnr"], one["psnr"])
     assert abs(two["ssim"] - one["ssim"]) < 0.02, (two["ssim"], one["ssim"])
 

@@ -333,3 +333,19 @@ def test_color_adam_equals_adam_on_sh0_and_shN_apart(device):
     torch.testing.assert_close(state["exp_avg"][:, 1:], ref[1].state[shN]["exp_avg"], rtol=1e-5, atol=1e-8)
     assert float(state["step"]) == 5
 
+
+
+def test_halo_exchange_reaches_only_the_neighbouring_bands():
+    """The SSIM halo's partners: with bands of >= 5 rows a rank trades with the bands above and
+    below it only; bands shorter than 5 rows reach further, as far as 5 rows go."""
+    from insitu.compositing import band_rows
+    from insitu.training import _halo_partners
+
+    send, recv = _halo_partners(band_rows(100, 8), 3, 100)
+    assert [q for q, f in enumerate(send) if f] == [q for q, f in enumerate(recv) if f] == [2, 4]
+    send, recv = _halo_partners(band_rows(100, 8), 0, 100)
+    assert [q for q, f in enumerate(send) if f] == [1]
+    bands = band_rows(11, 5)                                            # bands of 3, 3, 3, 2 and 0 rows
+    send, recv = _halo_partners(bands, 2, 11)                           # rows 6:9; its halo is 1:6 and 9:11
+    assert [q for q, f in enumerate(recv) if f] == [0, 1, 3]
+    assert [q for q, f in enumerate(send) if f] == [0, 1, 3, 4]         # the empty band's halo (6:11) too

@@ -31,7 +31,7 @@ from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import band_loss, render_bands, to_params
+from insitu.training import band_loss, colors_from_images, render_bands, to_params
 from insitu.views import Views, look_at, orbit_views
 from insitu.volume import Block
 
@@ -171,6 +171,36 @@ def render(comm, one) -> None:
         print(f"render: images max abs diff {err:.3g} (even-split order: {miss:.3g}); loss {total:.9f} vs "
               f"{ref_loss:.9f}; gradients max relative error {worst:.3g}; Gaussians per rank "
               f"{[len(i) for i, _ in gathered]}", flush=True)
+    colours(comm, one, g, mine, vs, order, block)
+
+
+def colours(comm, one, g, mine, vs, order, block) -> None:
+    """``colors_from_images`` on P ranks (each its band of random premultiplied RGBA images) equals
+    the one-rank fit; the Gaussians outside ``only`` keep their colour; the fit is not the input."""
+    gen = torch.Generator().manual_seed(7)
+    a = (torch.rand(len(vs), vs.height, vs.width, 1, generator=gen, dtype=torch.float64) > 0.2).double()
+    gt = torch.cat([a * torch.rand(len(vs), vs.height, vs.width, 3, generator=gen, dtype=torch.float64), a], -1)
+    only = torch.arange(len(g)) % 3 != 0
+    ids = torch.tensor([0, 2, 3])
+    r0, r1 = band_rows(vs.height, comm.size)[comm.rank]
+    sel = torch.from_numpy(mine)
+    fit = colors_from_images(g.select(sel), vs, ids, order, gt[:, r0:r1].contiguous(), comm, backend="torch",
+                             batch=2, only=only[sel])
+    gathered = comm.mpi.gather((np.flatnonzero(mine), fit.sh0.numpy()), root=0)
+    if comm.rank != 0:
+        return
+    whole = slab_block(spheres_field(), CUTS[1], 0)
+    ref = colors_from_images(g, vs, ids, view_order(vs, whole, block_decomposition(one, whole)), gt, one,
+                             backend="torch", batch=1, only=only).sh0.numpy()
+    full = np.zeros_like(ref)
+    for idx, sh0 in gathered:
+        full[idx] = sh0
+    err = np.abs(full - ref).max()
+    changed = np.abs(ref - g.sh0.numpy()).max(axis=(1, 2)) > 1e-6
+    if err > TOL or changed[~only.numpy()].any() or changed.sum() < 0.5 * only.sum().item():
+        fail(f"colours from images: max abs diff to one rank {err:.3g}, {changed.sum()} changed "
+             f"({changed[~only.numpy()].sum()} outside only)")
+    print(f"colours: max abs diff {err:.3g} to one rank, {changed.sum()} of {len(g)} set", flush=True)
 
 
 def main():
