@@ -46,7 +46,7 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from insitu.compositing import visibility_order
+    from insitu.compositing import band_rows, visibility_order
     from insitu.parallel import init_comm, shutdown
     from insitu.training import band_loss, render_bands
     from insitu.views import orbit_views
@@ -59,7 +59,7 @@ def worker(args) -> None:
     n = args.gaussians
     params = {"means": torch.rand(n, 3, generator=g) * torch.tensor([1.0, 1.0, 1.0]) + torch.tensor([rank, 0.0, 0.0]),
               "quats": torch.randn(n, 4, generator=g), "scales": torch.full((n, 3), -3.0),
-              "opacities": torch.zeros(n), "sh0": torch.rand(n, 1, 3, generator=g), "shN": torch.zeros(n, 0, 3)}
+              "opacities": torch.zeros(n), "colors": torch.rand(n, 1, 3, generator=g)}
     params = {k: v.requires_grad_() for k, v in params.items()}
     rows = []
     for size in args.sizes:
@@ -73,7 +73,8 @@ def worker(args) -> None:
             comm.mpi.Barrier()
             t = time.perf_counter()
             pred, _ = render_bands(params, views, ids, order, comm, background=bg, sh_degree=0, backend="torch")
-            loss = band_loss(pred, torch.zeros_like(pred), ssim_weight=0.0, band_fraction=1.0)
+            loss = band_loss(pred, torch.zeros_like(pred), ssim_weight=0.0, rows=band_rows(size, P)[rank],
+                             height=size, comm=comm)
             loss.backward()
             if step >= args.warmup:
                 times.append(time.perf_counter() - t)
