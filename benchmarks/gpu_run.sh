@@ -13,8 +13,11 @@
 #   big1/big2  ~4M Gaussians (surface-filled), 448 views at 2048^2, to PSNR 30, on 1 / 2 GPUs
 #   kernels the Triton kernels: their gpu tests, SSIM and ray caster timings, one step vs bare gsplat
 #   recipe  the plain gsplat recipe (bench_recipe.py) on train1's ground truth and initial Gaussians
-#   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, step vs bare rasterization,
-#           train1 on 1 and 2 GPUs, the recipe; writes benchmarks/results/speed_protocol.json (and $OUT)
+#   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, 18M seeds, step vs bare
+#           rasterization, bonsai 1024^2 to PSNR 30 / SSIM 0.97 on 1 and 2 GPUs (`protocol recipe const1
+#           summary` is the whole protocol)
+#   const1  the 1-GPU protocol run with constant initial colours (seeds.color_init=constant)
+#   summary benchmarks/speed_protocol.py: the figures of the stages above into benchmarks/results/speed_protocol.json
 #   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 200 iterations, memory, s/iteration, parallel
 #           model.ply) and the 1-GPU memory projection (benchmarks/bench_big.py); volume $BIG_DATA (default
 #           the bonsai), iso $BIG_ISO, budget $BIG_BUDGET
@@ -29,6 +32,8 @@ figures() {   # the composite's and the viewer's figures of a metrics.json
   python -c "import json, sys; m = json.load(open(sys.argv[1])); print({k: m.get(k) for k in
     ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds')})" "$1"
 }
+PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
+       --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
 for stage in "$@"; do
   echo "== $stage $(date -u +%FT%TZ)"
   case $stage in
@@ -103,15 +108,15 @@ for stage in "$@"; do
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 > "$OUT/proto_step1.json" 2> "$OUT/proto_step1.log"
             cat "$OUT/proto_step1.json"
-            PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
-                   --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
             for n in 1 2; do
               rm -rf /tmp/proto$n; timeout 240 $MPIRUN -n $n python -m insitu run "$BONSAI" $PROTO --out /tmp/proto$n \
                 > "$OUT/proto_train$n.log" 2>&1; tail -n 2 "$OUT/proto_train$n.log"
               cp /tmp/proto$n/step_000000/metrics.json "$OUT/proto_train${n}_metrics.json"
-            done
-            "$0" recipe
-            python benchmarks/speed_protocol.py --dir "$OUT" --out benchmarks/results/speed_protocol.json \
+            done ;;
+    const1) rm -rf /tmp/const1; CUDA_VISIBLE_DEVICES=0 timeout 240 python -m insitu run "$BONSAI" $PROTO \
+              --set seeds.color_init=constant --out /tmp/const1 > "$OUT/proto_const1.log" 2>&1
+            tail -n 2 "$OUT/proto_const1.log"; cp /tmp/const1/step_000000/metrics.json "$OUT/proto_const1_metrics.json" ;;
+    summary) python benchmarks/speed_protocol.py --dir "$OUT" --out benchmarks/results/speed_protocol.json \
               > "$OUT/speed_protocol.json"; cat "$OUT/speed_protocol.json" ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -11,6 +11,8 @@ writes ``--out`` with the keys below; a figure whose run was not made (or failed
     psnr_/ssim_{1,2}gpu held-out quality at the stop; iterations_to_target (1 GPU)
     recipe_train_s_1024 the plain gsplat recipe (bench_recipe.py), same GT and initial Gaussians
     ours_train_s_1024   = train_s_1gpu
+    iterations_to_target_constant_colors, train_s_1gpu_constant_colors: the 1-GPU run with constant colours
+    ply_psnr, ply_ssim, psnr_foreground, psnr_white (_1gpu, _2gpu): model.ply as a viewer draws it, etc.
     seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
 """
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main() -> None:
     m1, m2 = _json(d / "proto_train1_metrics.json"), _json(d / "proto_train2_metrics.json")
     recipe = _json(d / "proto_recipe.json")
     seeds = _json(d / "proto_seeds.json")
+    const1 = _json(d / "proto_const1_metrics.json")
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, check=True).stdout.strip().splitlines()[0]
@@ -80,6 +83,10 @@ def main() -> None:
         "recipe_iterations_to_target": _get(recipe, "target_reached_at"),
         "gt_grays_per_s_1gpu": _get(gt1, "grays_per_s"),
         "iterations_to_target_2gpu": _get(m2, "target_reached_at"),
+        "iterations_to_target_constant_colors": _get(const1, "target_reached_at"),
+        "train_s_1gpu_constant_colors": _get(const1, "train_seconds"),
+        **{f"{k}_{n}gpu": _get(m, k) for k in ("ply_psnr", "ply_ssim", "psnr_foreground", "psnr_white")
+           for n, m in ((1, m1), (2, m2))},
         "seeds_18m_s_1gpu": _get(seeds, "seeds_s"), "seeds_18m_fill_s_1gpu": _get(seeds, "fill_s"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
