@@ -88,7 +88,7 @@ def main() -> None:
                                      views.Ks[i:i + 1], views.width, views.height,
                                      sh_degree=min(step // 1000, 3), packed=False)
         rgb = rgb + (1.0 - alpha) * background                       # the ground truth's background
-        gt = scene.gt[i:i + 1].float()
+        gt = scene.gt_on(torch.tensor([i], device=device), background)   # premultiplied RGBA on it
         l1 = (rgb - gt).abs().mean()
         ssim = ssim_fn(rgb.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2), data_range=1.0)
         loss = 0.8 * l1 + 0.2 * (1.0 - ssim)
