@@ -54,10 +54,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import Config, ConfigError, ParallelConfig, check_memory, from_dict, load_config, validate
-from .parallel import AgreementTimeout, allgather_within, compare_configs, shutdown
+from .config import Config, ParallelConfig, check_memory, from_dict, load_config, validate
+from .errors import AgreementTimeout, ConfigError, InputError, InsituError
+from .parallel import allgather_within, compare_configs, shutdown
 from .decomposition import block_from_local
-from .volume import Block, InputError
+from .volume import Block
 
 # dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).
 C_DTYPES: dict[int, np.dtype] = {
@@ -65,10 +66,6 @@ C_DTYPES: dict[int, np.dtype] = {
     5: np.dtype(np.uint32), 6: np.dtype(np.int32), 7: np.dtype(np.uint64), 8: np.dtype(np.int64),
     9: np.dtype(np.float32), 10: np.dtype(np.float64),
 }
-
-
-class InsituError(RuntimeError):
-    """A step failed on at least one rank; raised with the same message on every rank."""
 
 
 @dataclass

@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from . import __version__
-from .config import Config, ConfigError, load_config, parse_override
-from .volume import InputError
+from .config import Config, load_config, parse_override
+from .errors import ConfigError, InputError
 
 EPILOG = """examples:
   insitu demo --out demo_out

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, of the wrong type or out of range."""
+from .errors import ConfigError
 
 
 @dataclass

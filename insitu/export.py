@@ -170,7 +170,7 @@ def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Pa
           Rank 0 writes the header and sizes the file, every rank writes its own records at its
           offset (an exclusive scan of the counts) with MPI-IO, and rank 0 renames the complete
           file into place; no rank ever holds more than its own shard. A failure on any rank
-          raises :class:`insitu.parallel.RankFailure` on every rank and leaves ``path`` untouched.
+          raises :class:`insitu.errors.RankFailure` on every rank and leaves ``path`` untouched.
           Returns ``path`` on every rank.
     """
     if comm is not None and comm.size > 1:
@@ -190,7 +190,7 @@ def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Pa
 def _write_ply_parallel(path: Path, shard: Gaussians, comm: Any) -> Path:
     from mpi4py import MPI
 
-    from insitu.parallel import RankFailure
+    from insitu.errors import RankFailure
 
     with comm.phase("model.ply: check"):
         _check_gaussians(shard)
@@ -484,7 +484,7 @@ def prepare_output(out_root: str | Path, existing: str = "refuse") -> list[int]:
     Raises ConfigError when the path (or a parent) is a file or the folder cannot be written.
     Creates nothing: the first step written creates the folder.
     """
-    from insitu.config import ConfigError
+    from insitu.errors import ConfigError
 
     out = Path(out_root)
     if existing not in ("refuse", "resume", "overwrite"):

@@ -44,31 +44,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from .volume import InputError
-
-
-class RankFailure(RuntimeError):
-    """Raised on every rank when one or more ranks failed.
-
-    ranks:    the ranks that failed, in increasing order.
-    messages: their messages, in the same order.
-    """
-
-    def __init__(self, text: str, ranks: list[int], messages: list[str]):
-        super().__init__(text)
-        self.ranks = ranks
-        self.messages = messages
-
-
-class RankInputFailure(RankFailure, InputError):
-    """A :class:`RankFailure` in which every failing rank failed on bad input (an InputError)."""
-
-
-class AgreementTimeout(RuntimeError):
-    """The other ranks did not join a cross-rank decision in time (a rank skipped a call, hangs or died).
-
-    The communicator it was raised on is left with a pending operation: do not use it again.
-    """
+from .errors import AgreementTimeout, InputError, RankFailure, RankInputFailure
 
 
 def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
@@ -99,7 +75,8 @@ def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
 def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = None) -> None:
     """Collective: raise ConfigError on every rank unless every rank holds the same validated ``cfg``
     (and the same ``extra``, e.g. the command and its input); the error names the keys that differ."""
-    from .config import ConfigError, config_differences, config_hash
+    from .config import config_differences, config_hash
+    from .errors import ConfigError
 
     mine = (config_hash(cfg), extra or {})
     gathered = allgather_within(mpi, mine, seconds, "comparing the configurations of the ranks")

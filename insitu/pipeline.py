@@ -24,7 +24,8 @@ from .groundtruth import raycast_views
 from .seeds import Seeds, extract_seeds, init_gaussians
 from .training import Trainer, render_bands
 from .views import Views, orbit_views
-from .volume import Block, InputError, check_field
+from .errors import InputError
+from .volume import Block, check_field
 
 
 @dataclass

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, ConfigError, check_memory
-from .volume import InputError
+from .config import Config, check_memory
+from .errors import ConfigError, InputError, RankFailure
 
 
 def say(comm, text: str) -> None:
@@ -103,7 +103,7 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from .export import StepWriter, prepare_output
-    from .parallel import RankFailure, compare_configs, device_memory, init_comm, shutdown
+    from .parallel import compare_configs, device_memory, init_comm, shutdown
 
     comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
     out = Path(cfg.output.dir)

@@ -23,7 +23,7 @@ sources an MPI communicator (``comm=``) and they agree collectively, at every st
 step they all hold (ranks that are behind skip forward), on the end of the stream, and on
 errors, so that no rank is left waiting in a collective.
 
-Failures raise ``SourceError`` (an ``insitu.volume.InputError`` and a ``RuntimeError``):
+Failures raise ``SourceError`` (an ``insitu.errors.InputError`` and a ``RuntimeError``):
 a stream that ends unexpectedly, or one that delivers no step in time. Input that cannot
 be used (a missing file or variable, a variable that is not 3D, a truncated or corrupt
 BP file) raises its subclass ``SourceInputError``. Every step completed before a
@@ -43,17 +43,8 @@ import numpy as np
 
 from .config import Config
 from .decomposition import block_extent, cut_block, split_dims
-from .volume import Block, InputError, check_field, downsample, read_raw
-
-
-class SourceError(InputError, RuntimeError):
-    """A timestep source failed: the stream ended unexpectedly, no step arrived in time,
-    or the input cannot be used. An ``InputError`` (so command lines report it as bad
-    input, with its message) and a ``RuntimeError``."""
-
-
-class SourceInputError(SourceError):
-    """The file or stream content cannot be used (missing, not 3D, truncated, corrupt)."""
+from .errors import SourceError, SourceInputError
+from .volume import Block, check_field, downsample, read_raw
 
 
 @dataclass

@@ -204,7 +204,7 @@ def test_bad_config_on_one_rank_raises_on_every_rank(error_cases):
 
 def test_invalid_config_values_fail_before_any_work():
     from insitu.adaptor import Adaptor
-    from insitu.config import ConfigError
+    from insitu.errors import ConfigError
 
     with pytest.raises(ConfigError, match="insitu.policy: expected one of block, discard, got 'newest'"):
         Adaptor(None, {"insitu": {"policy": "newest"}}, process=lambda *a, **k: None)
@@ -215,7 +215,7 @@ def test_invalid_config_values_fail_before_any_work():
 def test_single_process_sync_run_and_stats(tmp_path):
     """Without a launcher: one rank, sync mode, wrong shapes rejected with a clear message."""
     from insitu.adaptor import Adaptor
-    from insitu.volume import InputError
+    from insitu.errors import InputError
 
     seen = []
 

@@ -1,6 +1,7 @@
 import pytest
 
-from insitu.config import ConfigError, load_config, parse_override
+from insitu.config import load_config, parse_override
+from insitu.errors import ConfigError
 
 
 def test_defaults_are_valid():

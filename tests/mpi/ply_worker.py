@@ -15,7 +15,8 @@ import torch
 import insitu.export as export
 from insitu.export import gather_gaussians, read_ply, write_ply, StepWriter
 from insitu.gaussians import Gaussians
-from insitu.parallel import RankFailure, init_comm, shutdown
+from insitu.parallel import init_comm, shutdown
+from insitu.errors import RankFailure
 
 
 def shard(rank, n, degree):
