@@ -223,7 +223,7 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
     rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the held-out
     views on ``scene.background``.
 
-    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.export.gather_gaussians`),
+    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
     Returns the Quality on every rank.
     """
@@ -343,7 +343,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend,
                          keep_images=cfg.output.images)
     gaussians = trainer.gaussians()
-    from .export import gather_gaussians
+    from .gaussians import gather_gaussians
 
     merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
     if cfg.output.ply_metrics:

@@ -156,7 +156,7 @@ def test_a_rank_that_stops_calling_execute_does_not_hang_the_others(misuse_cases
 @pytest.mark.mpi
 def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_cases):
     """The real pipeline in the background: step 0 uniform (a usual initial condition), then a sphere."""
-    from insitu.export import read_csv
+    from insitu.files import read_csv
 
     r0, r1 = misuse_cases["bad_step_then_good"]
     for r in (r0, r1):
@@ -240,7 +240,7 @@ def test_single_process_sync_run_and_stats(tmp_path):
 @pytest.mark.mpi
 def test_pipeline_end_to_end_in_the_background(tmp_path):
     """The real pipeline behind the Adaptor: two steps of a growing sphere, 2 ranks, warm start."""
-    from insitu.export import read_ply
+    from insitu.ply import read_ply
 
     r0, r1 = run_cases("pipeline", tmp_path, timeout=300)["pipeline"]
     out = tmp_path / "pipeline" / "out"

@@ -16,7 +16,7 @@ import pytest
 
 from insitu.config import check_memory, load_config, parse_override
 from insitu.errors import ConfigError
-from insitu.export import read_csv
+from insitu.files import read_csv
 from insitu.sources import BPSource
 from insitu.errors import SourceInputError
 
