@@ -478,7 +478,7 @@ class BPSource(_AdiosSource):
         for w, nbytes in need.items():
             if w < len(self._index.subfile):
                 need_bytes(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
-                      corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
+                           corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
 
 
 def _adios_dtype(name: str):
