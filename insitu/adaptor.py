@@ -58,6 +58,7 @@ from .config import Config, ParallelConfig, check_memory, from_dict, load_config
 from .errors import AgreementTimeout, ConfigError, InputError, InsituError
 from .parallel import allgather_within, compare_configs, shutdown
 from .decomposition import block_from_local
+from .driver import StepDriver
 from .volume import Block
 
 # dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).
@@ -217,9 +218,6 @@ class Adaptor:
         self.cfg: Config = cfg
         self.rank = self._sim.Get_rank()
         self.size = self._sim.Get_size()
-        if process is None:
-            from .pipeline import run_step as process
-        self._process = process
         self.mode = cfg.insitu.mode
         if self.mode == "background" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warnings.warn("insitu.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
@@ -245,9 +243,9 @@ class Adaptor:
             raise ConfigError(_report("unusable configuration", [e for e, _ in gathered]))
         self._done = set(gathered[0][1])     # complete in the output folder (output.existing: resume)
         self._writer = StepWriter(cfg.output.dir, ply=cfg.output.ply, done=self._done)
+        self._driver = StepDriver(cfg, self._work, self._writer, process=process)
         self.stats = AdaptorStats()
         self.status: dict[int, StepStatus] = {}
-        self._warm = None
         self._closed = False
         self._failures: list[tuple[int, str]] = []   # agreed failures of trained steps, in order
         self._reported: set[int] = set()             # ... of which these were raised already
@@ -520,11 +518,7 @@ class Adaptor:
         message = None
         result = None
         try:
-            warm = self._warm if self.cfg.insitu.warm_start else None
-            iterations = (min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations)
-                          if warm is not None else None)
-            result = self._process(block, self.cfg, self._work, step=step, time=time, writer=self._writer,
-                                   warm=warm, iterations=iterations)
+            result = self._driver.train(block, step=step, time=time)
         except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost
             message = f"step {step}: {type(e).__name__}: {e}"
             detail = message + "\n" if isinstance(e, InputError) else traceback.format_exc()   # bad input: one line
@@ -539,7 +533,7 @@ class Adaptor:
             if self.rank == 0:
                 self._write_status(step, "failed", report)
             return
-        self._warm = result
+        self._driver.trained(result)
         with self._cond:
             self.status[step] = StepStatus(step, "trained")
         self.stats.trained.append(TrainedRecord(int(step), _time.perf_counter() - t0, dict(result.metrics)))

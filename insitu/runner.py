@@ -33,9 +33,9 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
             is appended here as (step, message) and the next step is trained; without a list,
             the failure is raised.
     """
-    from .pipeline import run_step
+    from .driver import StepDriver
 
-    previous, trained = None, 0
+    driver, trained = StepDriver(cfg, comm, writer), 0
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -48,20 +48,17 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
                              "but not on the others")
         if item.step in done:
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
-            previous = None
+            driver.forget()
             continue
-        iterations = (min(cfg.insitu.warm_iterations, cfg.train.iterations)
-                      if previous is not None and cfg.insitu.warm_start else None)
         try:
-            result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
-                              warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
+            result = driver.train(item.block, step=item.step, time=item.time)
         except InputError as e:                 # agreed on every rank: this step is skipped
             if failed is None:
                 raise
             failed.append((item.step, str(e)))
-            previous = None
+            driver.forget()
             continue
-        previous = result
+        driver.trained(result)
         trained += 1
         say(comm, summary(result.metrics, out))
     return trained
