@@ -56,7 +56,8 @@ import numpy as np
 
 from .config import Config, ParallelConfig, check_memory, from_dict, load_config, validate
 from .errors import AgreementTimeout, ConfigError, InputError, InsituError
-from .parallel import allgather_within, compare_configs, shutdown
+from .agreement import agree_errors, compare_configs
+from .parallel import shutdown
 from .decomposition import block_from_local
 from .driver import StepDriver
 from .volume import Block
@@ -341,7 +342,7 @@ class Adaptor:
         """Allgather on the simulation communicator within ``parallel.timeout_s``; past that the
         adaptor is unusable (InsituError now and from every later call), the simulation goes on."""
         try:
-            return allgather_within(self._sim, obj, self._timeout, what)
+            return agree_errors(self._sim, obj, seconds=self._timeout, what=what)
         except AgreementTimeout as e:
             self._broken = f"{e}; the adaptor trains nothing more"
             raise InsituError(self._broken) from None
@@ -523,7 +524,7 @@ class Adaptor:
             message = f"step {step}: {type(e).__name__}: {e}"
             detail = message + "\n" if isinstance(e, InputError) else traceback.format_exc()   # bad input: one line
             print(f"[insitu rank {self.rank}] {detail}", end="", file=sys.stderr, flush=True)
-        gathered = self._work.mpi.allgather(message)     # the ranks train the same steps: no timeout needed
+        gathered = agree_errors(self._work.mpi, message)     # the ranks train the same steps: no timeout needed
         if any(gathered):                   # reported once, recorded; the next steps train as usual
             report = _report(f"training step {step} failed", gathered)
             with self._cond:

@@ -123,24 +123,22 @@ def gather_gaussians(local: Gaussians, mpi_comm: Any) -> Gaussians | None:
     if mpi_comm is None or mpi_comm.Get_size() == 1:
         check_gaussians(local)
         return local
+    from .agreement import agree_errors
+
     rank = mpi_comm.Get_rank()
-    try:
-        n, mine = check_gaussians(local), (len(local), local.sh_degree, None)
-    except (TypeError, ValueError) as e:
-        n, mine = 0, (0, -1, f"rank {rank}: {e}")
-    meta = mpi_comm.gather(mine, root=0)
     error = None
-    if rank == 0:
-        errors = [m[2] for m in meta if m[2]]
-        degrees = [m[1] for m in meta]
-        if errors:
-            error = "gather_gaussians: " + "; ".join(errors)
-        elif len(set(degrees)) > 1:
-            error = f"gather_gaussians: ranks hold different SH degrees {degrees}"
-    error = mpi_comm.bcast(error, root=0)
-    if error:
-        raise ValueError(error)
-    counts = [m[0] for m in meta] if rank == 0 else None
+    try:
+        n = check_gaussians(local)
+    except (TypeError, ValueError) as e:
+        n, error = 0, f"rank {rank}: {e}"
+    errors = [e for e in agree_errors(mpi_comm, error) if e is not None]
+    if errors:
+        raise ValueError("gather_gaussians: " + "; ".join(errors))
+    shapes = mpi_comm.allgather((n, local.sh_degree))    # the same on every rank: raised on every rank
+    degrees = [d for _, d in shapes]
+    if len(set(degrees)) > 1:
+        raise ValueError(f"gather_gaussians: ranks hold different SH degrees {degrees}")
+    counts = [c for c, _ in shapes]
     merged = {}
     for name, t in local.tensors().items():
         width = math.prod(t.shape[1:])

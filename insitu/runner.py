@@ -10,6 +10,7 @@ import numpy as np
 
 from .config import Config, check_memory
 from .errors import ConfigError, InputError, RankFailure
+from .agreement import agree_errors, first_error
 
 
 def say(comm, text: str) -> None:
@@ -100,7 +101,8 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from .export import StepWriter, prepare_output
-    from .parallel import compare_configs, device_memory, init_comm, shutdown
+    from .agreement import compare_configs
+    from .parallel import device_memory, init_comm, shutdown
 
     comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
     out = Path(cfg.output.dir)
@@ -175,9 +177,9 @@ def _agreed(comm, check):
         value = check()
     except ConfigError as e:
         error = str(e)
-    first = next((e for e in comm.allgather_object(error) if e), None)
+    first = first_error(agree_errors(comm.mpi if comm.size > 1 else None, error))
     if first is not None:
-        raise ConfigError(first)
+        raise ConfigError(first[1])
     return value
 
 

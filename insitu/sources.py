@@ -44,6 +44,7 @@ from .config import Config
 from .decomposition import block_extent, cut_block, split_dims
 from .bpfile import adios_message, check_bp5, need_bytes, probe_bp, step_number, unique_step
 from .errors import SourceError, SourceInputError
+from .agreement import agree_errors, first_error
 from .volume import Block, check_field, downsample, read_raw
 
 
@@ -242,12 +243,10 @@ class _AdiosSource(_Source):
     def _agree_error(self, error: SourceError | None) -> None:
         """Raise on every rank when any rank failed (no rank is left waiting)."""
         if self.comm is not None:
-            msgs = self.comm.allgather(None if error is None else str(error))
-            bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
-            if bad and error is None:
+            bad = first_error(agree_errors(self.comm, None if error is None else str(error)))
+            if bad is not None and error is None:
                 self.close()
-                r, m = bad[0]
-                raise SourceError(f"rank {r}: {m}")
+                raise SourceError(f"rank {bad[0]}: {bad[1]}")
         if error is not None:
             self.close()
             raise error
@@ -292,23 +291,20 @@ class _AdiosSource(_Source):
                 raise error
             return state
         while True:
-            states = self.comm.allgather((state[0], state[1], None if error is None else str(error)))
-            for r, (kind, _, msg) in enumerate(states):
-                if kind == "error":
-                    self.close()
-                    raise error if error is not None else SourceError(f"rank {r}: {msg}")
-            if any(kind == "end" for kind, _, _ in states):
+            self._agree_error(error)
+            states = self.comm.allgather(state)
+            if any(kind == "end" for kind, _ in states):
                 if state[0] == "ok":
                     self._stream.end_step()
                 # a rank whose stream ended cannot catch up: the stream ends for all
-                if any(kind == "ok" for kind, _, _ in states):
-                    held = sorted({n for kind, n, _ in states if kind == "ok"})
+                if any(kind == "ok" for kind, _ in states):
+                    held = sorted({n for kind, n in states if kind == "ok"})
                     if self.rank == 0:
                         print(f"{self.name}: stream ended on some ranks; steps {held} held by others are dropped",
                               file=sys.stderr, flush=True)
                 return "end", None
-            target = max(n for _, n, _ in states)
-            if all(n == target for _, n, _ in states):
+            target = max(n for _, n in states)
+            if all(n == target for _, n in states):
                 return state
             if state[1] < target:           # behind (Discard policy): drop this step, take the next
                 self._stream.end_step()
@@ -434,11 +430,10 @@ class BPSource(_AdiosSource):
         except SourceError as e:
             error = e
         if comm is not None and comm.Get_size() > 1:
-            msgs = comm.allgather((None if error is None else str(error), self.numbers))
-            if error is None and any(m for m, _ in msgs):
-                r = next(i for i, (m, _) in enumerate(msgs) if m)
-                raise SourceInputError(msgs[r][0])
-            self.numbers = msgs[0][1]
+            bad = first_error(agree_errors(comm, None if error is None else str(error)))
+            if error is None and bad is not None:
+                raise SourceInputError(bad[1])
+            self.numbers = comm.bcast(self.numbers, root=0)
         if error is not None:
             raise error
         super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
