@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .files import atomic_path
+from .files import atomic_write
 from .gaussians import Gaussians, check_gaussians, numpy32
 
 SPZ_MAGIC = 0x5053474E          # "NGSP"
@@ -102,14 +101,7 @@ def _unpack_quats(comp: np.ndarray) -> np.ndarray:
 
 def write_spz(path: str | Path, gaussians: Gaussians) -> Path:
     """Write ``gaussians`` as a ``.spz`` file, atomically; returns the path."""
-    data = encode_spz(gaussians)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    return path
+    return atomic_write(path, encode_spz(gaussians))
 
 
 def read_spz(path: str | Path) -> Gaussians:
