@@ -54,12 +54,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import Config, ParallelConfig, check_memory, from_dict, load_config, validate
-from .errors import AgreementTimeout, ConfigError, InputError, InsituError
 from .agreement import agree_errors, compare_configs
-from .parallel import shutdown
+from .config import Config, ParallelConfig, check_memory, from_dict, load_config, validate
 from .decomposition import block_from_local
 from .driver import StepDriver
+from .errors import AgreementTimeout, ConfigError, InputError, InsituError
+from .parallel import shutdown
 from .volume import Block
 
 # dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).

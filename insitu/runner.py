@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .agreement import agree_errors, first_error
 from .config import Config, check_memory
 from .errors import ConfigError, InputError, RankFailure
-from .agreement import agree_errors, first_error
 
 
 def say(comm, text: str) -> None:

@@ -40,11 +40,11 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .agreement import agree_errors, first_error
+from .bpfile import adios_message, check_bp5, need_bytes, probe_bp, step_number, unique_step
 from .config import Config
 from .decomposition import block_extent, cut_block, split_dims
-from .bpfile import adios_message, check_bp5, need_bytes, probe_bp, step_number, unique_step
 from .errors import SourceError, SourceInputError
-from .agreement import agree_errors, first_error
 from .volume import Block, check_field, downsample, read_raw
 
 
