@@ -54,10 +54,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import Config, ConfigError, ParallelConfig, check_memory, from_dict, load_config, validate
-from .parallel import AgreementTimeout, allgather_within, compare_configs, shutdown
+from .agreement import agree_errors, compare_configs
+from .config import Config, ParallelConfig, check_memory, from_dict, load_config, validate
 from .decomposition import block_from_local
-from .volume import Block, InputError
+from .driver import StepDriver
+from .errors import AgreementTimeout, ConfigError, InputError, InsituError
+from .parallel import shutdown
+from .volume import Block
 
 # dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).
 C_DTYPES: dict[int, np.dtype] = {
@@ -65,10 +68,6 @@ C_DTYPES: dict[int, np.dtype] = {
     5: np.dtype(np.uint32), 6: np.dtype(np.int32), 7: np.dtype(np.uint64), 8: np.dtype(np.int64),
     9: np.dtype(np.float32), 10: np.dtype(np.float64),
 }
-
-
-class InsituError(RuntimeError):
-    """A step failed on at least one rank; raised with the same message on every rank."""
 
 
 @dataclass
@@ -220,9 +219,6 @@ class Adaptor:
         self.cfg: Config = cfg
         self.rank = self._sim.Get_rank()
         self.size = self._sim.Get_size()
-        if process is None:
-            from .pipeline import run_step as process
-        self._process = process
         self.mode = cfg.insitu.mode
         if self.mode == "background" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             warnings.warn("insitu.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
@@ -248,9 +244,9 @@ class Adaptor:
             raise ConfigError(_report("unusable configuration", [e for e, _ in gathered]))
         self._done = set(gathered[0][1])     # complete in the output folder (output.existing: resume)
         self._writer = StepWriter(cfg.output.dir, ply=cfg.output.ply, done=self._done)
+        self._driver = StepDriver(cfg, self._work, self._writer, process=process)
         self.stats = AdaptorStats()
         self.status: dict[int, StepStatus] = {}
-        self._warm = None
         self._closed = False
         self._failures: list[tuple[int, str]] = []   # agreed failures of trained steps, in order
         self._reported: set[int] = set()             # ... of which these were raised already
@@ -346,7 +342,7 @@ class Adaptor:
         """Allgather on the simulation communicator within ``parallel.timeout_s``; past that the
         adaptor is unusable (InsituError now and from every later call), the simulation goes on."""
         try:
-            return allgather_within(self._sim, obj, self._timeout, what)
+            return agree_errors(self._sim, obj, seconds=self._timeout, what=what)
         except AgreementTimeout as e:
             self._broken = f"{e}; the adaptor trains nothing more"
             raise InsituError(self._broken) from None
@@ -523,16 +519,12 @@ class Adaptor:
         message = None
         result = None
         try:
-            warm = self._warm if self.cfg.insitu.warm_start else None
-            iterations = (min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations)
-                          if warm is not None else None)
-            result = self._process(block, self.cfg, self._work, step=step, time=time, writer=self._writer,
-                                   warm=warm, iterations=iterations)
+            result = self._driver.train(block, step=step, time=time)
         except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost
             message = f"step {step}: {type(e).__name__}: {e}"
             detail = message + "\n" if isinstance(e, InputError) else traceback.format_exc()   # bad input: one line
             print(f"[insitu rank {self.rank}] {detail}", end="", file=sys.stderr, flush=True)
-        gathered = self._work.mpi.allgather(message)     # the ranks train the same steps: no timeout needed
+        gathered = agree_errors(self._work.mpi, message)     # the ranks train the same steps: no timeout needed
         if any(gathered):                   # reported once, recorded; the next steps train as usual
             report = _report(f"training step {step} failed", gathered)
             with self._cond:
@@ -542,7 +534,7 @@ class Adaptor:
             if self.rank == 0:
                 self._write_status(step, "failed", report)
             return
-        self._warm = result
+        self._driver.trained(result)
         with self._cond:
             self.status[step] = StepStatus(step, "trained")
         self.stats.trained.append(TrainedRecord(int(step), _time.perf_counter() - t0, dict(result.metrics)))

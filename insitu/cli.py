@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from . import __version__
-from .config import Config, ConfigError, load_config, parse_override
-from .volume import InputError
+from .config import Config, field_choices, load_config, parse_override
+from .errors import ConfigError, InputError
 
 EPILOG = """examples:
   insitu demo --out demo_out
@@ -22,30 +22,48 @@ EPILOG = """examples:
 """
 
 
+CONFIG_DEST = "config:"                  # a flag whose dest starts so sets the config key that follows
+
+
+def _config_flag(group, flag: str, key: str, **kwargs) -> None:
+    """Add ``flag`` as an override of the config key ``key`` (``section.name``); its choices are the
+    ones the config declares for the key."""
+    if kwargs.get("action") is None:           # a flag that takes a value
+        choices = field_choices(key)
+        if choices:
+            kwargs["choices"] = list(choices)
+        elif "metavar" not in kwargs:
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+    group.add_argument(flag, dest=CONFIG_DEST + key, **kwargs)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("configuration (flags override the config file)")
     g.add_argument("--config", metavar="FILE", help="YAML configuration file")
     g.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
                    help="override any config key, e.g. --set train.sh_degree=1 (repeatable)")
-    g.add_argument("--out", metavar="DIR", help="output directory (default: output.dir of the config, 'out')")
-    g.add_argument("--iso", type=float, nargs="+", metavar="V", help="iso value(s)")
-    g.add_argument("--var", help="name of the field to extract isosurfaces from")
-    g.add_argument("--color-var", help="second field that colours the surface")
-    g.add_argument("--views", type=int, metavar="N", help="number of orbit views (default 448)")
-    g.add_argument("--resolution", type=int, metavar="PX", help="image width and height in pixels")
-    g.add_argument("--iterations", type=int, metavar="N", help="training iterations per step")
-    g.add_argument("--budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
-    g.add_argument("--batch", type=int, metavar="B", help="views per optimiser step")
-    g.add_argument("--psnr-target", type=float, metavar="DB", help="stop a step early at this held-out PSNR")
-    g.add_argument("--ssim-target", type=float, metavar="S", help="... and at this held-out SSIM")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device")
-    g.add_argument("--backend", choices=["auto", "gsplat", "torch"], help="rasterizer")
-    g.add_argument("--quiet", action="store_true", help="no progress bars")
+    _config_flag(g, "--out", "output.dir", metavar="DIR",
+                 help="output directory (default: output.dir of the config, 'out')")
+    _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V", help="iso value(s)")
+    _config_flag(g, "--var", "input.var", help="name of the field to extract isosurfaces from")
+    _config_flag(g, "--color-var", "input.color_var", help="second field that colours the surface")
+    _config_flag(g, "--views", "views.count", type=int, metavar="N", help="number of orbit views (default 448)")
+    _config_flag(g, "--resolution", "views.resolution", type=int, metavar="PX", help="image width and height in pixels")
+    _config_flag(g, "--iterations", "train.iterations", type=int, metavar="N", help="training iterations per step")
+    _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
+    _config_flag(g, "--batch", "train.batch", type=int, metavar="B", help="views per optimiser step")
+    _config_flag(g, "--psnr-target", "train.psnr_target", type=float, metavar="DB",
+                 help="stop a step early at this held-out PSNR")
+    _config_flag(g, "--ssim-target", "train.ssim_target", type=float, metavar="S", help="... and at this held-out SSIM")
+    _config_flag(g, "--device", "parallel.device", help="training device")
+    _config_flag(g, "--backend", "train.backend", help="rasterizer")
+    _config_flag(g, "--quiet", "train.progress", action="store_const", const=False, help="no progress bars")
     g = p.add_argument_group("an output folder that holds results (default: refuse to use it)")
     g = g.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true",
-                   help="keep its complete steps and train only the others (after a crash or a killed job)")
-    g.add_argument("--overwrite", action="store_true", help="delete its results first")
+    _config_flag(g, "--resume", "output.existing", action="store_const", const="resume",
+                 help="keep its complete steps and train only the others (after a crash or a killed job)")
+    _config_flag(g, "--overwrite", "output.existing", action="store_const", const="overwrite",
+                 help="delete its results first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,17 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
                        description="Train a splat model of one 3D field read from a raw or .npy file.")
     p.add_argument("input", help="NAME_XxYxZ_DTYPE.raw (Open SciVis naming) or FILE.npy ([nz, ny, nx])")
-    p.add_argument("--dims", type=int, nargs=3, metavar=("X", "Y", "Z"), help="raw file dimensions")
-    p.add_argument("--dtype", help="raw file dtype (e.g. uint8, float32)")
-    p.add_argument("--downsample", type=int, metavar="K", help="box-filter the volume by K per axis")
+    _config_flag(p, "--dims", "input.dims", type=int, nargs=3, metavar=("X", "Y", "Z"), help="raw file dimensions")
+    _config_flag(p, "--dtype", "input.dtype", help="raw file dtype (e.g. uint8, float32)")
+    _config_flag(p, "--downsample", "input.downsample", type=int, metavar="K",
+                 help="box-filter the volume by K per axis")
     p.add_argument("--spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"), default=(1.0, 1.0, 1.0))
     _common(p)
 
     p = sub.add_parser("replay", help="train on the steps of a saved ADIOS2 BP file",
                        description="Replay an ADIOS2 BP file step by step; each rank reads only its block.")
     p.add_argument("input", help="BP file/directory written by the simulation")
-    p.add_argument("--steps", type=int, nargs="+", metavar="S", help="only these step numbers")
-    p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
+    _config_flag(p, "--steps", "input.steps", type=int, nargs="+", metavar="S", help="only these step numbers")
+    _config_flag(p, "--every", "input.every", type=int, metavar="K", help="train every K-th step")
     _common(p)
 
     p = sub.add_parser("view", help="serve an output folder's report on localhost (open the URL it prints)",
@@ -88,38 +107,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stream", help="train on steps as a running simulation sends them (ADIOS2 SST)",
                        description="Connect to a simulation writing through the ADIOS2 SST engine.")
     p.add_argument("input", help="SST stream name (the writer's file name)")
-    p.add_argument("--every", type=int, metavar="K", help="train every K-th step")
-    p.add_argument("--timeout", type=float, metavar="S", help="give up when no step comes for S seconds")
+    _config_flag(p, "--every", "input.every", type=int, metavar="K", help="train every K-th step")
+    _config_flag(p, "--timeout", "input.timeout_s", type=float, metavar="S",
+                 help="give up when no step comes for S seconds")
     _common(p)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides = dict(parse_override(s) for s in args.set)
-    flags = {
-        "input.iso": args.iso, "input.var": args.var, "input.color_var": args.color_var,
-        "views.count": args.views, "views.resolution": args.resolution, "train.iterations": args.iterations,
-        "seeds.budget": args.budget, "train.batch": args.batch, "train.psnr_target": args.psnr_target,
-        "train.ssim_target": args.ssim_target,
-        "parallel.device": args.device, "train.backend": args.backend, "output.dir": args.out,
-        "input.dims": getattr(args, "dims", None), "input.dtype": getattr(args, "dtype", None),
-        "input.downsample": getattr(args, "downsample", None), "input.steps": getattr(args, "steps", None)
-        if args.command == "replay" else None,
-        "input.every": getattr(args, "every", None), "input.timeout_s": getattr(args, "timeout", None),
-    }
-    if args.quiet:
-        flags["train.progress"] = False
-    if getattr(args, "resume", False):
-        flags["output.existing"] = "resume"
-    if getattr(args, "overwrite", False):
-        flags["output.existing"] = "overwrite"
+    flags = {dest[len(CONFIG_DEST):]: value for dest, value in vars(args).items()
+             if dest.startswith(CONFIG_DEST) and value is not None}
     defaults = None
     if args.command == "demo":
         from .demo import demo_defaults
 
         defaults = demo_defaults(gpu=False)
     load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
-    overrides.update({k: v for k, v in flags.items() if v is not None})
+    overrides.update(flags)
     if args.command == "demo" and load_config(args.config, overrides, defaults).parallel.device != "cpu":
         import torch
 

@@ -16,9 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration value is unknown, of the wrong type or out of range."""
+
+# Constraints, declared with each field (``constrained(default, POSITIVE, ...)``) and checked by
+# :func:`validate`: the value must be > 0 (None passes: "not set"), >= 0, in [0, 1], or one of ``choices``.
+POSITIVE, NON_NEGATIVE, FRACTION = "> 0", ">= 0", "in [0, 1]"
+
+
+def constrained(default: Any, *checks: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with ``default`` whose value must pass ``checks`` (POSITIVE, NON_NEGATIVE,
+    FRACTION) and, with ``choices``, be one of them."""
+    return field(default=default, metadata={"checks": checks, "choices": choices})
+
+
+def field_choices(key: str) -> tuple[str, ...] | None:
+    """The choices declared for ``section.key`` (e.g. ``"train.backend"``), or None."""
+    section, name = key.split(".")
+    cls = typing.get_type_hints(Config)[section]
+    return next(f.metadata.get("choices") for f in dataclasses.fields(cls) if f.name == name)
 
 
 @dataclass
@@ -28,29 +44,30 @@ class InputConfig:
     color_var: str | None = None        # optional second field that colours the surface
     dims: list[int] | None = None       # raw files: (x, y, z); read from the name when absent
     dtype: str | None = None            # raw files: numpy dtype; read from the name when absent
-    downsample: int = 1                 # box-filter by k per axis (raw/array input)
+    downsample: int = constrained(1, POSITIVE)  # box-filter by k per axis (raw/array input)
     steps: list[int] | None = None      # replay/stream: only these step numbers
-    every: int = 1                      # replay/stream: train every k-th step that arrives
-    timeout_s: float = 60.0             # stream: give up when no step arrives for this long
+    every: int = constrained(1, POSITIVE)  # replay/stream: train every k-th step that arrives
+    timeout_s: float = constrained(60.0, POSITIVE)  # stream: give up when no step arrives for this long
 
 
 @dataclass
 class SeedConfig:
-    budget: int = 200_000               # global number of Gaussians at initialisation
-    thickness: float = 0.1              # disc thickness, as a fraction of its radius
-    opacity: float = 0.5
+    budget: int = constrained(200_000, POSITIVE)  # global number of Gaussians at initialisation
+    thickness: float = constrained(0.1, POSITIVE)  # disc thickness, as a fraction of its radius
+    opacity: float = constrained(0.5, FRACTION)
     fill: bool = False                  # sample points on the triangles up to the budget
-    color_init: str = "gt"              # gt: each Gaussian's colour from the ground truth it covers | constant
-    color_views: int = 16               # training views the gt colours are read from (one render pass each)
+    color_init: str = constrained("gt", choices=("gt", "constant"))  # gt: each Gaussian's colour from the
+                                        # ground truth it covers | constant
+    color_views: int = constrained(16, POSITIVE)  # training views the gt colours are read from (one render pass each)
 
 
 @dataclass
 class ViewConfig:
-    count: int = 448
-    resolution: int = 256
-    fov_deg: float = 40.0
-    test_every: int = 8                 # every k-th view is held out for evaluation
-    supersample: int = 2                # ground truth: s x s rays per pixel
+    count: int = constrained(448, POSITIVE)
+    resolution: int = constrained(256, POSITIVE)
+    fov_deg: float = constrained(40.0, POSITIVE)
+    test_every: int = constrained(8, POSITIVE)  # every k-th view is held out for evaluation
+    supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
     background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
     colormap: str = "viridis"           # when input.color_var is set
@@ -58,60 +75,60 @@ class ViewConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = 3000
-    batch: int = 1                      # views per optimiser step
-    sh_degree: int = 3                  # reached gradually: one band every sh_increase_every
-    sh_increase_every: int = 300        # one more SH band every this many iterations
-    lr_means: float = 1.6e-4            # times the scene extent
-    lr_means_final: float = 1.6e-6
-    lr_scales: float = 5e-3
-    lr_quats: float = 1e-3
-    lr_opacities: float = 5e-2
-    lr_sh0: float = 2.5e-3
-    lr_shN: float = 1.25e-4
-    ssim_weight: float = 0.2
+    iterations: int = constrained(3000, POSITIVE)
+    batch: int = constrained(1, POSITIVE)  # views per optimiser step
+    sh_degree: int = constrained(3, NON_NEGATIVE)  # reached gradually: one band every sh_increase_every
+    sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations
+    lr_means: float = constrained(1.6e-4, POSITIVE)  # times the scene extent
+    lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE)
+    lr_scales: float = constrained(5e-3, POSITIVE)
+    lr_quats: float = constrained(1e-3, POSITIVE)
+    lr_opacities: float = constrained(5e-2, POSITIVE)
+    lr_sh0: float = constrained(2.5e-3, POSITIVE)
+    lr_shN: float = constrained(1.25e-4, POSITIVE)
+    ssim_weight: float = constrained(0.2, FRACTION)
     random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
-    densify_from: int = 500
-    densify_until: int = 15000
-    densify_every: int = 100
-    grad_threshold: float = 2e-4
-    prune_opacity: float = 0.005
-    opacity_reset_every: int = 3000
-    max_gaussians: int = 5_000_000
+    densify_from: int = constrained(500, NON_NEGATIVE)
+    densify_until: int = constrained(15000, NON_NEGATIVE)
+    densify_every: int = constrained(100, POSITIVE)
+    grad_threshold: float = constrained(2e-4, POSITIVE)
+    prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
+    opacity_reset_every: int = constrained(3000, NON_NEGATIVE)
+    max_gaussians: int = constrained(5_000_000, POSITIVE)
     psnr_target: float | None = None    # stop early once held-out PSNR reaches this
     ssim_target: float | None = None    # ... and held-out SSIM this (both, when both are set)
-    eval_every: int = 0                 # evaluate during training every k iterations (0: at the end)
-    seed: int = 0
-    backend: str = "auto"               # auto | gsplat | torch
+    eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
+    seed: int = constrained(0, NON_NEGATIVE)
+    backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
     progress: bool = True
 
 
 @dataclass
 class OutputConfig:
     dir: str = "out"
-    images: int = 4                     # how many held-out views to write as GT | render PNGs
+    images: int = constrained(4, NON_NEGATIVE)  # how many held-out views to write as GT | render PNGs
     ply: bool = True
     ply_metrics: bool = True            # ply_psnr/ply_ssim and model.spz: the whole model gathered on rank 0
                                         # and drawn there; off for models larger than one GPU or host
-    existing: str = "refuse"            # a folder that holds results: refuse | resume | overwrite
+    existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"))   # a folder that holds results
 
 
 @dataclass
 class ParallelConfig:
-    timeout_s: float = 300.0            # collective timeout: a failed rank never hangs the rest
-    device: str = "auto"                # auto | cpu | cuda
-    transfer: str = "float32"           # dtype of the composited colour bands: float32 | bfloat16 | float16
-    threads: int = 0                    # torch CPU threads per rank (0: torch's default); in situ on CPU
-                                        # ranks, fewer leave cores to the simulation
+    timeout_s: float = constrained(300.0, POSITIVE)  # collective timeout: a failed rank never hangs the rest
+    device: str = constrained("auto", choices=("auto", "cpu", "cuda"))
+    transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"))  # the composited colour bands
+    threads: int = constrained(0, NON_NEGATIVE)     # torch CPU threads per rank (0: torch's default); in situ
+                                                    # on CPU ranks, fewer leave cores to the simulation
 
 
 @dataclass
 class InsituConfig:
-    mode: str = "background"            # background | sync
-    queue: int = 1                      # steps waiting to be trained
-    policy: str = "block"               # block | discard (newest step wins)
+    mode: str = constrained("background", choices=("background", "sync"))
+    queue: int = constrained(1, POSITIVE)  # steps waiting to be trained
+    policy: str = constrained("block", choices=("block", "discard"))     # discard: the newest step wins
     warm_start: bool = True
-    warm_iterations: int = 500
+    warm_iterations: int = constrained(500, NON_NEGATIVE)
 
 
 @dataclass
@@ -128,27 +145,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-_CHOICES = {
-    "seeds.color_init": ("gt", "constant"),
-    "train.backend": ("auto", "gsplat", "torch"),
-    "parallel.device": ("auto", "cpu", "cuda"),
-    "parallel.transfer": ("float32", "bfloat16", "float16"),
-    "insitu.mode": ("background", "sync"),
-    "insitu.policy": ("block", "discard"),
-    "output.existing": ("refuse", "resume", "overwrite"),
-}
-_POSITIVE = {
-    "views.count", "views.resolution", "views.supersample", "views.test_every", "views.fov_deg",
-    "seeds.budget", "seeds.thickness", "seeds.color_views", "train.iterations", "train.batch", "train.densify_every",
-    "input.downsample", "input.every", "input.timeout_s", "parallel.timeout_s", "insitu.queue",
-    "train.max_gaussians", "train.sh_increase_every",
-    "train.lr_means", "train.lr_scales", "train.lr_quats", "train.lr_opacities", "train.lr_sh0", "train.lr_shN",
-    "train.grad_threshold",
-}
-_NON_NEGATIVE = {"output.images", "train.sh_degree", "train.eval_every", "insitu.warm_iterations",
-                 "parallel.threads", "train.seed", "train.lr_means_final", "train.densify_from",
-                 "train.densify_until", "train.opacity_reset_every", "train.prune_opacity"}
-_FRACTION = {"train.ssim_weight", "seeds.opacity", "train.prune_opacity"}     # in [0, 1]
 SUPERSAMPLE_MAX = 8                     # 8 x 8 rays per pixel; more multiplies ray casting time for no visible gain
 NESTING_MAX = 32                        # deeper YAML is not a configuration (and would exhaust the parser's stack)
 
@@ -226,13 +222,14 @@ def validate(cfg: Config) -> Config:
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, float) and not math.isfinite(v):
                     raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-            if key in _CHOICES and value not in _CHOICES[key]:
-                raise ConfigError(f"{key}: expected one of {', '.join(_CHOICES[key])}, got {value!r}")
-            if key in _POSITIVE and value is not None and value <= 0:
+            choices, checks = f.metadata.get("choices"), f.metadata.get("checks", ())
+            if choices and value not in choices:
+                raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+            if POSITIVE in checks and value is not None and value <= 0:
                 raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
-            if key in _NON_NEGATIVE and value < 0:
+            if NON_NEGATIVE in checks and value < 0:
                 raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
-            if key in _FRACTION and not 0 <= value <= 1:
+            if FRACTION in checks and not 0 <= value <= 1:
                 raise ConfigError(f"{key}: expected a value in [0, 1], got {value!r}")
     if not cfg.input.iso:
         raise ConfigError("input.iso: expected at least one iso value, got an empty list")

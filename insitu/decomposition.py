@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .volume import Block, InputError
+from .errors import InputError
+from .volume import Block
 
 GHOST = 1
 

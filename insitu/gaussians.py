@@ -11,8 +11,11 @@ Parameters are stored pre-activation, as the reference 3DGS code and its .ply fi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -81,3 +84,71 @@ class Gaussians:
         K = (sh_degree + 1) ** 2
         z = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
         return Gaussians(z(0, 3), z(0, 3), z(0, 4), z(0), z(0, 1, 3), z(0, K - 1, 3))
+
+
+def check_gaussians(g: Gaussians) -> int:
+    """Validate the shapes of ``g`` (TypeError, ValueError saying what was expected); returns N."""
+    if not isinstance(g, Gaussians):
+        raise TypeError(f"expected insitu.gaussians.Gaussians, got {type(g).__name__}")
+    n = g.means.shape[0] if g.means.ndim == 2 else -1
+    k1 = g.shN.shape[1] if g.shN.ndim == 3 else -1
+    expected = {
+        "means": ((n, 3), "[N, 3]"), "log_scales": ((n, 3), "[N, 3]"), "quats": ((n, 4), "[N, 4]"),
+        "opacity_logits": ((n,), "[N]"), "sh0": ((n, 1, 3), "[N, 1, 3]"), "shN": ((n, k1, 3), "[N, K-1, 3]"),
+    }
+    for name, (shape, text) in expected.items():
+        got = tuple(getattr(g, name).shape)
+        if n < 0 or got != shape:
+            raise ValueError(f"Gaussians.{name} must have shape {text} (N = len(means)), got {list(got)}")
+    if math.isqrt(k1 + 1) ** 2 != k1 + 1:
+        raise ValueError(f"Gaussians.shN must hold K-1 coefficients with K = 1, 4, 9 or 16, got K = {k1 + 1}")
+    return n
+
+
+def numpy32(t: Tensor) -> np.ndarray:
+    """``t`` (any shape, any device) as a float32 numpy array on the CPU."""
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+def gather_gaussians(local: Gaussians, mpi_comm: Any) -> Gaussians | None:
+    """Collect every rank's shard on rank 0 as one model, in rank order (a collective).
+
+    local:    this rank's Gaussians (any device; every rank must have the same SH degree)
+    mpi_comm: an mpi4py communicator, or None for a single process.
+
+    Returns the merged float32 Gaussians on the CPU on rank 0, None on the other ranks; with one
+    rank (or no communicator) returns ``local`` unchanged. Arrays move with MPI Gatherv (no pickling
+    of the data). Mismatched shards raise ValueError on every rank, so none is left waiting.
+    """
+    if mpi_comm is None or mpi_comm.Get_size() == 1:
+        check_gaussians(local)
+        return local
+    from .agreement import agree_errors
+
+    rank = mpi_comm.Get_rank()
+    error = None
+    try:
+        n = check_gaussians(local)
+    except (TypeError, ValueError) as e:
+        n, error = 0, f"rank {rank}: {e}"
+    errors = [e for e in agree_errors(mpi_comm, error) if e is not None]
+    if errors:
+        raise ValueError("gather_gaussians: " + "; ".join(errors))
+    shapes = mpi_comm.allgather((n, local.sh_degree))    # the same on every rank: raised on every rank
+    degrees = [d for _, d in shapes]
+    if len(set(degrees)) > 1:
+        raise ValueError(f"gather_gaussians: ranks hold different SH degrees {degrees}")
+    counts = [c for c, _ in shapes]
+    merged = {}
+    for name, t in local.tensors().items():
+        width = math.prod(t.shape[1:])
+        send = np.ascontiguousarray(numpy32(t).reshape(n, width))
+        if width == 0:                      # SH degree 0 has no shN: nothing to move
+            merged[name] = torch.zeros((sum(counts) if rank == 0 else 0,) + tuple(t.shape[1:]))
+        elif rank == 0:
+            recv = np.empty((sum(counts), width), np.float32)
+            mpi_comm.Gatherv(send, (recv, [c * width for c in counts]), root=0)
+            merged[name] = torch.from_numpy(recv).reshape((sum(counts),) + tuple(t.shape[1:]))
+        else:
+            mpi_comm.Gatherv(send, None, root=0)
+    return Gaussians(**merged) if rank == 0 else None

@@ -10,16 +10,16 @@ and every collective is the identity.
 
 Errors. A failure on one rank must never leave the others waiting in a collective:
 
-- ``comm.agree(ok, message)`` at phase boundaries all-reduces a "failed" flag over MPI;
-  if any rank failed, every rank raises :class:`RankFailure` naming the failing ranks
-  and their messages.
+- ``comm.agree(ok, message)`` at phase boundaries gathers every rank's failure (or None) over
+  MPI (:func:`agree_errors`, the one agreement every stage uses); if any rank failed,
+  every rank raises :class:`RankFailure` naming the failing ranks and their messages.
 - ``with comm.phase("seeds"): ...`` catches an exception raised inside the block on any
   rank, agrees, and re-raises on every rank as
   ``RankFailure("phase 'seeds' failed on rank 1: ValueError: ...")``.
 - A rank that dies outright (killed, out of memory) is caught by two watchdogs: the
   ``torch.distributed`` timeout (``timeout_s``) ends a torch collective that waits on it
   (gloo raises; NCCL tears the process down), and ``agree`` waits on its non-blocking
-  MPI all-reduce for at most ``watchdog_s`` (twice ``timeout_s`` by default, so a rank
+  MPI all-gather for at most ``watchdog_s`` (twice ``timeout_s`` by default, so a rank
   first stuck in a torch collective still reaches the agreement), after which it prints
   the reason and calls ``MPI_Abort`` (:meth:`Comm.abort`), which ends the whole job.
   Launchers (``mpiexec``, ``srun``) also end the job when a process exits abnormally.
@@ -35,7 +35,6 @@ import inspect
 import os
 import socket
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,82 +43,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from .volume import InputError
-
-
-class RankFailure(RuntimeError):
-    """Raised on every rank when one or more ranks failed.
-
-    ranks:    the ranks that failed, in increasing order.
-    messages: their messages, in the same order.
-    """
-
-    def __init__(self, text: str, ranks: list[int], messages: list[str]):
-        super().__init__(text)
-        self.ranks = ranks
-        self.messages = messages
-
-
-class RankInputFailure(RankFailure, InputError):
-    """A :class:`RankFailure` in which every failing rank failed on bad input (an InputError)."""
-
-
-class AgreementTimeout(RuntimeError):
-    """The other ranks did not join a cross-rank decision in time (a rank skipped a call, hangs or died).
-
-    The communicator it was raised on is left with a pending operation: do not use it again.
-    """
-
-
-def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order, like ``mpi.allgather``, but waiting at most
-    ``seconds`` for the other ranks; past that, raise :class:`AgreementTimeout` naming ``what``."""
-    import pickle
-
-    import numpy as np
-    from mpi4py import MPI
-
-    size = mpi.Get_size()
-    if size == 1:
-        return [obj]
-
-    def late() -> None:
-        raise AgreementTimeout(f"{what}: the other ranks did not answer within {seconds:g} s "
-                               "(parallel.timeout_s): a rank skipped this call, hangs or died")
-
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    counts = np.empty(size, dtype=np.int64)
-    _wait(mpi.Iallgather(np.array([data.size], dtype=np.int64), counts), seconds, late)
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    buf = np.empty(int(counts.sum()), dtype=np.uint8)
-    _wait(mpi.Iallgatherv(data, [buf, counts, displs, MPI.BYTE]), seconds, late)
-    return [pickle.loads(buf[d:d + c].tobytes()) for d, c in zip(displs, counts)]
-
-
-def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = None) -> None:
-    """Collective: raise ConfigError on every rank unless every rank holds the same validated ``cfg``
-    (and the same ``extra``, e.g. the command and its input); the error names the keys that differ."""
-    from .config import ConfigError, config_differences, config_hash
-
-    mine = (config_hash(cfg), extra or {})
-    gathered = allgather_within(mpi, mine, seconds, "comparing the configurations of the ranks")
-    if all(g == gathered[0] for g in gathered):
-        return
-    dicts = allgather_within(mpi, {**cfg.to_dict(), **(extra or {})}, seconds, "comparing configurations")
-    lines = []
-    for r, d in enumerate(dicts[1:], start=1):
-        keys = config_differences(dicts[0], d)
-        if keys:
-            lines.append(f"rank {r} differs from rank 0 in " + ", ".join(
-                f"{k} ({_lookup(dicts[0], k)!r} vs {_lookup(d, k)!r})" for k in keys))
-    raise ConfigError("the ranks run different configurations (every rank must be given the same one):\n  "
-                      + "\n  ".join(lines))
-
-
-def _lookup(d: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
+from .agreement import agree_errors
+from .errors import AgreementTimeout, InputError, RankFailure, RankInputFailure
 
 
 @dataclass
@@ -182,26 +107,20 @@ class Comm:
         input_error: the failure is bad input; when it is on every failing rank, the error
                  raised is a :class:`RankInputFailure` (an ``InputError`` too).
 
-        Every rank must call it. The flag travels by a non-blocking MPI all-reduce that
-        is given at most ``watchdog_s`` seconds; past that the job is aborted.
+        Every rank must call it. The reports travel by :func:`agree_errors`, given at most
+        ``watchdog_s`` seconds; past that the job is aborted.
         """
         failed = not ok
-        if self.size > 1:
-            from mpi4py import MPI
-
-            send = bytearray([1 if failed else 0])
-            recv = bytearray(1)
-            req = self.mpi.Iallreduce([send, MPI.BYTE], [recv, MPI.BYTE], op=MPI.BOR)
-            _wait(req, self.watchdog_s, lambda: self.abort(
-                f"{where}: no answer from the other ranks within {self.watchdog_s:g} s "
-                "(a rank died or hangs); aborting the job"))
-            any_failed = bool(recv[0])
-        else:
-            any_failed = failed
-        if not any_failed:
-            return
-        reports = self.allgather_object((message, input_error) if failed else None)
+        try:
+            reports = agree_errors(self.mpi if self.size > 1 else None, (message, input_error) if failed else None,
+                                   seconds=self.watchdog_s, what=where)
+        except AgreementTimeout:
+            self.abort(f"{where}: no answer from the other ranks within {self.watchdog_s:g} s "
+                       "(a rank died or hangs); aborting the job")
+            raise
         ranks = [r for r, m in enumerate(reports) if m is not None]
+        if not ranks:
+            return
         messages = [reports[r][0] or "(no message)" for r in ranks]
         if len(ranks) == 1:
             text = f"{where} failed on rank {ranks[0]}: {messages[0]}"
@@ -327,19 +246,6 @@ def _reduce_scatter_single(out: Tensor, inp: Tensor, group) -> None:
 
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     fn(out, inp, op=dist.ReduceOp.SUM, group=group)
-
-
-def _wait(request, seconds: float, on_timeout) -> None:
-    """Poll an MPI request until it completes; call ``on_timeout`` after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    pause = 1e-5
-    while not request.Test():
-        if time.monotonic() > deadline:
-            on_timeout()
-            request.Wait()          # on_timeout aborts; never reached in practice
-            return
-        time.sleep(pause)
-        pause = min(pause * 2, 5e-3)
 
 
 # node-local rank set by the launcher: Open MPI's mpirun, MPICH/Intel MPI's Hydra, Cray PALS,

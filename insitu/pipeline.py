@@ -7,7 +7,6 @@ every rank ends with the same clear error instead of waiting in a collective.
 """
 from __future__ import annotations
 
-import sys
 import time as _time
 from dataclasses import dataclass, field
 
@@ -21,10 +20,12 @@ from .config import Config
 from .decomposition import Decomposition, decompose
 from .gaussians import Gaussians
 from .groundtruth import raycast_views
+from .progress import progress_bar
 from .seeds import Seeds, extract_seeds, init_gaussians
 from .training import Trainer, colors_from_images, render_bands
 from .views import Views, orbit_views
-from .volume import Block, InputError, check_field
+from .errors import InputError
+from .volume import Block, check_field
 
 
 @dataclass
@@ -161,7 +162,7 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
         color_range = global_range(comm, block.fields[cfg.input.color_var])
     rows = band_rows(views.height, comm.size)[comm.rank]
     gt = torch.empty(len(views), rows[1] - rows[0], views.width, 4, dtype=torch.float16, device=device)
-    bar = _progress(len(views), "ground truth", progress and comm.rank == 0)
+    bar = progress_bar(len(views), "ground truth", progress and comm.rank == 0)
     # groups of views of about 32M pixels on GPUs (one kernel launch each), 4M elsewhere
     chunk = max(1, (1 << (25 if device.type == "cuda" else 22)) // (views.width * views.height))
     cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
@@ -178,37 +179,6 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
         bar.update(len(ids))
     bar.close()
     return Scene(views, order, gt, rows, background)
-
-
-class _LogProgress:
-    """Progress for logs (stderr is not a terminal): one plain line every tenth of the work."""
-
-    def __init__(self, total: int, desc: str):
-        self.total, self.desc, self.done, self.info, self.t0 = total, desc, 0, {}, _time.perf_counter()
-        self.next = max(total // 10, 1)
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self.done >= self.next or self.done == self.total:
-            extra = "".join(f", {k} {v}" for k, v in self.info.items())
-            print(f"{self.desc}: {self.done}/{self.total}{extra} ({_time.perf_counter() - self.t0:.1f} s)",
-                  file=sys.stderr, flush=True)
-            self.next = self.done + max(self.total // 10, 1)
-
-    def set_postfix(self, **info) -> None:
-        self.info = info
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    """A progress bar on a terminal, plain lines in a log, nothing when disabled."""
-    from tqdm.auto import tqdm
-
-    if enabled and not sys.stderr.isatty():
-        return _LogProgress(total, desc)
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
 @torch.no_grad()
@@ -242,7 +212,7 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
     rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the held-out
     views on ``scene.background``.
 
-    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.export.gather_gaussians`),
+    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
     Returns the Quality on every rank.
     """
@@ -336,7 +306,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     bg_generator = torch.Generator().manual_seed(tc.seed + 1)     # the same backgrounds on every rank
     q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
-    perm, bar = torch.empty(0, dtype=torch.long), _progress(iters, f"step {step} train", show)
+    perm, bar = torch.empty(0, dtype=torch.long), progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None
     for it in range(iters):
@@ -368,7 +338,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend,
                          keep_images=cfg.output.images)
     gaussians = trainer.gaussians()
-    from .export import gather_gaussians
+    from .gaussians import gather_gaussians
 
     merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
     if cfg.output.ply_metrics:

@@ -35,11 +35,22 @@ from urllib.parse import quote
 import numpy as np
 import yaml
 
-from .export import STEP_DIR, _fmt, _plain, atomic_write, read_csv, write_json
+from .export import STEP_DIR
+from .files import atomic_write, plain, read_csv, write_json
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
 _SKIP_ASSETS = {"update.sh"}
+
+
+def _fmt(value: str) -> str:
+    try:
+        x = float(value)
+    except ValueError:
+        return value
+    if x.is_integer() and "." not in value and "e" not in value.lower():
+        return value
+    return f"{x:.4g}" if math.isfinite(x) else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +265,7 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
             parts.append(f"<a href='{image['src']}'><img src='{image['src']}' alt='{e(image['name'])}' "
                          f"title='{e(image['name'])}'></a>")
         parts.append("</section>")
-    payload = json.dumps(_plain(data), allow_nan=False).replace("</", "<\\/")
+    payload = json.dumps(plain(data), allow_nan=False).replace("</", "<\\/")
     parts.append(f"<script id='insitu-data' type='application/json'>{payload}</script>")
     parts.append("<script src='viewer/report.js'></script>\n<script type='module' src='viewer/viewer.js'></script>")
     parts.append("</body></html>\n")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, ConfigError, check_memory
-from .volume import InputError
+from .agreement import agree_errors, first_error
+from .config import Config, check_memory
+from .errors import ConfigError, InputError, RankFailure
 
 
 def say(comm, text: str) -> None:
@@ -33,9 +34,9 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
             is appended here as (step, message) and the next step is trained; without a list,
             the failure is raised.
     """
-    from .pipeline import run_step
+    from .driver import StepDriver
 
-    previous, trained = None, 0
+    driver, trained = StepDriver(cfg, comm, writer), 0
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -48,20 +49,17 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
                              "but not on the others")
         if item.step in done:
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
-            previous = None
+            driver.forget()
             continue
-        iterations = (min(cfg.insitu.warm_iterations, cfg.train.iterations)
-                      if previous is not None and cfg.insitu.warm_start else None)
         try:
-            result = run_step(item.block, cfg, comm, step=item.step, time=item.time, writer=writer,
-                              warm=previous if cfg.insitu.warm_start else None, iterations=iterations)
+            result = driver.train(item.block, step=item.step, time=item.time)
         except InputError as e:                 # agreed on every rank: this step is skipped
             if failed is None:
                 raise
             failed.append((item.step, str(e)))
-            previous = None
+            driver.forget()
             continue
-        previous = result
+        driver.trained(result)
         trained += 1
         say(comm, summary(result.metrics, out))
     return trained
@@ -103,7 +101,8 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from .export import StepWriter, prepare_output
-    from .parallel import RankFailure, compare_configs, device_memory, init_comm, shutdown
+    from .agreement import compare_configs
+    from .parallel import device_memory, init_comm, shutdown
 
     comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
     out = Path(cfg.output.dir)
@@ -178,9 +177,9 @@ def _agreed(comm, check):
         value = check()
     except ConfigError as e:
         error = str(e)
-    first = next((e for e in comm.allgather_object(error) if e), None)
+    first = first_error(agree_errors(comm.mpi if comm.size > 1 else None, error))
     if first is not None:
-        raise ConfigError(first)
+        raise ConfigError(first[1])
     return value
 
 

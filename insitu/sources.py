@@ -23,7 +23,7 @@ sources an MPI communicator (``comm=``) and they agree collectively, at every st
 step they all hold (ranks that are behind skip forward), on the end of the stream, and on
 errors, so that no rank is left waiting in a collective.
 
-Failures raise ``SourceError`` (an ``insitu.volume.InputError`` and a ``RuntimeError``):
+Failures raise ``SourceError`` (an ``insitu.errors.InputError`` and a ``RuntimeError``):
 a stream that ends unexpectedly, or one that delivers no step in time. Input that cannot
 be used (a missing file or variable, a variable that is not 3D, a truncated or corrupt
 BP file) raises its subclass ``SourceInputError``. Every step completed before a
@@ -32,7 +32,6 @@ failure has been yielded.
 from __future__ import annotations
 
 import abc
-import struct
 import sys
 import time as _time
 from dataclasses import dataclass
@@ -41,19 +40,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .agreement import agree_errors, first_error
+from .bpfile import adios_message, check_bp5, need_bytes, probe_bp, step_number, unique_step
 from .config import Config
 from .decomposition import block_extent, cut_block, split_dims
-from .volume import Block, InputError, check_field, downsample, read_raw
-
-
-class SourceError(InputError, RuntimeError):
-    """A timestep source failed: the stream ended unexpectedly, no step arrived in time,
-    or the input cannot be used. An ``InputError`` (so command lines report it as bad
-    input, with its message) and a ``RuntimeError``."""
-
-
-class SourceInputError(SourceError):
-    """The file or stream content cannot be used (missing, not 3D, truncated, corrupt)."""
+from .errors import SourceError, SourceInputError
+from .volume import Block, check_field, downsample, read_raw
 
 
 @dataclass
@@ -174,199 +166,6 @@ def _adios2():
     return adios2
 
 
-def _first_line(e: BaseException) -> str:
-    """ADIOS2 exception text without its colour codes and time stamp."""
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
-    text = re.sub(r"^\w+(Error|Exception):\s*", "", text)
-    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-@dataclass
-class _BP5Index:
-    """What a BP5 directory's ``md.idx`` says: per step, metadata extent and data positions."""
-
-    steps: list[tuple[int, int, list[int]]]   # (metadata pos, metadata size, data pos per writer)
-    subfile: list[int]                        # subfile index of each writer
-
-
-def check_bp5(path: str | Path) -> _BP5Index | None:
-    """Check that a BP5 directory is complete before ADIOS2 reads it.
-
-    ADIOS2 2.12 hangs or crashes on truncated BP5 files, so the index (``md.idx``), the
-    metadata (``md.0``, ``mmd.0``) and the data subfiles (``data.N``) are checked against
-    each other first. Returns the parsed index, or None for other BP versions (left to ADIOS2).
-    Raises SourceInputError naming the file at fault.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise SourceInputError(f"{path}: no such file or directory")
-    if not path.is_dir():
-        raise SourceInputError(f"{path}: expected an ADIOS2 BP directory (BP4/BP5), got a file")
-    idx = path / "md.idx"
-    if not idx.is_file():
-        present = ", ".join(sorted(p.name for p in path.iterdir())[:8]) or "nothing"
-        raise SourceInputError(f"{path}: not an ADIOS2 BP directory (no md.idx; it holds {present})")
-    raw = idx.read_bytes()
-    if len(raw) < 64 or not raw.startswith(b"ADIOS-BP"):
-        raise SourceInputError(f"{idx}: truncated or corrupt index ({len(raw)} bytes, expected a 64-byte "
-                               "'ADIOS-BP' header)")
-    if raw[37] != 5:
-        return None
-    corrupt = f"{path}: truncated or corrupt BP5 file"
-    pos, nwriters, subfile, steps = 64, 0, [], []
-    while pos < len(raw):
-        if pos + 9 > len(raw):
-            raise SourceInputError(f"{corrupt} (md.idx ends inside a record header at byte {pos})")
-        kind, length = raw[pos:pos + 1], struct.unpack_from("<Q", raw, pos + 1)[0]
-        body = raw[pos + 9:pos + 9 + length]
-        if len(body) != length or length % 8:
-            raise SourceInputError(f"{corrupt} (md.idx record at byte {pos} is cut short)")
-        words = struct.unpack(f"<{length // 8}Q", body)
-        if kind == b"w":
-            if len(words) < 3 or len(words) < 3 + words[0]:
-                raise SourceInputError(f"{corrupt} (md.idx writer map at byte {pos} is inconsistent)")
-            nwriters = words[0]
-            subfile = list(words[3:3 + nwriters])
-        elif kind == b"s":
-            if len(words) < 3 or nwriters == 0:
-                raise SourceInputError(f"{corrupt} (md.idx step record at byte {pos} is inconsistent)")
-            md_pos, md_size, flushes = words[:3]
-            per_writer = 2 * flushes + 1
-            if len(words) != 3 + nwriters * per_writer:
-                raise SourceInputError(f"{corrupt} (md.idx step record at byte {pos} has {len(words)} entries, "
-                                       f"expected {3 + nwriters * per_writer})")
-            data, flush_ranges = [], []
-            for w in range(nwriters):
-                chunk = words[3 + w * per_writer:3 + (w + 1) * per_writer]
-                flush_ranges += [(w, chunk[2 * f], chunk[2 * f + 1]) for f in range(flushes)]
-                data.append(chunk[-1])
-            steps.append((md_pos, md_size, data))
-            for w, p, n in flush_ranges:
-                _need(path / f"data.{subfile[w]}", p + n, corrupt, f"ADIOS step index {len(steps) - 1}")
-        else:
-            raise SourceInputError(f"{corrupt} (md.idx has an unknown record type {kind!r} at byte {pos})")
-        pos += 9 + length
-    if steps:
-        md_end = max(p + n for p, n, _ in steps)
-        _need(path / "md.0", md_end, corrupt, f"the metadata of ADIOS step index {len(steps) - 1}")
-    _check_mmd(path / "mmd.0", corrupt)
-    for i, (_, _, data) in enumerate(steps):
-        for w, p in enumerate(data):
-            # the data of step i-1 ends where step i's starts: the file must reach that far
-            _need(path / f"data.{subfile[w]}", p, corrupt, f"ADIOS step index {max(i - 1, 0)}")
-    return _BP5Index(steps, subfile)
-
-
-_PROBE = """
-import sys
-sys.modules["torch"] = None     # adios2 imports torch and cupy when present: slow, not needed here
-sys.modules["cupy"] = None
-import json
-import adios2
-numbers = []
-with adios2.Stream(sys.argv[1], "r") as s:
-    while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
-        info = s.available_variables().get("step")
-        s.available_attributes()
-        if info is not None and info.get("SingleValue") == "true":
-            value = s.read("step")
-            value = value if isinstance(value, str) else value.tolist()
-            numbers.append([info.get("Type", ""), value])
-        else:
-            numbers.append(None)
-        s.end_step()
-print(json.dumps(numbers))
-"""
-
-
-def step_number(kind: str, value: Any, index: int, name: str) -> int:
-    """The step number that a writer's ``step`` variable (``value``, of ADIOS type ``kind``) gives
-    ADIOS step ``index``; ``value`` None: no such variable, the index is the number.
-    SourceInputError unless it is a non-negative integer."""
-    if value is None:
-        return int(index)
-    where = f"{name}: variable 'step' at ADIOS step index {index}"
-    if kind == "string" or isinstance(value, str):
-        raise SourceInputError(f"{where} is a string ({value!r}); expected an integer step number")
-    v = np.asarray(value, dtype=np.float64).ravel()
-    if v.size != 1 or not np.isfinite(v[0]) or v[0] != np.floor(v[0]):
-        raise SourceInputError(f"{where} is {value!r}; expected an integer step number")
-    if v[0] < 0:
-        raise SourceInputError(f"{where} is {int(v[0])}; expected a step number >= 0 (the outputs are named by it)")
-    return int(v[0])
-
-
-def unique_step(number: int, index: int, first: dict[int, int], name: str) -> None:
-    """SourceInputError when ``number`` was given by another ADIOS step already (``first``: number -> index)."""
-    if number in first and first[number] != index:
-        raise SourceInputError(f"{name}: step number {number} is written at ADIOS step indices {first[number]} and "
-                               f"{index}; expected each step number once (the outputs are named by it)")
-    first[number] = index
-
-
-def probe_bp(path: str | Path, timeout_s: float = 60.0) -> list[int]:
-    """Read every step's metadata of a BP file in a child process; returns the step numbers.
-
-    ADIOS2 can crash (segmentation fault) or hang on corrupt metadata; a child process
-    turns either into a SourceInputError here instead of taking the reader down. The step
-    numbers (the ``step`` variable, else the ADIOS step index) must be unique integers >= 0.
-    """
-    import json
-
-    import subprocess
-
-    try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, text=True,
-                           timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise SourceInputError(f"{path}: ADIOS2 does not finish reading the metadata within {timeout_s:g} s "
-                               "(corrupt file?)") from None
-    if r.returncode < 0:
-        raise SourceInputError(f"{path}: truncated or corrupt BP file (ADIOS2 crashed reading its metadata, "
-                               f"signal {-r.returncode})")
-    if r.returncode != 0:
-        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-        raise SourceInputError(f"{path}: truncated or corrupt BP file "
-                               f"({_first_line(RuntimeError(lines[-1])) if lines else 'exit ' + str(r.returncode)})")
-    try:
-        records = json.loads(r.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise SourceInputError(f"{path}: ADIOS2 read its metadata but listed no steps") from None
-    numbers, first = [], {}
-    for i, rec in enumerate(records):
-        n = step_number(*(rec or ("", None)), i, str(path))
-        unique_step(n, i, first, str(path))
-        numbers.append(n)
-    return numbers
-
-
-def _need(file: Path, size: int, corrupt: str, what: str) -> None:
-    if not file.is_file():
-        raise SourceInputError(f"{corrupt} ({file.name} is missing)")
-    have = file.stat().st_size
-    if have < size:
-        raise SourceInputError(f"{corrupt} ({file.name} has {have} bytes; {what} needs at least {size})")
-
-
-def _check_mmd(file: Path, corrupt: str) -> None:
-    """``mmd.0``: records of (u64 id length, u64 info length, id, info) that tile the file."""
-    if not file.is_file():
-        raise SourceInputError(f"{corrupt} (mmd.0 is missing)")
-    raw = file.read_bytes()
-    pos = 0
-    while pos < len(raw):
-        if pos + 16 > len(raw):
-            raise SourceInputError(f"{corrupt} (mmd.0 ends inside a record header at byte {pos})")
-        a, b = struct.unpack_from("<QQ", raw, pos)
-        pos += 16 + a + b
-        if pos > len(raw):
-            raise SourceInputError(f"{corrupt} (mmd.0 is cut short: a record needs {pos} bytes, "
-                                   f"the file has {len(raw)})")
-
-
 class _AdiosSource(_Source):
     """Shared step loop of BPSource and SSTSource (one serial ADIOS2 reader per rank)."""
 
@@ -402,7 +201,7 @@ class _AdiosSource(_Source):
         return {}
 
     def _open_error(self, e: Exception) -> SourceError:
-        return SourceInputError(f"{self.name}: cannot open as ADIOS2 {self.engine} ({_first_line(e)})")
+        return SourceInputError(f"{self.name}: cannot open as ADIOS2 {self.engine} ({adios_message(e)})")
 
     def _check_step_data(self, stream) -> None:
         pass
@@ -415,7 +214,7 @@ class _AdiosSource(_Source):
                            "(the writer stopped without closing it)")
 
     def _step_error(self, e: Exception) -> SourceError:
-        return SourceError(f"{self.name}: reading the next step failed {self._after()} ({_first_line(e)})")
+        return SourceError(f"{self.name}: reading the next step failed {self._after()} ({adios_message(e)})")
 
     # -- opening and closing -----------------------------------------------------------------
     def _open(self) -> None:
@@ -444,12 +243,10 @@ class _AdiosSource(_Source):
     def _agree_error(self, error: SourceError | None) -> None:
         """Raise on every rank when any rank failed (no rank is left waiting)."""
         if self.comm is not None:
-            msgs = self.comm.allgather(None if error is None else str(error))
-            bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
-            if bad and error is None:
+            bad = first_error(agree_errors(self.comm, None if error is None else str(error)))
+            if bad is not None and error is None:
                 self.close()
-                r, m = bad[0]
-                raise SourceError(f"rank {r}: {m}")
+                raise SourceError(f"rank {bad[0]}: {bad[1]}")
         if error is not None:
             self.close()
             raise error
@@ -494,23 +291,20 @@ class _AdiosSource(_Source):
                 raise error
             return state
         while True:
-            states = self.comm.allgather((state[0], state[1], None if error is None else str(error)))
-            for r, (kind, _, msg) in enumerate(states):
-                if kind == "error":
-                    self.close()
-                    raise error if error is not None else SourceError(f"rank {r}: {msg}")
-            if any(kind == "end" for kind, _, _ in states):
+            self._agree_error(error)
+            states = self.comm.allgather(state)
+            if any(kind == "end" for kind, _ in states):
                 if state[0] == "ok":
                     self._stream.end_step()
                 # a rank whose stream ended cannot catch up: the stream ends for all
-                if any(kind == "ok" for kind, _, _ in states):
-                    held = sorted({n for kind, n, _ in states if kind == "ok"})
+                if any(kind == "ok" for kind, _ in states):
+                    held = sorted({n for kind, n in states if kind == "ok"})
                     if self.rank == 0:
                         print(f"{self.name}: stream ended on some ranks; steps {held} held by others are dropped",
                               file=sys.stderr, flush=True)
                 return "end", None
-            target = max(n for _, n, _ in states)
-            if all(n == target for _, n, _ in states):
+            target = max(n for _, n in states)
+            if all(n == target for _, n in states):
                 return state
             if state[1] < target:           # behind (Discard policy): drop this step, take the next
                 self._stream.end_step()
@@ -529,7 +323,7 @@ class _AdiosSource(_Source):
         except SourceInputError:
             raise
         except Exception as e:
-            raise SourceInputError(f"{self.name}: attribute {name} cannot be read ({_first_line(e)})") from None
+            raise SourceInputError(f"{self.name}: attribute {name} cannot be read ({adios_message(e)})") from None
 
     def _shape_of(self, var: str, available: dict, number: int) -> tuple[int, ...]:
         if var not in available:
@@ -562,7 +356,7 @@ class _AdiosSource(_Source):
             fields = {self.color_var: s.read(self.color_var, start, count)} if self.color_var else {}
         except Exception as e:
             raise SourceInputError(f"{self.name}: reading {self.var!r} at step {number} failed "
-                                   f"({_first_line(e)})") from None
+                                   f"({adios_message(e)})") from None
         t = float(s.read("time")) if "time" in available and available["time"].get("SingleValue") == "true" \
             else float(number)
         block = Block(data, ext.start, gshape, ext.owned_lo, ext.owned_hi,
@@ -636,11 +430,10 @@ class BPSource(_AdiosSource):
         except SourceError as e:
             error = e
         if comm is not None and comm.Get_size() > 1:
-            msgs = comm.allgather((None if error is None else str(error), self.numbers))
-            if error is None and any(m for m, _ in msgs):
-                r = next(i for i, (m, _) in enumerate(msgs) if m)
-                raise SourceInputError(msgs[r][0])
-            self.numbers = msgs[0][1]
+            bad = first_error(agree_errors(comm, None if error is None else str(error)))
+            if error is None and bad is not None:
+                raise SourceInputError(bad[1])
+            self.numbers = comm.bcast(self.numbers, root=0)
         if error is not None:
             raise error
         super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
@@ -654,7 +447,7 @@ class BPSource(_AdiosSource):
 
     def _step_error(self, e: Exception) -> SourceError:
         return SourceInputError(f"{self.name}: truncated or corrupt BP file: reading the next step failed "
-                                f"{self._after()} ({_first_line(e)})")
+                                f"{self._after()} ({adios_message(e)})")
 
     def _check_step_data(self, stream) -> None:
         """The step's data must be in the file (a truncated last step would hang ADIOS2)."""
@@ -679,8 +472,8 @@ class BPSource(_AdiosSource):
         corrupt = f"{self.name}: truncated or corrupt BP5 file"
         for w, nbytes in need.items():
             if w < len(self._index.subfile):
-                _need(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
-                      corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
+                need_bytes(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
+                           corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
 
 
 def _adios_dtype(name: str):
@@ -720,11 +513,11 @@ class SSTSource(_AdiosSource):
         if contact.exists() and waited < self.timeout_s:
             return SourceError(f"{self.name}: the writer's contact file {contact} exists but its writer does not "
                                f"answer (it died without closing the stream; remove the stale file) "
-                               f"({_first_line(e)})")
+                               f"({adios_message(e)})")
         if not contact.exists():
             return SourceError(f"{self.name}: no SST writer appeared within {self.timeout_s:g} s "
                                f"(no contact file {contact}; is the simulation running, in this directory?)")
-        return SourceError(f"{self.name}: cannot connect to the SST writer ({_first_line(e)})")
+        return SourceError(f"{self.name}: cannot connect to the SST writer ({adios_message(e)})")
 
 
 _KINDS = {"array": "array", "raw": "raw", "bp": "bp", "replay": "bp", "sst": "sst", "stream": "sst"}

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-class InputError(ValueError):
-    """The field or file given as input cannot be used; the message says why."""
+from .errors import InputError
 
 
 @dataclass

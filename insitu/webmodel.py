@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .export import _check_gaussians, _np32, atomic_path
-from .gaussians import Gaussians
+from .files import atomic_write
+from .gaussians import Gaussians, check_gaussians, numpy32
 
 SPZ_MAGIC = 0x5053474E          # "NGSP"
 SPZ_VERSION = 3
@@ -51,22 +50,22 @@ def fractional_bits(means: np.ndarray) -> int:
 
 def encode_spz(gaussians: Gaussians) -> bytes:
     """``gaussians`` (pre-activation, as stored) -> the bytes of a ``.spz`` file (version 3)."""
-    n = _check_gaussians(gaussians)
+    n = check_gaussians(gaussians)
     g = gaussians
     degree = g.sh_degree
     if degree > 3:
         raise ValueError(f"spz holds SH degrees 0 to 3, got {degree}")
-    means = _np32(g.means).astype(np.float64)
+    means = numpy32(g.means).astype(np.float64)
     bits = fractional_bits(means)
     fixed = np.clip(np.rint(means * (1 << bits)), -(2**23 - 1), 2**23 - 1).astype("<i4")
     positions = fixed.view(np.uint8).reshape(n, 3, 4)[:, :, :3]          # little-endian low 3 bytes
-    alphas = _u8(255.0 / (1.0 + np.exp(-_np32(g.opacity_logits).astype(np.float64))))
-    colors = _u8((_np32(g.sh0)[:, 0, :] * _COLOR_SCALE + 0.5) * 255.0)
-    scales = _u8((_np32(g.log_scales) + 10.0) * 16.0)
-    q = _np32(g.quats).astype(np.float64)
+    alphas = _u8(255.0 / (1.0 + np.exp(-numpy32(g.opacity_logits).astype(np.float64))))
+    colors = _u8((numpy32(g.sh0)[:, 0, :] * _COLOR_SCALE + 0.5) * 255.0)
+    scales = _u8((numpy32(g.log_scales) + 10.0) * 16.0)
+    q = numpy32(g.quats).astype(np.float64)
     q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
     rotations = _pack_quats(q[:, [1, 2, 3, 0]])
-    sh = _u8(_np32(g.shN) * 128.0 + 128.0).reshape(n, -1)
+    sh = _u8(numpy32(g.shN) * 128.0 + 128.0).reshape(n, -1)
     header = struct.pack("<IIIBBBB", SPZ_MAGIC, SPZ_VERSION, n, degree, bits, 0, 0)
     body = b"".join(np.ascontiguousarray(a).tobytes() for a in (positions, alphas, colors, scales, rotations, sh))
     return gzip.compress(header + body, compresslevel=6, mtime=0)
@@ -102,14 +101,7 @@ def _unpack_quats(comp: np.ndarray) -> np.ndarray:
 
 def write_spz(path: str | Path, gaussians: Gaussians) -> Path:
     """Write ``gaussians`` as a ``.spz`` file, atomically; returns the path."""
-    data = encode_spz(gaussians)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    return path
+    return atomic_write(path, encode_spz(gaussians))
 
 
 def read_spz(path: str | Path) -> Gaussians:

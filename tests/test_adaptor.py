@@ -156,7 +156,7 @@ def test_a_rank_that_stops_calling_execute_does_not_hang_the_others(misuse_cases
 @pytest.mark.mpi
 def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_cases):
     """The real pipeline in the background: step 0 uniform (a usual initial condition), then a sphere."""
-    from insitu.export import read_csv
+    from insitu.files import read_csv
 
     r0, r1 = misuse_cases["bad_step_then_good"]
     for r in (r0, r1):
@@ -204,7 +204,7 @@ def test_bad_config_on_one_rank_raises_on_every_rank(error_cases):
 
 def test_invalid_config_values_fail_before_any_work():
     from insitu.adaptor import Adaptor
-    from insitu.config import ConfigError
+    from insitu.errors import ConfigError
 
     with pytest.raises(ConfigError, match="insitu.policy: expected one of block, discard, got 'newest'"):
         Adaptor(None, {"insitu": {"policy": "newest"}}, process=lambda *a, **k: None)
@@ -215,7 +215,7 @@ def test_invalid_config_values_fail_before_any_work():
 def test_single_process_sync_run_and_stats(tmp_path):
     """Without a launcher: one rank, sync mode, wrong shapes rejected with a clear message."""
     from insitu.adaptor import Adaptor
-    from insitu.volume import InputError
+    from insitu.errors import InputError
 
     seen = []
 
@@ -240,7 +240,7 @@ def test_single_process_sync_run_and_stats(tmp_path):
 @pytest.mark.mpi
 def test_pipeline_end_to_end_in_the_background(tmp_path):
     """The real pipeline behind the Adaptor: two steps of a growing sphere, 2 ranks, warm start."""
-    from insitu.export import read_ply
+    from insitu.ply import read_ply
 
     r0, r1 = run_cases("pipeline", tmp_path, timeout=300)["pipeline"]
     out = tmp_path / "pipeline" / "out"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitu.export import read_ply
+from insitu.ply import read_ply
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "gray_scott.py"

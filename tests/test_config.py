@@ -1,6 +1,7 @@
 import pytest
 
-from insitu.config import ConfigError, load_config, parse_override
+from insitu.config import load_config, parse_override
+from insitu.errors import ConfigError
 
 
 def test_defaults_are_valid():
@@ -49,3 +50,24 @@ def test_missing_file_and_bad_override(tmp_path):
     with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
         parse_override("iterations=5")
     assert parse_override("train.lr_means=1e-4") == ("train.lr_means", 1e-4)
+
+
+def test_every_declared_constraint_is_checked_under_its_own_key():
+    import dataclasses
+    import typing
+
+    from insitu.config import FRACTION, NON_NEGATIVE, POSITIVE, Config, from_dict
+
+    checked = 0
+    for section, cls in typing.get_type_hints(Config).items():
+        for f in dataclasses.fields(cls):
+            checks, choices = f.metadata.get("checks", ()), f.metadata.get("choices")
+            bad = ([("nope", "expected one of")] if choices else []) + \
+                  ([(-1, "expected a value > 0")] if POSITIVE in checks else []) + \
+                  ([(-1, "expected a value >= 0")] if NON_NEGATIVE in checks else []) + \
+                  ([(2, "expected a value in \\[0, 1\\]")] if FRACTION in checks else [])
+            for value, message in bad:
+                with pytest.raises(ConfigError, match=f"^{section}\\.{f.name}: {message}"):
+                    from_dict({section: {f.name: value}})
+                checked += 1
+    assert checked >= 40          # the constraints of the sections (renaming a field keeps its own)

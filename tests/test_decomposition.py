@@ -5,7 +5,7 @@ import torch
 
 from insitu.compositing import visibility_order
 from insitu.decomposition import block_extent, decompose, split_dims
-from insitu.volume import InputError
+from insitu.errors import InputError
 
 SHAPE = (12, 10, 8)          # samples (nx, ny, nz)
 

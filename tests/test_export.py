@@ -15,22 +15,10 @@ import yaml
 from PIL import Image
 
 from insitu.config import Config
-from insitu.export import (
-    StepWriter,
-    append_csv,
-    atomic_path,
-    atomic_write,
-    gather_gaussians,
-    ply_property_names,
-    read_csv,
-    read_ply,
-    side_by_side,
-    step_dir,
-    write_json,
-    write_ply,
-    write_png,
-    write_report,
-)
+from insitu.export import StepWriter, step_dir, write_report
+from insitu.files import append_csv, atomic_path, atomic_write, read_csv, side_by_side, write_json, write_png
+from insitu.gaussians import gather_gaussians
+from insitu.ply import ply_property_names, read_ply, write_ply
 from insitu.gaussians import Gaussians
 from conftest import plyfile_gaussians
 
@@ -365,7 +353,7 @@ GATHER_SCRIPT = textwrap.dedent(
     import sys, torch
     from mpi4py import MPI
     sys.path.insert(0, {root!r})
-    from insitu.export import gather_gaussians
+    from insitu.gaussians import gather_gaussians
     from insitu.gaussians import Gaussians
 
     def shard(rank, n, degree):

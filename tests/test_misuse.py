@@ -14,9 +14,11 @@ import adios2
 import numpy as np
 import pytest
 
-from insitu.config import ConfigError, check_memory, load_config, parse_override
-from insitu.export import read_csv
-from insitu.sources import BPSource, SourceInputError
+from insitu.config import check_memory, load_config, parse_override
+from insitu.errors import ConfigError
+from insitu.files import read_csv
+from insitu.sources import BPSource
+from insitu.errors import SourceInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -405,7 +407,7 @@ def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_fi
 
 def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):
     from insitu.adaptor import Adaptor
-    from insitu.volume import InputError
+    from insitu.errors import InputError
 
     seen = []
     u = np.zeros((4, 5, 6), np.float32)

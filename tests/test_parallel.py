@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from insitu.parallel import (RankFailure, RankInputFailure, init_comm, launcher_local_rank, node_local_rank,
-                             shutdown)
+from insitu.errors import RankFailure, RankInputFailure
+from insitu.parallel import init_comm, launcher_local_rank, node_local_rank, shutdown
 
 from conftest import run_mpi
 
@@ -115,7 +115,7 @@ def test_phase_failure_uncaught_ends_every_rank():
     out = run_mpi(2, "phase_worker.py", "uncaught", timeout=60)
     assert out.returncode != 0
     for r in range(2):
-        assert (f"[rank{r}]: insitu.parallel.RankFailure: phase 'seeds' failed on rank 1: "
+        assert (f"[rank{r}]: insitu.errors.RankFailure: phase 'seeds' failed on rank 1: "
                 "ValueError: no isosurface crossing in block") in out.stdout, out.stdout
 
 

@@ -14,11 +14,14 @@ import torch
 from conftest import SHARED_DATA
 from insitu.config import Config
 from insitu.decomposition import cut_block
-from insitu.export import StepWriter, read_csv, read_ply
+from insitu.export import StepWriter
+from insitu.files import read_csv
+from insitu.ply import read_ply
 from insitu.webmodel import read_spz
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import run_step
-from insitu.volume import InputError, downsample, read_raw, whole_block
+from insitu.volume import downsample, read_raw, whole_block
+from insitu.errors import InputError
 
 BONSAI = SHARED_DATA / "bonsai_256x256x256_uint8.raw"
 

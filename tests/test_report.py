@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.export import StepWriter, read_ply
+from insitu.export import StepWriter
+from insitu.ply import read_ply
 from insitu.gaussians import Gaussians
 from insitu.report import cameras_json, look_at_point, make_server, viewer_camera, write_report
 from insitu.views import look_at, orbit_views

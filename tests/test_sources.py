@@ -20,9 +20,8 @@ from mpi4py import MPI
 
 from insitu.config import Config, from_dict
 from insitu.decomposition import cut_block
-from insitu.sources import (ArraySource, BPSource, RawSource, SourceError, SourceInputError, SSTSource, Step,
-                            open_source)
-from insitu.volume import InputError
+from insitu.errors import InputError, SourceError, SourceInputError
+from insitu.sources import ArraySource, BPSource, RawSource, SSTSource, Step, open_source
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "gray_scott.py"

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from insitu.parallel import RankFailure, init_comm, shutdown
+from insitu.parallel import init_comm, shutdown
+from insitu.errors import RankFailure
 
 
 def expect(cond, what):

@@ -31,7 +31,8 @@ from mpi4py import MPI
 
 from insitu.config import Config
 from insitu.decomposition import cut_block
-from insitu.parallel import RankFailure, init_comm, shutdown
+from insitu.parallel import init_comm, shutdown
+from insitu.errors import RankFailure
 from insitu.pipeline import run_step
 
 

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from insitu.parallel import RankFailure, init_comm
+from insitu.parallel import init_comm
+from insitu.errors import RankFailure
 
 
 def main(mode):

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import torch
 
-import insitu.export as export
-from insitu.export import gather_gaussians, read_ply, write_ply, StepWriter
+import insitu.ply as ply
+from insitu.export import StepWriter
+from insitu.gaussians import gather_gaussians
+from insitu.ply import read_ply, write_ply
 from insitu.gaussians import Gaussians
-from insitu.parallel import RankFailure, init_comm, shutdown
+from insitu.parallel import init_comm, shutdown
+from insitu.errors import RankFailure
 
 
 def shard(rank, n, degree):
@@ -37,7 +40,7 @@ def main(out: Path):
     P, rank = comm.size, comm.rank
     cases = [(0, [7 + 3 * q for q in range(P)]), (3, [0] + [5] * (P - 1)), (1, [0] * P)]  # empty shards too
     for chunk in (1 << 26, 200):                          # one chunk per rank; many (offsets advance)
-        export._PLY_CHUNK_BYTES = chunk
+        ply._PLY_CHUNK_BYTES = chunk
         for degree, sizes in cases:
             name = f"d{degree}_c{chunk}"
             mine = shard(rank, sizes[rank], degree)
@@ -52,7 +55,7 @@ def main(out: Path):
                                                       for k in merged.names()):
                     fail(f"{name}: read back differs")
             comm.mpi.Barrier()
-    export._PLY_CHUNK_BYTES = 1 << 26
+    ply._PLY_CHUNK_BYTES = 1 << 26
 
     # rank 0 holds 10 Gaussians, the others 20000 each (4.7 MB of records each): rank 0's
     # allocations while writing stay far below the others' shards

@@ -1,0 +1,58 @@
+"""The kinds of error the package raises, in one place (so no stage imports another for an exception).
+
+- ``InputError``: the field, file or stream given as input cannot be used (a ``ValueError``;
+  command lines report it as bad input, exit code 2).
+- ``ConfigError``: a configuration value is unknown, of the wrong type or out of range (a ``ValueError``).
+- ``SourceError`` / ``SourceInputError``: a timestep source failed / its content cannot be used.
+- ``RankFailure`` / ``RankInputFailure``: raised on every rank when one or more ranks failed
+  (on bad input only, for the latter); ``AgreementTimeout``: the other ranks did not join a
+  cross-rank decision in time.
+- ``InsituError``: an in situ step failed on at least one rank (raised by the Adaptor on every rank).
+"""
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """The field or file given as input cannot be used; the message says why."""
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or out of range."""
+
+
+class SourceError(InputError, RuntimeError):
+    """A timestep source failed: the stream ended unexpectedly, no step arrived in time,
+    or the input cannot be used. An ``InputError`` (so command lines report it as bad
+    input, with its message) and a ``RuntimeError``."""
+
+
+class SourceInputError(SourceError):
+    """The file or stream content cannot be used (missing, not 3D, truncated, corrupt)."""
+
+
+class RankFailure(RuntimeError):
+    """Raised on every rank when one or more ranks failed.
+
+    ranks:    the ranks that failed, in increasing order.
+    messages: their messages, in the same order.
+    """
+
+    def __init__(self, text: str, ranks: list[int], messages: list[str]):
+        super().__init__(text)
+        self.ranks = ranks
+        self.messages = messages
+
+
+class RankInputFailure(RankFailure, InputError):
+    """A :class:`RankFailure` in which every failing rank failed on bad input (an InputError)."""
+
+
+class AgreementTimeout(RuntimeError):
+    """The other ranks did not join a cross-rank decision in time (a rank skipped a call, hangs or died).
+
+    The communicator it was raised on is left with a pending operation: do not use it again.
+    """
+
+
+class InsituError(RuntimeError):
+    """A step failed on at least one rank; raised with the same message on every rank."""

@@ -1,0 +1,36 @@
+"""Progress display: a bar on a terminal, a plain line every tenth of the work in a log."""
+from __future__ import annotations
+
+import sys
+import time as _time
+
+
+class LogProgress:
+    """Progress for logs (stderr is not a terminal): one plain line every tenth of the work."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done, self.info, self.t0 = total, desc, 0, {}, _time.perf_counter()
+        self.next = max(total // 10, 1)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.done >= self.next or self.done == self.total:
+            extra = "".join(f", {k} {v}" for k, v in self.info.items())
+            print(f"{self.desc}: {self.done}/{self.total}{extra} ({_time.perf_counter() - self.t0:.1f} s)",
+                  file=sys.stderr, flush=True)
+            self.next = self.done + max(self.total // 10, 1)
+
+    def set_postfix(self, **info) -> None:
+        self.info = info
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A progress bar on a terminal, plain lines in a log, nothing when disabled."""
+    from tqdm.auto import tqdm
+
+    if enabled and not sys.stderr.isatty():
+        return LogProgress(total, desc)
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)

@@ -1,0 +1,43 @@
+"""The one step driver behind ``insitu run/replay/stream`` and the Adaptor: its warm-start rule."""
+from insitu.config import from_dict
+from insitu.driver import StepDriver
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, block, cfg, comm, *, step, time, writer, warm, iterations):
+        self.calls.append((step, warm, iterations, writer))
+        return f"result {step}"
+
+
+def driver(**insitu):
+    cfg = from_dict({"train": {"iterations": 20}, "insitu": {"warm_iterations": 7, **insitu}})
+    process = Recorder()
+    return StepDriver(cfg, comm=None, writer="w", process=process), process
+
+
+def test_warm_start_follows_the_recorded_step_and_is_bounded_by_train_iterations():
+    d, p = driver()
+    d.trained(d.train(None, step=0, time=0.0))
+    d.trained(d.train(None, step=1, time=1.0))
+    d.train(None, step=2, time=2.0)                  # not recorded (it failed on a rank): no warm start from it
+    d.train(None, step=3, time=3.0)
+    assert p.calls == [(0, None, None, "w"), (1, "result 0", 7, "w"), (2, "result 1", 7, "w"), (3, "result 1", 7, "w")]
+    d, p = driver(warm_iterations=50)
+    d.trained(d.train(None, step=0, time=0.0))
+    d.train(None, step=1, time=0.0)
+    assert p.calls[1][1:3] == ("result 0", 20)
+
+
+def test_forget_and_warm_start_off_start_cold():
+    d, p = driver()
+    d.trained(d.train(None, step=0, time=0.0))
+    d.forget()
+    d.train(None, step=1, time=0.0)
+    assert p.calls[1][1:3] == (None, None)
+    d, p = driver(warm_start=False)
+    d.trained(d.train(None, step=0, time=0.0))
+    d.train(None, step=1, time=0.0)
+    assert p.calls[1][1:3] == (None, None)
