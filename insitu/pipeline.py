@@ -35,11 +35,21 @@ class StepResult:
     gaussians: this rank's trained shard (on the training device).
     metrics:   the step's figures (same on every rank).
     sh_degree: the SH degree training had reached (a warm start goes on from it).
+    step, time: the simulation's step number and time.
+    model:     the merged model on rank 0 (``output.ply_metrics``), else None: for the web copy.
+    images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
+    cameras:   the step's views (for the report's viewer).
+    :func:`write_step` writes the outputs and then drops ``model`` and ``images``.
     """
 
     gaussians: Gaussians
     metrics: dict = field(default_factory=dict)
     sh_degree: int = 0
+    step: int = 0
+    time: float = 0.0
+    model: Gaussians | None = None
+    images: list = field(default_factory=list)
+    cameras: Views | None = None
 
 
 @dataclass
@@ -244,7 +254,29 @@ def target_reached(q, tc) -> bool:
 
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
              warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
+    """:func:`compute_step`, then :func:`write_step` with ``writer`` (when given); collective over ``comm``."""
+    result = compute_step(block, cfg, comm, step=step, time=time, warm=warm, iterations=iterations)
+    if writer is not None:
+        write_step(result, writer, cfg, comm)
+    return result
+
+
+def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
+    """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
+    offset in one file, then rank 0 the rest of the step (:class:`insitu.export.StepWriter`)."""
+    t_write = _time.perf_counter()
+    writer.write_model(result.step, result.gaussians, comm)
+    result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
+    with comm.phase("export"):                  # a failed write (disk full...) ends every rank
+        if comm.rank == 0:
+            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras)
+    result.model, result.images = None, []      # written: a warm start needs only the shard
+
+
+def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
+                 warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
     """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``.
+    Writes nothing: the outputs travel in the result (:func:`write_step`).
 
     warm: the previous step's result on this rank: its shard, refit to this step's surface, is
           trained on from the SH degree it had reached, instead of fresh seeds.
@@ -359,13 +391,7 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     if device.type == "cuda":
         metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
                                                            op=MPI.MAX)
-    if writer is not None:
-        t_write = _time.perf_counter()
-        writer.write_model(step, gaussians, comm)   # every rank its shard, at its offset in one file
-        metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
-        with comm.phase("export"):                  # a failed write (disk full...) ends every rank
-            if comm.rank == 0:
-                writer.write(step, merged, images, metrics, cfg, cameras=scene.views.to("cpu"))
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
-    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained)
+    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
+                      model=merged, images=images, cameras=scene.views.to("cpu"))
 

@@ -19,7 +19,7 @@ from insitu.files import read_csv
 from insitu.ply import read_ply
 from insitu.webmodel import read_spz
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import run_step
+from insitu.pipeline import compute_step, run_step, write_step
 from insitu.volume import downsample, read_raw, whole_block
 from insitu.errors import InputError
 
@@ -84,6 +84,20 @@ def test_bonsai_training_gains_6_db_over_the_initial_model(comm):
 
 
 # ------------------------------------------------------------------------------------------ outputs
+
+def test_compute_step_writes_nothing_and_write_step_writes_its_result(comm, tmp_path):
+    result = compute_step(whole_block(sphere_field()), tiny_config(), comm, step=4, time=2.0)
+    assert list(tmp_path.iterdir()) == []
+    assert len(result.model) == len(result.gaussians) and len(result.images) == 2 and result.cameras is not None
+    write_step(result, StepWriter(tmp_path / "out"), tiny_config(), comm)
+    d = tmp_path / "out" / "step_000004"
+    assert sorted(p.name for p in d.iterdir()) == ["cameras.json", "config.yaml", "metrics.json", "model.ply",
+                                                  "model.spz", "views"]
+    assert len(read_ply(d / "model.ply")) == len(result.gaussians)
+    assert json.loads((d / "metrics.json").read_text())["time"] == 2.0
+    assert result.model is None and result.images == []          # written: only the shard stays
+
+
 
 def test_run_step_writes_every_output(comm, tmp_path):
     cfg = tiny_config()
