@@ -297,13 +297,14 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
     if size == 1:
         if rows != (0, height):
             raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
-        ext, spare = torch.cat([pred, gt], dim=-1), None
+        x, y, spare = pred, gt, None                # the whole image: no rows to join, nothing to copy
     else:
         ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
+        x, y = ext[..., :3], ext[..., 3:]
         spare = 0.0 * received.sum()                # this rank's backward always reaches the exchange
     windows = B * (height - 2 * HALF) * (W - 2 * HALF)
-    if ext.shape[1] >= KERNEL:                      # the windows centred on this band's rows
-        m = ssim_map(ext[..., :3], ext[..., 3:])
+    if x.shape[1] >= KERNEL:                        # the windows centred on this band's rows
+        m = ssim_map(x, y)
         dssim = (m.numel() - m.sum()) / windows
     else:
         dssim = pred.new_zeros(())
