@@ -31,19 +31,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(cmd: list[str], log: Path, timeout: float) -> tuple[int, str, float]:
-    """Run ``cmd`` with its output in ``log``; returns (exit code, output, seconds)."""
+    """Run ``cmd`` with its output streamed into ``log`` (what a killed run printed stays there);
+    returns (exit code, output, seconds)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                              timeout=timeout, cwd=ROOT)
-        code, out = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as e:
-        code, out = 124, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    with open(log, "w") as f:
+        f.write(" ".join(map(shlex.quote, cmd)) + "\n")
+        f.flush()
+        try:
+            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout,
+                                  cwd=ROOT).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
     seconds = time.perf_counter() - t
-    log.write_text(" ".join(map(shlex.quote, cmd)) + "\n" + out)
     print(f"[{seconds:6.1f} s, exit {code}] {log.name}", flush=True)
-    return code, out, seconds
+    return code, log.read_text(), seconds
 
 
 def step_json(out: str) -> dict | None:
@@ -58,12 +60,13 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=100_000_000)
     ap.add_argument("--resolution", type=int, default=2048)
     ap.add_argument("--views", type=int, default=40, help="orbit views; every 8th held out")
-    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--sh-degree", type=int, default=3)
     ap.add_argument("--mpirun", default="mpirun --allow-run-as-root --bind-to none",
                     help="launcher command (add -x VAR as your MPI needs)")
     ap.add_argument("--out", default="gpu_out/big100")
     ap.add_argument("--model-dir", default="/tmp/big100", help="where `insitu run` writes (model.ply is large)")
+    ap.add_argument("--run-timeout", type=float, default=360)
     ap.add_argument("--skip", nargs="*", default=[], choices=["run", "project", "halve"])
     args = ap.parse_args()
     out = Path(args.out)
@@ -71,6 +74,9 @@ def main() -> None:
     mpirun = shlex.split(args.mpirun)
     summary: dict = {"data": args.data, "budget": args.budget, "resolution": args.resolution,
                      "views": args.views, "iterations": args.iterations, "sh_degree": args.sh_degree}
+
+    def save() -> None:             # after every stage: a run cut at its limit keeps what it measured
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     if "run" not in args.skip:
         cmd = mpirun + ["-n", "2", sys.executable, "-m", "insitu", "run", args.data, "--iso", str(args.iso),
@@ -80,8 +86,8 @@ def main() -> None:
                         "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
                         "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}", "--set", "output.images=2",
                         "--set", "output.ply_metrics=false",
-                        "--quiet", "--out", args.model_dir]
-        code, _, seconds = run(cmd, out / "run_2gpu.log", timeout=420)
+                        "--out", args.model_dir]          # progress bars in the log: how far a cut run got
+        code, _, seconds = run(cmd, out / "run_2gpu.log", timeout=args.run_timeout)
         metrics_path = Path(args.model_dir) / "step_000000" / "metrics.json"
         if code == 0 and metrics_path.exists():
             m = json.loads(metrics_path.read_text())
@@ -96,6 +102,7 @@ def main() -> None:
                 "model_ply_bytes": ply.stat().st_size if ply.exists() else None, "wall_seconds": round(seconds, 1)}
         else:
             summary["two_gpus"] = {"failed": f"exit {code}; see {out / 'run_2gpu.log'}"}
+        save()
 
     step = [sys.executable, "benchmarks/bench_step.py", "--data", args.data, "--iso", str(args.iso),
             "--resolution", str(args.resolution), "--views", "8", "--steps", "10", "--warmup", "3",
@@ -114,6 +121,7 @@ def main() -> None:
             total = summary.get("two_gpus", {}).get("gaussians") or args.budget
             summary["one_gpu_projected_peak_gb"] = round(p0 + slope * (total - n0), 1)
             summary["projection"] = f"linear through the two 1-GPU points: {p0:.2f} GB + {slope * 1e6:.4f} GB per 1M Gaussians"
+        save()
     if "halve" not in args.skip:
         n = args.budget // 4
         code, text, _ = run(mpirun + ["-n", "2"] + step + ["--budget", str(n)], out / f"step_2gpu_{n}.log", 200)
@@ -122,7 +130,7 @@ def main() -> None:
             one = [p for g, p, _ in points if abs(g - r["gaussians"]) < 0.01 * g]
             summary["same_model_2gpu"] = {"gaussians": r["gaussians"], "peak_gpu_gb_per_rank": r["peak_gpu_gb_per_rank"],
                                           "step_ms": r["step_ms_median"], "peak_gpu_gb_1gpu": one[0] if one else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    save()
     print(json.dumps(summary, indent=2))
 
 

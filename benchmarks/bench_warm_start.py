@@ -1,20 +1,25 @@
-"""Warm start against cold start on a Gray-Scott step, with the demo's settings (CPU, one rank).
+"""Warm start against cold start on a Gray-Scott step (one rank; the demo's settings for the device).
 
-The simulation (L cells, the demo's parameters) runs to step 600; the step ``600 - gap`` is
-trained from fresh seeds, then step 600 is trained for ``--iterations`` from fresh seeds (cold)
-and from the previous model refit by ``pipeline.warm_shard`` with each ``--near`` (in cells).
-Prints how much of the field changed side of the iso value, and held-out PSNR / SSIM and
-the number of Gaussians for each start.
+The simulation (``--L`` cells, the demo's parameters, no noise) runs to step ``--step``; step
+``step - gap`` is trained from fresh seeds (the previous step), then step ``step`` is trained
 
-    python benchmarks/bench_warm_start.py --gap 30 300 --near 1 2 --seeds 0 1
+- cold: from fresh seeds for ``--iterations`` iterations: its held-out PSNR is the target;
+- warm: from the previous step's model (``pipeline.warm_shard``), evaluated every
+  ``--eval-every`` iterations, stopping at the first evaluation that reaches the cold PSNR.
+
+Prints, per gap, how much of the field changed side of the iso value, and one JSON line with
+the cold and warm figures: PSNR, training seconds, total seconds of the step, the iteration at
+which the warm start reached the target, and ``warm_over_cold`` (training seconds).
+
+    python benchmarks/bench_warm_start.py --L 128 --step 480 --gap 10 80 --device cuda
 """
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
+import json
 import sys
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -23,60 +28,63 @@ import numpy as np  # noqa: E402
 
 from insitu import pipeline  # noqa: E402
 from insitu.config import load_config  # noqa: E402
-from insitu.demo import DEMO_DEFAULTS  # noqa: E402
+from insitu.demo import demo_defaults  # noqa: E402
 from insitu.parallel import init_comm  # noqa: E402
 from insitu.sources import ArraySource  # noqa: E402
 from sims import gray_scott  # noqa: E402
 
 
-def fields_at(L: int, gap: int, comm) -> dict[int, dict]:
-    """U and V at steps 600 - gap and 600."""
+def fields_at(L: int, steps: list[int], last: int, comm) -> dict[int, dict]:
+    """U and V at the given simulation steps."""
     kept = {}
 
     def consumer(step, t, fields, global_shape, start):
-        if step in (600 - gap, 600):
+        if step in steps:
             kept[step] = {k: v.copy() for k, v in fields.items()}
 
-    gray_scott.run(gray_scott.GrayScottSettings(L=L, steps=600, plotgap=gap, engine="none").validate(), comm.mpi,
-                   consumer=consumer)
+    gap = int(np.gcd.reduce([last] + steps))
+    gray_scott.run(gray_scott.GrayScottSettings(L=L, steps=last, plotgap=gap, engine="none", noise=0.0).validate(),
+                   comm.mpi, consumer=consumer)
     return kept
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--L", type=int, default=32)
-    ap.add_argument("--gap", type=int, nargs="+", default=[30, 300], help="simulation steps between the two")
-    ap.add_argument("--near", type=float, nargs="+", default=[1.0, 2.0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--iterations", type=int, default=300, help="iterations on step 600")
+    ap.add_argument("--step", type=int, default=600)
+    ap.add_argument("--gap", type=int, nargs="+", default=[30])
+    ap.add_argument("--iterations", type=int, default=None, help="cold iterations (default: the demo's)")
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    if any(g < 1 or 600 % g for g in args.gap):
-        ap.error(f"--gap: expected divisors of 600, got {args.gap}")
-    comm = init_comm(device="cpu")
-    print("seed  gap  start          PSNR   SSIM    Gaussians")
-    for seed in args.seeds:
-        cfg = load_config(None, {"train.progress": False, "train.seed": seed, "parallel.device": "cpu"},
-                          defaults=DEMO_DEFAULTS)
-        for gap in args.gap:
-            fields = fields_at(args.L, gap, comm)
-            iso = cfg.input.iso[0]
-            moved = np.mean((fields[600 - gap]["V"] > iso) != (fields[600]["V"] > iso))
-            print(f"# gap {gap}: {100 * moved:.1f}% of the samples changed side of V = {iso}", flush=True)
+    if any(not 0 < g < args.step for g in args.gap):
+        ap.error(f"--gap: expected values in 1..{args.step - 1}, got {args.gap}")
+    comm = init_comm(device=args.device)
+    cfg = load_config(None, {"train.progress": False, "parallel.device": args.device},
+                      defaults=demo_defaults(comm.device.type == "cuda"))
+    iterations = args.iterations or cfg.train.iterations
+    fields = fields_at(args.L, [args.step - g for g in args.gap] + [args.step], args.step, comm)
+    iso = cfg.input.iso[0]
 
-            def block(step):
-                f = fields[step]
-                return next(iter(ArraySource(f["V"], fields={"U": f["U"]}, step=step))).block
+    def block(step):
+        f = fields[step]
+        return next(iter(ArraySource(f["V"], fields={"U": f["U"]}, step=step))).block
 
-            previous = pipeline.run_step(block(600 - gap), cfg, comm, step=600 - gap)
-            runs = [("cold", None)] + [(f"warm near {n:g}", n) for n in args.near]
-            for name, near in runs:
-                refit = functools.partial(pipeline.warm_shard, near=near or 1.0)
-                with mock.patch.object(pipeline, "warm_shard", refit):     # run_step's refit, at this near
-                    r = pipeline.run_step(block(600), cfg, comm, step=600, iterations=args.iterations,
-                                          warm=previous if near is not None else None)
-                m = r.metrics
-                print(f"{seed:4d} {gap:4d}  {name:13s} {m['psnr']:6.2f} {m['ssim']:.4f} {m['gaussians']:9d}",
-                      flush=True)
+    cold = pipeline.run_step(block(args.step), cfg, comm, step=args.step, iterations=iterations).metrics
+    for gap in args.gap:
+        before = args.step - gap
+        moved = float(np.mean((fields[before]["V"] > iso) != (fields[args.step]["V"] > iso)))
+        previous = pipeline.run_step(block(before), cfg, comm, step=before, iterations=iterations)
+        to_target = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, psnr_target=cold["psnr"],
+                                                                       eval_every=args.eval_every))
+        warm = pipeline.run_step(block(args.step), to_target, comm, step=args.step, iterations=iterations,
+                                 warm=previous).metrics
+        pick = lambda m: {k: m.get(k) for k in ("psnr", "ssim", "iterations", "target_reached_at",  # noqa: E731
+                                                "train_seconds", "total_seconds", "gaussians")}
+        print(json.dumps({"L": args.L, "step": args.step, "gap": gap, "device": str(comm.device),
+                          "changed_side_fraction": round(moved, 4), "cold": pick(cold), "warm": pick(warm),
+                          "warm_over_cold": round(warm["train_seconds"] / cold["train_seconds"], 3)}), flush=True)
+
 
 if __name__ == "__main__":
     main()

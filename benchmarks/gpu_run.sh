@@ -16,9 +16,14 @@
 #   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, 18M seeds, step vs bare
 #           rasterization, bonsai 1024^2 to PSNR 30 / SSIM 0.97 on 1 and 2 GPUs (`protocol recipe const1
 #           summary` is the whole protocol)
+#   proto1/proto2  the protocol's `insitu run` at 1024^2 alone, on 1 / 2 GPUs
 #   const1  the 1-GPU protocol run with constant initial colours (seeds.color_init=constant)
+#   alpha1  the 1-GPU protocol run with the alpha term (train.alpha_weight=0.1)
+#   batch2  the 2-GPU protocol run with 2 views per step (evaluations every 250 steps: the same images)
+#   loop    where an iteration's time goes at 1024^2, 1 GPU (benchmarks/bench_loop.py)
+#   warm    warm against cold start, Gray-Scott L=128, 1 GPU (benchmarks/bench_warm_start.py)
 #   summary benchmarks/speed_protocol.py: the figures of the stages above into benchmarks/results/speed_protocol.json
-#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 200 iterations, memory, s/iteration, parallel
+#   big100  ~100M Gaussians at 2048^2 on 2 GPUs (PSNR after 100 iterations, memory, s/iteration, parallel
 #           model.ply) and the 1-GPU memory projection (benchmarks/bench_big.py); volume $BIG_DATA (default
 #           the bonsai), iso $BIG_ISO, budget $BIG_BUDGET
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
@@ -34,6 +39,12 @@ figures() {   # the composite's and the viewer's figures of a metrics.json
 }
 PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
        --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
+proto() {      # proto NAME P [ARGS...]: PROTO on P GPUs, metrics.json as $OUT/proto_NAME_metrics.json
+  local name=$1 n=$2; shift 2
+  rm -rf /tmp/$name; timeout 240 $MPIRUN -n $n python -m insitu run "$BONSAI" $PROTO "$@" --out /tmp/$name \
+    > "$OUT/proto_$name.log" 2>&1; tail -n 2 "$OUT/proto_$name.log"
+  cp /tmp/$name/step_000000/metrics.json "$OUT/proto_${name}_metrics.json"; figures "$OUT/proto_${name}_metrics.json"
+}
 for stage in "$@"; do
   echo "== $stage $(date -u +%FT%TZ)"
   case $stage in
@@ -72,7 +83,7 @@ for stage in "$@"; do
                 --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \
                 2>&1 | tee -a "$OUT/step8.log" | tail -n 1
             done ;;
-    big100) timeout 590 python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
+    big100) timeout ${BIG_TIMEOUT:-590} python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
               --budget "${BIG_BUDGET:-100000000}" --mpirun "$MPIRUN" --out "$OUT/big100" > "$OUT/big100.log" 2>&1
             tail -n 40 "$OUT/big100.log" ;;
     netemu) for env in "NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
@@ -96,7 +107,7 @@ for stage in "$@"; do
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 2>&1 | tee "$OUT/kernels_step.log" | tail -n 1 ;;
     recipe) CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_recipe.py --data "$BONSAI" --iso 40 \
-              --resolution 1024 --views 448 --budget 500000 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
+              --resolution 1024 --views 448 --budget 500000 --eval-every 500 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
             tail -c 400 "$OUT/proto_recipe.json" ;;
     protocol)
             for n in 1 2; do
@@ -108,14 +119,16 @@ for stage in "$@"; do
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 > "$OUT/proto_step1.json" 2> "$OUT/proto_step1.log"
             cat "$OUT/proto_step1.json"
-            for n in 1 2; do
-              rm -rf /tmp/proto$n; timeout 240 $MPIRUN -n $n python -m insitu run "$BONSAI" $PROTO --out /tmp/proto$n \
-                > "$OUT/proto_train$n.log" 2>&1; tail -n 2 "$OUT/proto_train$n.log"
-              cp /tmp/proto$n/step_000000/metrics.json "$OUT/proto_train${n}_metrics.json"
-            done ;;
-    const1) rm -rf /tmp/const1; CUDA_VISIBLE_DEVICES=0 timeout 240 python -m insitu run "$BONSAI" $PROTO \
-              --set seeds.color_init=constant --out /tmp/const1 > "$OUT/proto_const1.log" 2>&1
-            tail -n 2 "$OUT/proto_const1.log"; cp /tmp/const1/step_000000/metrics.json "$OUT/proto_const1_metrics.json" ;;
+            proto train1 1; proto train2 2 ;;
+    proto1) proto train1 1 ;;
+    proto2) proto train2 2 ;;
+    const1) proto const1 1 --set seeds.color_init=constant ;;
+    alpha1) proto alpha1 1 --set train.alpha_weight=0.1 ;;
+    batch2) proto batch2 2 --batch 2 --set train.eval_every=250 ;;
+    loop)   CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_loop.py --data "$BONSAI" > "$OUT/loop.json" \
+              2> "$OUT/loop.log"; cat "$OUT/loop.json" ;;
+    warm)   CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_warm_start.py --L 128 --step 480 --gap 20 80 \
+              --eval-every 100 --device cuda > "$OUT/warm.json" 2> "$OUT/warm.log"; cat "$OUT/warm.json" ;;
     summary) python benchmarks/speed_protocol.py --dir "$OUT" --out benchmarks/results/speed_protocol.json \
               > "$OUT/speed_protocol.json"; cat "$OUT/speed_protocol.json" ;;
     *) echo "unknown stage $stage" ;;

@@ -88,6 +88,7 @@ class TrainConfig:
     lr_shN: float = constrained(1.25e-4, POSITIVE)
     ssim_weight: float = constrained(0.2, FRACTION)
     random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
+    alpha_weight: float = constrained(0.0, NON_NEGATIVE)  # weight of an L1 term on alpha against the GT's alpha
     densify_from: int = constrained(500, NON_NEGATIVE)
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)

@@ -8,6 +8,7 @@ every rank ends with the same clear error instead of waiting in a collective.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,35 @@ class Scene:
         rgba = self.gt[ids].float()
         bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
         return rgba[..., :3] + (1 - rgba[..., 3:]) * bg
+
+
+def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless training batches ``(ids [B], background [B, 3] or [3])`` on the device: the training
+    views shuffled per epoch (an epoch's last partial batch is dropped), a random background per
+    view when ``tc.random_background`` (else the evaluation's). Drawn one epoch at a time, from
+    generators seeded by ``tc.seed``: the same on every rank, no host-device copy per iteration."""
+    train_ids = scene.views.train_ids
+    generator = torch.Generator().manual_seed(tc.seed)
+    bg_generator = torch.Generator().manual_seed(tc.seed + 1)
+    if len(train_ids) == 0:
+        raise InputError("no training views: views.count and views.test_every leave every view held out")
+    B = min(tc.batch, len(train_ids))
+    while True:
+        perm = torch.randperm(len(train_ids), generator=generator).to(train_ids.device)
+        epoch = train_ids[perm]
+        bgs = torch.rand(len(epoch), 3, generator=bg_generator).to(train_ids.device) if tc.random_background else None
+        for i in range(0, len(epoch) - B + 1, B):
+            yield epoch[i:i + B], (bgs[i:i + B] if bgs is not None else scene.background)
+
+
+def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg: Config, comm) -> Tensor:
+    """One optimiser step on views ``ids`` against ``bg`` ([B, 3] or [3]); collective. Returns this rank's loss."""
+    render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
+                                    sh_degree=trainer.sh_degree, backend=cfg.train.backend,
+                                    transfer=cfg.parallel.transfer)
+    gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
+    return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
+                        gt_alpha=gt_alpha)
 
 
 def global_range(comm, array: np.ndarray) -> tuple[float, float]:
@@ -333,24 +363,13 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_gt = _time.perf_counter()
-    train_ids = scene.views.train_ids
-    generator = torch.Generator().manual_seed(tc.seed)
-    bg_generator = torch.Generator().manual_seed(tc.seed + 1)     # the same backgrounds on every rank
     q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
-    perm, bar = torch.empty(0, dtype=torch.long), progress_bar(iters, f"step {step} train", show)
+    bar = progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None
-    for it in range(iters):
-        if len(perm) < tc.batch:
-            perm = train_ids[torch.randperm(len(train_ids), generator=generator)].cpu()
-        ids, perm = perm[:tc.batch].to(device), perm[tc.batch:]
-        bg = (torch.rand(len(ids), 3, generator=bg_generator).to(device) if tc.random_background
-              else scene.background)
-        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
-                                        sh_degree=trainer.sh_degree, backend=tc.backend,
-                                        transfer=cfg.parallel.transfer)
-        loss = trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm)
+    for it, (ids, bg) in zip(range(iters), batches(scene, tc)):
+        loss = train_iteration(trainer, scene, ids, bg, cfg, comm)
         if tc.progress and (it % show_every == 0 or it == iters - 1):     # every rank: whole-model figures
             loss_all, n_all = comm.mpi.allreduce(np.array([float(loss), len(trainer)]))
             bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))

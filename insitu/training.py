@@ -393,9 +393,12 @@ class Trainer:
             group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
 
     def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
-             height: int, comm=None) -> Tensor:
+             height: int, comm=None, gt_alpha: Tensor | None = None) -> Tensor:
         """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band,
         rows ``rows`` of images of ``height`` rows (:func:`band_loss`; collective over ``comm``).
+        gt_alpha: [B, h, W, 1] the band's ground-truth alpha; with ``cfg.alpha_weight > 0`` the loss
+        adds that weight times the mean absolute difference of the rendered alpha (``info["alpha"]``)
+        from it over the whole images.
 
         Returns this rank's share of the loss, a 0-dim tensor on the device (reading it waits
         for the GPU, so callers read it only when they show it).
@@ -403,6 +406,9 @@ class Trainer:
         self._schedule()
         pred, info = render(self.params)
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm)
+        if self.cfg.alpha_weight > 0 and gt_alpha is not None:
+            B, _, W, _ = pred.shape
+            loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
         self._accumulate(info)
         for opt in self.optimizers.values():
@@ -416,16 +422,15 @@ class Trainer:
 
     @torch.no_grad()
     def _accumulate(self, info: dict) -> None:
+        """Add each Gaussian's screen-space gradient norm (pixels) and view count: dense, no host sync."""
         m2d = info.get("means2d")
         if m2d is None or m2d.grad is None or len(self) == 0:
             return
-        grads = m2d.grad.clone()                        # [C, N, 2] pixels
-        grads[..., 0] *= info["width"] / 2.0 * grads.shape[0]
-        grads[..., 1] *= info["height"] / 2.0 * grads.shape[0]
+        C = m2d.grad.shape[0]
+        to_pixels = m2d.grad.new_tensor([info["width"] / 2.0 * C, info["height"] / 2.0 * C])
         visible = info["radii"] > 0                     # [C, N]
-        ids = torch.where(visible)[1]
-        self.state.grad2d.index_add_(0, ids, grads[visible].norm(dim=-1))
-        self.state.count.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float32))
+        self.state.grad2d += ((m2d.grad * to_pixels).norm(dim=-1) * visible).sum(0)
+        self.state.count += visible.sum(0)
 
     @torch.no_grad()
     def _densify(self) -> None:

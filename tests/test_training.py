@@ -349,3 +349,62 @@ def test_halo_exchange_reaches_only_the_neighbouring_bands():
     send, recv = _halo_partners(bands, 2, 11)                           # rows 6:9; its halo is 1:6 and 9:11
     assert [q for q, f in enumerate(recv) if f] == [0, 1, 3]
     assert [q for q, f in enumerate(send) if f] == [0, 1, 3, 4]         # the empty band's halo (6:11) too
+
+
+# ------------------------------------------------------------------------------------------ per-iteration state
+
+def test_accumulated_gradients_are_the_visible_views_pixel_gradient_norms(shard, block, scene, comm):
+    trainer = make_trainer(shard, block, train_config(batch=3))
+    train = scene.views.train_ids
+    ids = train[:3]
+    pred, info = render_bands(trainer.params, scene.views, ids, scene.order, comm, background=scene.background,
+                              sh_degree=0, backend="torch")
+    pred.square().sum().backward()
+    info["radii"] = info["radii"].clone()
+    info["radii"][0, ::2] = 0                                       # culled in the first view: not counted
+    trainer._accumulate(info)
+    g, vis = info["means2d"].grad, info["radii"] > 0                # [C, N, 2], [C, N]
+    px = g * torch.tensor([scene.views.width / 2.0 * 3, scene.views.height / 2.0 * 3])
+    want = torch.zeros(len(trainer))
+    for c in range(3):                                              # one view at a time, visible ones only
+        want[vis[c]] += px[c][vis[c]].norm(dim=-1)
+    assert vis.any() and not vis.all()
+    torch.testing.assert_close(trainer.state.grad2d, want)
+    torch.testing.assert_close(trainer.state.count, vis.sum(0).float())
+
+
+def test_alpha_term_pulls_the_opacities_towards_the_ground_truth_alpha(shard, block, scene, comm):
+    """With ground-truth alpha 0 everywhere, the alpha term lowers the opacities and adds its weight
+    times the mean rendered alpha to the loss; with weight 0 the loss is the image loss."""
+    ids = scene.views.train_ids[:1]
+    losses, opacity = {}, {}
+    for w in (0.0, 0.5):
+        trainer = make_trainer(shard, block, train_config(alpha_weight=w, lr_opacities=0.05))
+        render = lambda p: render_bands(p, scene.views, ids, scene.order, comm,  # noqa: E731
+                                        background=scene.background, sh_degree=0, backend="torch")
+        gt = scene.gt_on(ids, scene.background)
+        zero = torch.zeros(*gt.shape[:-1], 1)
+        with torch.no_grad():
+            alpha = render(trainer.params)[1]["alpha"].mean()
+        losses[w] = float(trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm,
+                                       gt_alpha=zero))
+        opacity[w] = torch.sigmoid(trainer.params["opacities"]).mean()
+    assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * float(alpha), rel=1e-5)
+    assert opacity[0.5] < opacity[0.0] - 1e-3
+
+
+def test_batches_cover_each_epoch_once_with_the_same_draws_every_time(scene):
+    from insitu.pipeline import batches
+
+    tc = train_config(batch=2, seed=3)
+    train = scene.views.train_ids
+    per_epoch = len(train) // 2
+    draws = [list(zip(range(2 * per_epoch), batches(scene, tc))) for _ in range(2)]
+    first = torch.cat([ids for _, (ids, _) in draws[0][:per_epoch]])
+    assert set(first.tolist()) <= set(train.tolist()) and len(first) == 2 * per_epoch
+    assert len(set(first.tolist())) == len(first)                   # no view twice in an epoch
+    for (_, (a, bg_a)), (_, (b, bg_b)) in zip(*draws):
+        assert torch.equal(a, b) and torch.equal(bg_a, bg_b)        # reproducible: the same on every rank
+        assert bg_a.shape == (2, 3) and 0 <= bg_a.min() and bg_a.max() <= 1
+    fixed = next(batches(scene, train_config(random_background=False)))[1]
+    assert torch.equal(fixed, scene.background)
