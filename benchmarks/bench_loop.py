@@ -4,7 +4,7 @@ Sets up a step as ``pipeline.compute_step`` does (seeds, ground truth, colours f
 truth, the Trainer with the step's schedule), then times ``pipeline.train_iteration`` over
 ``pipeline.batches``:
 
-- ``first``: the first iteration alone (kernels compiled or loaded on first use), then the
+- ``first_ms``: the first iteration alone (kernels compiled or loaded on first use), then the
   next ``--chunk`` iterations;
 - ``chunks``: ms per iteration for each ``--chunk`` iterations up to ``--warm`` (densification on,
   as in a run), with the Gaussian count;
@@ -13,7 +13,8 @@ truth, the Trainer with the step's schedule), then times ``pipeline.train_iterat
   and the kernels that take the most time;
 - ``variants``: steady ms per iteration with a random background, with the fixed one, with the
   alpha term, and gsplat's bare rasterization forward + backward of the same model and views;
-- ``evaluate_s``: one held-out evaluation.
+- ``evaluate_first_s``, ``evaluate_s``: the held-out evaluation before training (the first in the
+  process) and one after the chunks.
 
 Prints one JSON object.
 
@@ -94,6 +95,9 @@ def main() -> None:
     draws = pipeline.batches(scene, tc)
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
            "resolution": args.resolution, "gaussians": len(trainer), "setup_s": round(setup_s, 2)}
+    t = sync(comm)
+    pipeline.evaluate(trainer.params, scene, comm, sh_degree=0, backend=tc.backend)
+    out["evaluate_first_s"] = round(sync(comm) - t, 3)
     out["first_ms"] = round(timed(comm, trainer, scene, cfg, draws, 1), 1)
     chunks = []
     while trainer.iteration < args.warm:

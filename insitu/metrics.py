@@ -42,6 +42,8 @@ SSIM_SIGMA = 1.5
 LPIPS_NET = "vgg"
 # torchmetrics' LPIPS backbone name -> the torchvision weights enum it loads (pretrained=True).
 _TORCHVISION_WEIGHTS = {"vgg": "VGG16_Weights", "alex": "AlexNet_Weights", "squeeze": "SqueezeNet1_1_Weights"}
+# how torchvision names those checkpoints (``vgg16-397923af.pth``): a quick look before importing it
+_CHECKPOINT_PREFIX = {"vgg": "vgg16", "alex": "alexnet", "squeeze": "squeezenet1_1"}
 
 
 @dataclass
@@ -71,17 +73,22 @@ def lpips_availability(net: str = LPIPS_NET, *, hub_dir: str | Path | None = Non
     It can when torchvision is importable, torchmetrics ships the LPIPS linear layers for
     ``net``, and the torchvision backbone checkpoint is already in ``hub_dir/checkpoints``
     (default: ``torch.hub.get_dir()``), the file torchvision would otherwise download.
+    When no file of the backbone's name is there, the answer comes without importing
+    torchvision (which takes seconds).
     """
     if net not in _TORCHVISION_WEIGHTS:
         raise ValueError(f"LPIPS net must be one of {sorted(_TORCHVISION_WEIGHTS)}, got {net!r}")
     if importlib.util.find_spec("torchvision") is None:
         return LpipsAvailability(False, "torchvision is not installed")
+    hub = Path(hub_dir) if hub_dir is not None else Path(torch.hub.get_dir())
+    if not any((hub / "checkpoints").glob(f"{_CHECKPOINT_PREFIX[net]}-*.pth")):
+        return LpipsAvailability(False, f"no {_CHECKPOINT_PREFIX[net]} backbone weights in {hub / 'checkpoints'} "
+                                        "(no download is attempted)")
     try:
         models = importlib.import_module("torchvision.models")
         url = getattr(models, _TORCHVISION_WEIGHTS[net]).DEFAULT.url
     except Exception as e:  # a broken torchvision install: LPIPS cannot run, the rest can
         return LpipsAvailability(False, f"torchvision cannot be used: {type(e).__name__}: {e}")
-    hub = Path(hub_dir) if hub_dir is not None else Path(torch.hub.get_dir())
     weights = hub / "checkpoints" / os.path.basename(urlparse(url).path)
     if not weights.is_file():
         return LpipsAvailability(False, f"backbone weights not found at {weights} (no download is attempted)", weights)
@@ -166,12 +173,9 @@ class QualityAccumulator:
         if pred.shape[0] == 0:
             return
         p, g = _channels_first(pred), _channels_first(gt)
-        psnr_sum = float(_per_view_psnr(p, g).sum())
-        ssim_sum = float(_per_view_ssim(p, g).sum())
-        lpips_sum = self._lpips_sum(p, g) if self._use_lpips else 0.0
-        self._psnr += psnr_sum
-        self._ssim += ssim_sum
-        self._lpips += lpips_sum
+        self._psnr += _per_view_psnr(p, g).double().sum()        # sums stay on the device until result()
+        self._ssim += _per_view_ssim(p, g).double().sum()
+        self._lpips += self._lpips_sum(p, g) if self._use_lpips else 0.0
         self.views += p.shape[0]
 
     def add_rgba(self, pred: Tensor, gt: Tensor, background: Tensor) -> None:
@@ -192,13 +196,13 @@ class QualityAccumulator:
         self.add(on(pred, bg), on(gt, bg))
         p, g = _channels_first(on(pred, bg)), _channels_first(on(gt, bg))
         mask = ((pred[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255))[:, None].expand_as(p)    # [C, 3, H, W]
-        err = ((p - g) ** 2 * mask).sum(dim=(1, 2, 3))
-        n = mask.sum(dim=(1, 2, 3))
+        err = ((p - g) ** 2 * mask).sum(dim=(1, 2, 3)).double()
+        n = mask.sum(dim=(1, 2, 3)).double()
         seen = n > 0
-        self._fg += float((10 * torch.log10(n[seen] / err[seen])).sum())
-        self._fg_views += int(seen.sum())
+        self._fg += torch.where(seen, 10 * torch.log10(n / err), 0.0).sum()
+        self._fg_views += seen.sum()
         white = torch.ones(3, device=pred.device)
-        self._white += float(_per_view_psnr(_channels_first(on(pred, white)), _channels_first(on(gt, white))).sum())
+        self._white += _per_view_psnr(_channels_first(on(pred, white)), _channels_first(on(gt, white))).double().sum()
         self._rgba_views += pred.shape[0]
 
     def _lpips_sum(self, p: Tensor, g: Tensor) -> float:
@@ -223,11 +227,11 @@ class QualityAccumulator:
         if self.views == 0:
             nan = float("nan")
             return Quality(nan, nan, nan if self._use_lpips else None, 0)
-        n = self.views
-        return Quality(self._psnr / n, self._ssim / n, self._lpips / n if self._use_lpips else None, n,
-                       psnr_foreground=(self._fg / self._fg_views if self._fg_views else
+        n, fg_views = self.views, int(self._fg_views)            # the one wait for the device
+        return Quality(float(self._psnr) / n, float(self._ssim) / n, self._lpips / n if self._use_lpips else None, n,
+                       psnr_foreground=(float(self._fg) / fg_views if fg_views else
                                         float("nan") if self._rgba_views else None),
-                       psnr_white=self._white / self._rgba_views if self._rgba_views else None)
+                       psnr_white=float(self._white) / self._rgba_views if self._rgba_views else None)
 
 
 def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Quality:

@@ -404,7 +404,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
         "seeds_seconds": round(t_seed - t0 + (t_color - t_scene), 3),     # the seed colours included
         "ground_truth_seconds": round(t_gt - t_seed - (t_color - t_scene), 3),
-        "color_init_seconds": round(t_color - t_scene, 3),
+        "color_init_seconds": round(t_color - t_scene, 3), "scene_seconds": round(t_scene - t_seed, 3),
         "train_seconds": round(t_train - t_gt, 3), "history": history,
     }
     if device.type == "cuda":

@@ -120,12 +120,19 @@ def test_lpips_availability_without_torchvision(monkeypatch, empty_hub):
     assert not status.available and "torchvision is not installed" in status.reason
 
 
-def test_lpips_availability_follows_the_hub_cache(fake_torchvision, empty_hub):
+def test_lpips_availability_follows_the_hub_cache(fake_torchvision, empty_hub, monkeypatch):
+    imported = []
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real_import(name, *a))
     status = lpips_availability()
     expected = empty_hub / "checkpoints" / "vgg16-397923af.pth"
-    assert not status.available
-    assert status.weights == expected and "not found" in status.reason
+    assert not status.available and "no vgg16 backbone weights" in status.reason
+    assert imported == []                          # no weights of that name: torchvision is not imported
     expected.parent.mkdir(parents=True)
+    (expected.parent / "vgg16-00000000.pth").write_bytes(b"x")     # a name torchvision does not use
+    status = lpips_availability()
+    assert not status.available and status.weights == expected and "not found" in status.reason
+    assert imported == ["torchvision.models"]
     expected.write_bytes(b"x")
     status = lpips_availability()
     assert status.available and status.weights == expected
