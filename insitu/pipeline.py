@@ -21,7 +21,7 @@ from .config import Config
 from .decomposition import Decomposition, decompose
 from .gaussians import Gaussians
 from .groundtruth import raycast_views
-from .progress import progress_bar
+from .progress import note, progress_bar
 from .seeds import Seeds, extract_seeds, init_gaussians
 from .training import Trainer, colors_from_images, render_bands
 from .views import Views, orbit_views
@@ -343,6 +343,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     n0 = comm.mpi.allreduce(len(shard))
     t_seed = _time.perf_counter()
     show = tc.progress and comm.rank == 0
+    note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({t_seed - t0:.1f} s)", show)
     scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -351,6 +352,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_color = _time.perf_counter()
+    if cfg.seeds.color_init != "constant":
+        note(f"step {step} colours from the ground truth ({t_color - t_scene:.1f} s)", show)
     lo, hi = block.box
     margin = 2.0 * spacing
     box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
@@ -365,6 +368,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     t_gt = _time.perf_counter()
     q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
+    note(f"step {step} initial model: PSNR {q0.psnr:.2f} dB ({_time.perf_counter() - t_gt:.1f} s)", show)
     bar = progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None

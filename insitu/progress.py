@@ -1,4 +1,5 @@
-"""Progress display: a bar on a terminal, a plain line every tenth of the work in a log."""
+"""Progress display: a bar on a terminal, a plain line every tenth of the work in a log, and a
+line per finished phase of a step (:func:`note`)."""
 from __future__ import annotations
 
 import sys
@@ -34,3 +35,9 @@ def progress_bar(total: int, desc: str, enabled: bool):
     if enabled and not sys.stderr.isatty():
         return LogProgress(total, desc)
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def note(message: str, enabled: bool) -> None:
+    """One line on stderr saying what finished (a step's phases between the progress bars)."""
+    if enabled:
+        print(message, file=sys.stderr, flush=True)
