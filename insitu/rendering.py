@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,11 +240,24 @@ def _gsplat_import_error() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_torch_on_cuda() -> None:
+    """Once per process: CUDA tensors, but gsplat does not import, so the (much slower) torch path runs."""
+    warnings.warn(f"rasterize: gsplat does not import ({_gsplat_import_error()}); backend 'auto' renders CUDA "
+                  "tensors with the torch reference rasterizer, which is orders of magnitude slower. Install "
+                  "gsplat, or pass backend='torch' to choose it knowingly.", RuntimeWarning, stacklevel=3)
+
+
 def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "torch":
         return "torch"
     if backend == "auto":
-        return "gsplat" if device.type == "cuda" and _gsplat_import_error() is None else "torch"
+        if device.type != "cuda":
+            return "torch"
+        if _gsplat_import_error() is not None:
+            _warn_torch_on_cuda()
+            return "torch"
+        return "gsplat"
     if device.type != "cuda":
         raise ValueError(f"rasterize: backend 'gsplat' needs CUDA tensors, got tensors on {device}; "
                          "use backend='torch' (or 'auto') on this device")

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
+
 import torch
 
 from insitu import rendering
@@ -410,3 +412,19 @@ def test_gsplat_backend_handles_empty_shard_on_cuda():
     render, alpha, info = rasterize(*empty, views.viewmats, views.Ks, 32, 32, backend="gsplat")
     assert info["backend"] == "gsplat" and render.shape == (2, 32, 32, 3)
     assert (render == 0).all() and (alpha == 0).all()
+
+
+def test_auto_warns_once_when_cuda_tensors_fall_back_to_torch(monkeypatch):
+    """No gsplat on a CUDA device: 'auto' still renders (the torch path), and says so once."""
+    from insitu import rendering
+
+    monkeypatch.setattr(rendering, "_gsplat_import_error", lambda: "ImportError: no gsplat")
+    rendering._warn_torch_on_cuda.cache_clear()
+    cuda = torch.device("cuda", 0)
+    with pytest.warns(RuntimeWarning, match="torch reference rasterizer"):
+        assert rendering._resolve_backend("auto", cuda) == "torch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rendering._resolve_backend("auto", cuda) == "torch"          # once per process
+        assert rendering._resolve_backend("auto", torch.device("cpu")) == "torch"   # CPU: no warning
+    rendering._warn_torch_on_cuda.cache_clear()
