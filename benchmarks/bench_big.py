@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--out", default="gpu_out/big100")
     ap.add_argument("--model-dir", default="/tmp/big", help="where `insitu run` writes (model.ply is large)")
     ap.add_argument("--no-ply-on-one", action="store_true", help="no model.ply for the 1-rank runs")
+    ap.add_argument("--no-ply", action="store_true", help="no model.ply at all")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
     args = ap.parse_args()
     out = Path(args.out)
@@ -89,7 +90,7 @@ def main() -> None:
             "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}",
             "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
             "--set", "output.images=2", "--set", "output.ply_metrics=false", "--overwrite", "--out", str(model_dir)]
-        if P == 1 and args.no_ply_on_one:
+        if args.no_ply or (P == 1 and args.no_ply_on_one):
             cmd += ["--set", "output.ply=false"]
         code, log, seconds = run(cmd, out / f"run_{P}gpu_{budget}.log", args.timeout)
         row: dict = {"ranks": P, "budget": budget, "exit": code, "wall_seconds": round(seconds, 1)}

@@ -25,7 +25,7 @@
 #   summary benchmarks/speed_protocol.py: the figures of the stages above into benchmarks/results/speed_protocol.json
 #   big100  the same `insitu run` (40 views at 2048^2, 30 iterations, SH 3) at 25M and 100M Gaussians on 2 and then
 #           1 GPU: peak memory, s/iteration, PSNR, parallel model.ply, out-of-memory, projection (bench_big.py);
-#           volume $BIG_DATA (default the bonsai), iso $BIG_ISO, runs $BIG_RUNS (P:BUDGET ...)
+#           volume $BIG_DATA (default the bonsai), iso $BIG_ISO, runs $BIG_RUNS (P:BUDGET ...), more $BIG_ARGS
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -84,7 +84,7 @@ for stage in "$@"; do
                 2>&1 | tee -a "$OUT/step8.log" | tail -n 1
             done ;;
     big100) timeout ${BIG_TIMEOUT:-590} python benchmarks/bench_big.py --data "${BIG_DATA:-$BONSAI}" --iso "${BIG_ISO:-40}" \
-              --runs ${BIG_RUNS:-2:25000000 2:100000000 1:25000000 1:100000000} --no-ply-on-one --mpirun "$MPIRUN" \
+              --runs ${BIG_RUNS:-2:25000000 2:100000000 1:25000000 1:100000000} --no-ply-on-one ${BIG_ARGS:-} --mpirun "$MPIRUN" \
               --out "$OUT/big100" > "$OUT/big100.log" 2>&1
             tail -n 60 "$OUT/big100.log" ;;
     netemu) for env in "NCCL_P2P_DISABLE=0 NCCL_SHM_DISABLE=0" "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1"; do
