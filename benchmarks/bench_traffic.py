@@ -131,21 +131,21 @@ def main() -> None:
     ap.add_argument("--predict-ranks", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--predict-resolution", type=int, default=2048)
     ap.add_argument("--predict-model", nargs=3, action="append", metavar=("LABEL", "T1_MS", "T2_MS"),
-                    help="a model's step time on 1 and on 2 GPUs of one node (repeatable); default: 4M Gaussians "
-                         "as measured (BENCHMARKS.md: 30.5 / 18.9 ms) and 100M extrapolated (389 / 198.2 ms)")
+                    help="a model's step time on 1 and on 2 GPUs of one node (repeatable); default as measured "
+                         "(BENCHMARKS.md): 4M Gaussians 18.1 / 14.5 ms (runs 15 / 10), 100M 207.4 / 129.6 ms "
+                         "(run 15, 2048^2, one view per step)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    # 100M: the 18M-Gaussian step (76 ms on one H200) less the 4M fit's per-rank part (7.3 ms), times 100/18
-    args.predict_model = args.predict_model or [["4M Gaussians (measured)", "30.5", "18.9"],
-                                                ["100M Gaussians (extrapolated)", "389.0", "198.2"]]
+    args.predict_model = args.predict_model or [["4M Gaussians", "18.1", "14.5"], ["100M Gaussians", "207.4", "129.6"]]
     mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
     rows = []
     for P in args.ranks:
         cmd = [mpiexec, "-n", str(P), sys.executable, __file__, "--worker", "--sizes", *map(str, args.sizes),
                "--batch", str(args.batch), "--gaussians", str(args.gaussians), "--steps", str(args.steps),
                "--warmup", str(args.warmup)]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+                   OMP_NUM_THREADS="1")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:

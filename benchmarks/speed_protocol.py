@@ -12,6 +12,10 @@ writes ``--out`` with the keys below; a figure whose run was not made (or failed
     recipe_train_s_1024 the plain gsplat recipe (bench_recipe.py), same GT and initial Gaussians
     ours_train_s_1024   = train_s_1gpu
     iterations_to_target_constant_colors, train_s_1gpu_constant_colors: the 1-GPU run with constant colours
+    ours_over_recipe    ours / recipe training time, with ``ours`` from ``proto_train1_side_metrics.json``
+                        when present (the 1-GPU run made in the same command as the recipe), else train_s_1gpu
+    train_s_2gpu_batch2, total_s_2gpu_batch2, iterations_to_target_2gpu_batch2: 2 GPUs, 2 views per step
+    sources             the contents of ``sources.json`` in ``--dir``, when the files come from several runs
     ply_psnr, ply_ssim, psnr_foreground, psnr_white (_1gpu, _2gpu): model.ply as a viewer draws it, etc.
     seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
 """
@@ -56,6 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", required=True, help="where the protocol's runs wrote their outputs")
     ap.add_argument("--out", default="benchmarks/results/speed_protocol.json")
+    ap.add_argument("--gpu", default=None, help="GPU name (default: nvidia-smi's, on the GPU machine)")
     args = ap.parse_args()
     d = Path(args.dir)
     gt1, gt2 = _json(d / "proto_gt1.json"), _json(d / "proto_gt2.json")
@@ -64,11 +69,16 @@ def main() -> None:
     recipe = _json(d / "proto_recipe.json")
     seeds = _json(d / "proto_seeds.json")
     const1 = _json(d / "proto_const1_metrics.json")
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, check=True).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        gpu = None
+    side = _json(d / "proto_train1_side_metrics.json") or m1
+    batch2 = _json(d / "proto_batch2_metrics.json")
+    recipe_s, side_s = _get(recipe, "train_s"), _get(side, "train_seconds")
+    gpu = args.gpu
+    if gpu is None:
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, check=True).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            gpu = None
     result = {
         "gpu": gpu,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
@@ -88,7 +98,13 @@ def main() -> None:
         **{f"{k}_{n}gpu": _get(m, k) for k in ("ply_psnr", "ply_ssim", "psnr_foreground", "psnr_white")
            for n, m in ((1, m1), (2, m2))},
         "seeds_18m_s_1gpu": _get(seeds, "seeds_s"), "seeds_18m_fill_s_1gpu": _get(seeds, "fill_s"),
+        "ours_train_s_1024_side_by_side": side_s,
+        "ours_over_recipe": round(side_s / recipe_s, 3) if side_s and recipe_s else None,
+        "train_s_2gpu_batch2": _get(batch2, "train_seconds"), "total_s_2gpu_batch2": _total(batch2),
+        "iterations_to_target_2gpu_batch2": _get(batch2, "target_reached_at"),
     }
+    if (d / "sources.json").exists():
+        result["sources"] = json.loads((d / "sources.json").read_text())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -29,7 +29,8 @@ def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess
     mpiexec = Path(sys.executable).parent / "mpiexec"
     if not mpiexec.exists():                       # a system MPI (GPU machines)
         mpiexec = Path(shutil.which("mpiexec") or mpiexec)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

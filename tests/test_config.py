@@ -1,6 +1,6 @@
 import pytest
 
-from insitu.config import load_config, parse_override
+from insitu.config import Config, load_config, parse_override
 from insitu.errors import ConfigError
 
 
@@ -71,3 +71,25 @@ def test_every_declared_constraint_is_checked_under_its_own_key():
                     from_dict({section: {f.name: value}})
                 checked += 1
     assert checked >= 40          # the constraints of the sections (renaming a field keeps its own)
+
+
+def test_the_example_config_holds_every_key_with_its_default():
+    """README: 'all keys in examples/config.yaml'; each with the value the code defaults to."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "config.yaml").read_text())
+    defaults = Config()
+    for section in dataclasses.fields(defaults):
+        values = getattr(defaults, section.name)
+        if not dataclasses.is_dataclass(values):
+            continue
+        given = example.get(section.name) or {}
+        for key in dataclasses.fields(values):
+            assert key.name in given, f"examples/config.yaml lacks {section.name}.{key.name}"
+            want = getattr(values, key.name)
+            got = given[key.name]
+            assert got == want or (isinstance(want, tuple) and list(want) == got), \
+                f"{section.name}.{key.name}: example {got!r}, default {want!r}"

@@ -35,7 +35,8 @@ def launch(n: int, *argv: str, timeout: float = 120) -> subprocess.CompletedProc
     Past ``timeout`` the whole job (mpiexec and every rank) is killed and the test fails with
     the output so far: a hang is a failure, never a stuck test run.
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     args = [mpiexec(), "-n", str(n), sys.executable, *argv]
     t0 = time.monotonic()

@@ -136,7 +136,8 @@ def browser(tmp_path_factory):
 def served(tmp_path_factory):
     """A small demo run's output folder, served by ``insitu view`` on a free port: (out, base URL)."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="2")
     r = subprocess.run([sys.executable, "-m", "insitu", *RUN, "--out", str(out)], env=env, cwd=ROOT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=840, check=False)
     assert r.returncode == 0, r.stdout[-3000:]
