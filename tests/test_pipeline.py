@@ -187,6 +187,33 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
     assert all(torch.equal(b, torch.zeros(3)) for b in backgrounds)
 
 
+def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
+    """train.alpha_weight > 0: each step is given the alpha of the same views' ground-truth band;
+    with the default 0, none."""
+    import insitu.pipeline as pipeline
+    from insitu.training import Trainer
+
+    seen = []
+    step = Trainer.step
+
+    def spy(self, render, gt, **kw):
+        seen.append(kw.get("gt_alpha"))
+        return step(self, render, gt, **kw)
+
+    monkeypatch.setattr(Trainer, "step", spy)
+    block = whole_block(sphere_field())
+    cfg = tiny_config(iterations=3, batch=2, alpha_weight=0.5)
+    r = run_step(block, cfg, comm)
+    assert np.isfinite(r.metrics["psnr"])
+    scene = pipeline.make_scene(block, cfg, comm)
+    first = next(pipeline.batches(scene, cfg.train))[0]
+    assert len(seen) == 3 and all(a is not None and a.shape == (2, 32, 32, 1) for a in seen)
+    torch.testing.assert_close(seen[0], scene.gt[first][..., 3:].float())
+    seen.clear()
+    run_step(block, tiny_config(iterations=2), comm)
+    assert seen == [None, None]
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 def test_iso_outside_the_range_is_refused_before_anything_is_written(comm, tmp_path):
