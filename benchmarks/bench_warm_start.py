@@ -48,6 +48,12 @@ def fields_at(L: int, steps: list[int], last: int, comm) -> dict[int, dict]:
     return kept
 
 
+def pick(m: dict) -> dict:
+    """The figures of a step's metrics that the comparison reports."""
+    return {k: m.get(k) for k in ("psnr", "ssim", "iterations", "target_reached_at", "train_seconds",
+                                  "total_seconds", "gaussians")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--L", type=int, default=32)
@@ -79,8 +85,6 @@ def main() -> None:
                                                                        eval_every=args.eval_every))
         warm = pipeline.run_step(block(args.step), to_target, comm, step=args.step, iterations=iterations,
                                  warm=previous).metrics
-        pick = lambda m: {k: m.get(k) for k in ("psnr", "ssim", "iterations", "target_reached_at",  # noqa: E731
-                                                "train_seconds", "total_seconds", "gaussians")}
         print(json.dumps({"L": args.L, "step": args.step, "gap": gap, "device": str(comm.device),
                           "changed_side_fraction": round(moved, 4), "cold": pick(cold), "warm": pick(warm),
                           "warm_over_cold": round(warm["train_seconds"] / cold["train_seconds"], 3)}), flush=True)

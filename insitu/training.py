@@ -426,10 +426,10 @@ class Trainer:
         m2d = info.get("means2d")
         if m2d is None or m2d.grad is None or len(self) == 0:
             return
-        C = m2d.grad.shape[0]
-        to_pixels = m2d.grad.new_tensor([info["width"] / 2.0 * C, info["height"] / 2.0 * C])
+        g, C = m2d.grad, m2d.grad.shape[0]              # [C, N, 2], in NDC units: scaled to pixels
+        norm = torch.hypot(g[..., 0] * (info["width"] / 2.0 * C), g[..., 1] * (info["height"] / 2.0 * C))
         visible = info["radii"] > 0                     # [C, N]
-        self.state.grad2d += ((m2d.grad * to_pixels).norm(dim=-1) * visible).sum(0)
+        self.state.grad2d += (norm * visible).sum(0)
         self.state.count += visible.sum(0)
 
     @torch.no_grad()

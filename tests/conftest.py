@@ -24,16 +24,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def mpiexec() -> str:
+    """The environment's mpiexec (the one beside Python), else the system's (GPU machines)."""
+    exe = Path(sys.executable).parent / "mpiexec"
+    if not exe.exists():
+        exe = Path(shutil.which("mpiexec") or exe)
+    return str(exe)
+
+
+def subprocess_env(threads: int = 1) -> dict:
+    """The environment for a child process of a test: the repository first on ``PYTHONPATH``
+    (what is already there kept: on the GPU machine, gsplat's folder), ``threads`` OpenMP threads,
+    and Open MPI allowed to run as root."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS=str(threads),
+                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
 def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``mpiexec -n n python tests/mpi/script args``; output in ``.stdout`` (stderr merged)."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():                       # a system MPI (GPU machines)
-        mpiexec = Path(shutil.which("mpiexec") or mpiexec)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run([str(mpiexec), "-n", str(n), sys.executable, str(WORKERS / script), *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    return subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(WORKERS / script), *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
                           timeout=timeout, cwd=ROOT)
 
 

@@ -6,7 +6,6 @@ with a timeout; the workers check their results and print ``OK rank r of P``.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,18 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import mpiexec, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "mpi"
 
 pytestmark = pytest.mark.mpi
-
-
-def mpiexec() -> str:
-    exe = Path(sys.executable).parent / "mpiexec"
-    if not exe.exists():                           # a system MPI (GPU machines)
-        exe = Path(shutil.which("mpiexec") or exe)
-    return str(exe)
 
 
 def launch(n: int, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -35,9 +28,7 @@ def launch(n: int, *argv: str, timeout: float = 120) -> subprocess.CompletedProc
     Past ``timeout`` the whole job (mpiexec and every rank) is killed and the test fails with
     the output so far: a hang is a failure, never a stuck test run.
     """
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = subprocess_env()
     args = [mpiexec(), "-n", str(n), sys.executable, *argv]
     t0 = time.monotonic()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

@@ -10,7 +10,6 @@ package ``chromium``) or websocket-client is missing (the ``test`` extra has it)
 import base64
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import subprocess_env
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,8 +136,7 @@ def browser(tmp_path_factory):
 def served(tmp_path_factory):
     """A small demo run's output folder, served by ``insitu view`` on a free port: (out, base URL)."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))     # keep what is there
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="2")
+    env = subprocess_env(threads=2)
     r = subprocess.run([sys.executable, "-m", "insitu", *RUN, "--out", str(out)], env=env, cwd=ROOT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=840, check=False)
     assert r.returncode == 0, r.stdout[-3000:]
