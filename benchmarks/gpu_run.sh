@@ -26,6 +26,8 @@
 #   big100  the same `insitu run` (40 views at 2048^2, 30 iterations, SH 3) at 25M and 100M Gaussians on 2 and then
 #           1 GPU: peak memory, s/iteration, PSNR, parallel model.ply, out-of-memory, projection (bench_big.py);
 #           volume $BIG_DATA (default the bonsai), iso $BIG_ISO, runs $BIG_RUNS (P:BUDGET ...), more $BIG_ARGS
+#   sweep   variants of the 1-GPU protocol run, two at a time on GPUs 0 and 1: SWEEP="NAME=ARGS|NAME=ARGS|..."
+#   gt      the protocol's ground truth alone (448 x 2048^2 on 1 and 2 GPUs, with each rank's casting time)
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -35,7 +37,8 @@ TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 
         --set train.eval_every=1000 --set train.sh_degree=3 --quiet"
 figures() {   # the composite's and the viewer's figures of a metrics.json
   python -c "import json, sys; m = json.load(open(sys.argv[1])); print({k: m.get(k) for k in
-    ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds')})" "$1"
+    ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds',
+     'evaluation_seconds', 'initial_evaluation_seconds', 'total_seconds')})" "$1"
 }
 PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
        --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
@@ -110,6 +113,20 @@ for stage in "$@"; do
     recipe) CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_recipe.py --data "$BONSAI" --iso 40 \
               --resolution 1024 --views 448 --budget 500000 --eval-every 500 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
             tail -c 400 "$OUT/proto_recipe.json" ;;
+    sweep)  # $SWEEP: "NAME=ARGS|NAME=ARGS|...", each the 1-GPU protocol run with ARGS; two at a time, on GPUs 0 and 1
+            IFS='|' read -ra runs <<< "${SWEEP:?set SWEEP}"; i=0
+            for v in "${runs[@]}"; do
+              ( name=${v%%=*}; rm -rf /tmp/$name
+                CUDA_VISIBLE_DEVICES=$((i % 2)) timeout 240 python -m insitu run "$BONSAI" $PROTO ${v#*=} --out /tmp/$name \
+                  > "$OUT/sweep_$name.log" 2>&1
+                cp /tmp/$name/step_000000/metrics.json "$OUT/sweep_${name}_metrics.json"
+                echo "$name: $(figures "$OUT/sweep_${name}_metrics.json")" ) &
+              i=$((i + 1)); (( i % 2 == 0 )) && wait
+            done; wait ;;
+    gt)     for n in 1 2; do
+              timeout 120 $MPIRUN -n $n python benchmarks/bench_groundtruth.py --pipeline --data "$BONSAI" \
+                --views 448 --resolution 2048 > "$OUT/proto_gt$n.json" 2> "$OUT/proto_gt$n.log"; cat "$OUT/proto_gt$n.json"
+            done ;;
     protocol)
             for n in 1 2; do
               timeout 120 $MPIRUN -n $n python benchmarks/bench_groundtruth.py --pipeline --data "$BONSAI" \

@@ -172,7 +172,10 @@ class QualityAccumulator:
         _check_pair(pred, gt)
         if pred.shape[0] == 0:
             return
-        p, g = _channels_first(pred), _channels_first(gt)
+        self._add_channels_first(_channels_first(pred), _channels_first(gt))
+
+    def _add_channels_first(self, p: Tensor, g: Tensor) -> None:
+        """``p, g: [C, 3, H, W]`` in [0, 1]: add their PSNR, SSIM (and LPIPS)."""
         self._psnr += _per_view_psnr(p, g).double().sum()        # sums stay on the device until result()
         self._ssim += _per_view_ssim(p, g).double().sum()
         self._lpips += self._lpips_sum(p, g) if self._use_lpips else 0.0
@@ -193,8 +196,8 @@ class QualityAccumulator:
         pred, gt = pred.detach().float(), gt.detach().float()
         bg = torch.as_tensor(background, dtype=torch.float32, device=pred.device).reshape(3)
         on = lambda x, b: (x[..., :3] + (1 - x[..., 3:]) * b).clamp(0.0, 1.0)   # noqa: E731
-        self.add(on(pred, bg), on(gt, bg))
         p, g = _channels_first(on(pred, bg)), _channels_first(on(gt, bg))
+        self._add_channels_first(p, g)
         mask = ((pred[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255))[:, None].expand_as(p)    # [C, 3, H, W]
         err = ((p - g) ** 2 * mask).sum(dim=(1, 2, 3)).double()
         n = mask.sum(dim=(1, 2, 3)).double()
@@ -210,7 +213,8 @@ class QualityAccumulator:
             with _LPIPS_LOCK, torch.no_grad():
                 metric = _lpips_model(self.net, p.device)
                 metric.reset()
-                metric.update(p, g)
+                for i in range(p.shape[0]):             # a view at a time: VGG's activations are large
+                    metric.update(p[i:i + 1], g[i:i + 1])
                 return float(metric.compute())
         except Exception as e:
             if self._required:

@@ -221,26 +221,35 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     return Scene(views, order, gt, rows, background)
 
 
+def view_groups(ids: list[int], width: int, height: int, pixels: int = 1 << 23) -> list[list[int]]:
+    """``ids`` in consecutive groups of at most ``pixels`` pixels (at least one view each): evaluations
+    render, gather and score a group at once instead of a view at a time."""
+    n = max(1, pixels // (width * height))
+    return [ids[i:i + n] for i in range(0, len(ids), n)]
+
+
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0):
     """PSNR/SSIM(/LPIPS), PSNR over the covered pixels and PSNR on white of the sort-last composite
-    over the held-out views; rank 0 also gets (gt, pred) of the first few."""
+    over the held-out views (in groups of views, :func:`view_groups`); rank 0 also gets (gt, pred)
+    of the first few."""
     from .metrics import QualityAccumulator
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     black = torch.zeros_like(scene.background)
-    for n, i in enumerate(scene.views.test_ids.tolist()):
-        ids = torch.tensor([i], device=comm.device)
-        pred, info = render_bands(params, scene.views, ids, scene.order, comm, background=black,
+    views = scene.views
+    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
+        ids = torch.tensor(group, device=comm.device)
+        pred, info = render_bands(params, views, ids, scene.order, comm, background=black,
                                   sh_degree=sh_degree, backend=backend)
         full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
         full_gt = gather_bands(scene.gt[ids].float(), comm)
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
-            if n < keep_images:
-                on = lambda x: (x[0, ..., :3] + (1 - x[0, ..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
-                images.append((f"view_{i:03d}", on(full_gt), on(full_pred)))
+            on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
+            for j, i in enumerate(group[:max(keep_images - len(images), 0)]):
+                images.append((f"view_{i:03d}", on(full_gt[j]), on(full_pred[j])))
     q = acc.result() if comm.rank == 0 else None
     q = comm.mpi.bcast(q, root=0)
     return q, images
@@ -263,13 +272,14 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
     if comm.rank == 0:
         g = model.to(comm.device)
         colors = torch.cat([g.sh0, g.shN], dim=1)
-    for i in scene.views.test_ids.tolist():
-        ids = torch.tensor([i], device=comm.device)
+    views = scene.views
+    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
+        ids = torch.tensor(group, device=comm.device)
         full_gt = gather_bands(scene.gt[ids].float(), comm)
         if comm.rank == 0:
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
-                                      colors, scene.views.viewmats[ids], scene.views.Ks[ids], scene.views.width,
-                                      scene.views.height, sh_degree=g.sh_degree, backend=backend)
+                                      colors, views.viewmats[ids], views.Ks[ids], views.width,
+                                      views.height, sh_degree=g.sh_degree, backend=backend)
             acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
 
@@ -366,9 +376,19 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_gt = _time.perf_counter()
-    q0, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
+    evaluations = []                            # seconds of each evaluation inside the training time
+
+    def scored(sh_degree: int):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)      # the queued iterations are training time, not evaluation
+        t = _time.perf_counter()
+        q, _ = evaluate(trainer.params, scene, comm, sh_degree=sh_degree, backend=tc.backend)
+        evaluations.append(_time.perf_counter() - t)    # evaluate ends reading its figures: the device is done
+        return q
+
+    q0 = scored(trainer.sh_degree)
     history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
-    note(f"step {step} initial model: PSNR {q0.psnr:.2f} dB ({_time.perf_counter() - t_gt:.1f} s)", show)
+    note(f"step {step} initial model: PSNR {q0.psnr:.2f} dB ({evaluations[0]:.1f} s)", show)
     bar = progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None
@@ -379,7 +399,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))
         bar.update(1)
         if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
-            q, _ = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend)
+            q = scored(trainer.sh_degree_trained)
             n_all = comm.mpi.allreduce(len(trainer))
             history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": n_all,
                             "seconds": _time.perf_counter() - t_gt})
@@ -410,6 +430,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         "ground_truth_seconds": round(t_gt - t_seed - (t_color - t_scene), 3),
         "color_init_seconds": round(t_color - t_scene, 3), "scene_seconds": round(t_scene - t_seed, 3),
         "train_seconds": round(t_train - t_gt, 3), "history": history,
+        "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
+        "evaluation_seconds": round(sum(evaluations), 3),
     }
     if device.type == "cuda":
         metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,

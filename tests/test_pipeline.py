@@ -171,7 +171,7 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
     block = whole_block(sphere_field())
     run_step(block, cfg, comm)
     scene = pipeline.make_scene(block, cfg, comm)
-    train = backgrounds[2:2 + 4]                  # evaluation at iteration 0 renders the 2 held-out views first
+    train = backgrounds[1:1 + 4]                  # the evaluation at iteration 0 renders the held-out views first
     assert all(b.shape == (2, 3) for b in train)
     assert len({tuple(b.flatten().tolist()) for b in train}) == 4
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
@@ -185,6 +185,39 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
     backgrounds.clear()
     run_step(block, cfg, comm)
     assert all(torch.equal(b, torch.zeros(3)) for b in backgrounds)
+
+
+def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(comm, monkeypatch):
+    """Evaluations render and score the held-out views in groups; one view per group gives the same
+    figures and images, the model file's figures too."""
+    import insitu.pipeline as pipeline
+    from insitu.training import to_params
+
+    cfg = tiny_config()
+    cfg.views.count, cfg.views.test_every = 24, 3                     # 8 held-out views
+    block = whole_block(sphere_field())
+    scene = pipeline.make_scene(block, cfg, comm)
+    seeds = pipeline.extract_seeds(block, cfg.input.iso)
+    g = pipeline.init_gaussians(seeds, 300, color=(0.8, 0.5, 0.3), sh_degree=1, seed=0)
+    params = to_params(g)
+    grouped = pipeline.view_groups(scene.views.test_ids.tolist(), 32, 32)
+    assert len(grouped) == 1 and len(grouped[0]) == 8
+    assert pipeline.view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
+    assert pipeline.view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
+    assert pipeline.view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
+    together, images = pipeline.evaluate(params, scene, comm, sh_degree=1, backend="torch", keep_images=3)
+    model = pipeline.model_quality(g, scene, comm, backend="torch")
+    monkeypatch.setattr(pipeline, "view_groups", lambda ids, w, h: [[i] for i in ids])
+    alone, images_alone = pipeline.evaluate(params, scene, comm, sh_degree=1, backend="torch", keep_images=3)
+    model_alone = pipeline.model_quality(g, scene, comm, backend="torch")
+    for a, b in ((together, alone), (model, model_alone)):
+        assert a.views == b.views == 8
+        for k in ("psnr", "ssim", "psnr_foreground", "psnr_white"):
+            assert getattr(a, k) == pytest.approx(getattr(b, k), rel=1e-6), k
+    assert [n for n, _, _ in images] == [n for n, _, _ in images_alone] and len(images) == 3
+    for (_, gt, pred), (_, gt1, pred1) in zip(images, images_alone):
+        torch.testing.assert_close(gt, gt1)
+        torch.testing.assert_close(pred, pred1)
 
 
 def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
