@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .adam import ShardAdam
 from .compositing import composite
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
@@ -32,7 +33,7 @@ def to_params(g: Gaussians) -> dict[str, torch.nn.Parameter]:
     """Gaussians -> the parameter dict gsplat's strategy ops work on.
 
     The SH coefficients are one parameter, ``colors: [N, K, 3]`` (sh0 then shN), the layout the
-    rasterizer reads: no per-step copy joins them (:class:`ColorAdam` gives the bands their rates).
+    rasterizer reads: no per-step copy joins them (:class:`insitu.adam.ShardAdam` gives the bands their rates).
     """
     params = {k: torch.nn.Parameter(getattr(g, v).detach().clone().contiguous()) for k, v in PARAM_NAMES.items()}
     params["colors"] = torch.nn.Parameter(torch.cat([g.sh0, g.shN], dim=1).detach().contiguous())
@@ -43,69 +44,6 @@ def from_params(params: dict[str, Tensor]) -> Gaussians:
     colors = params["colors"].detach()
     return Gaussians(**{v: params[k].detach() for k, v in PARAM_NAMES.items()},
                      sh0=colors[:, :1].contiguous(), shN=colors[:, 1:].contiguous())
-
-
-class ColorAdam(torch.optim.Optimizer):
-    """Adam over SH coefficients ``colors: [N, K, 3]``: band 0 (sh0) at ``lr``, the others at ``lr_rest``.
-
-    The same update as ``torch.optim.Adam`` on sh0 and shN apart, in one pass over the joined
-    tensor (a Triton kernel on CUDA). State as torch's Adam (``step``, ``exp_avg``,
-    ``exp_avg_sq``), so gsplat's densification ops keep it in step with the parameter.
-    """
-
-    def __init__(self, params, *, lr: float, lr_rest: float, betas=(0.9, 0.999), eps: float = 1e-15):
-        super().__init__(params, dict(lr=lr, lr_rest=lr_rest, betas=betas, eps=eps))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                n = float(state["step"])
-                bc1, bc2_sqrt = 1 - b1 ** n, math.sqrt(1 - b2 ** n)
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                if p.is_cuda and _adam_kernel is not None and p.is_contiguous() and g.is_contiguous():
-                    _adam_kernel[(triton.cdiv(p.numel(), 1024),)](
-                        p, g, m, v, p.numel(), p.shape[1], group["lr"] / bc1, group["lr_rest"] / bc1,
-                        b1, b2, group["eps"], bc2_sqrt, BLOCK=1024)
-                    continue
-                m.lerp_(g, 1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (v.sqrt() / bc2_sqrt).add_(group["eps"])
-                p[:, :1].addcdiv_(m[:, :1], denom[:, :1], value=-group["lr"] / bc1)
-                p[:, 1:].addcdiv_(m[:, 1:], denom[:, 1:], value=-group["lr_rest"] / bc1)
-
-
-try:                                    # Triton ships with CUDA builds of torch
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, row, step0, step_rest, b1, b2, eps, bc2_sqrt,
-                     BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask)
-        m = tl.load(m_ptr + offs, mask=mask)
-        v = tl.load(v_ptr + offs, mask=mask)
-        p = tl.load(p_ptr + offs, mask=mask)
-        m = m + (1.0 - b1) * (g - m)
-        v = b2 * v + (1.0 - b2) * g * g
-        lr = tl.where(offs % (row * 3) < 3, step0, step_rest)      # band 0: the first 3 of each row
-        p = p - lr * m / (tl.sqrt(v) / bc2_sqrt + eps)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        tl.store(p_ptr + offs, p, mask=mask)
-except ImportError:                     # pragma: no cover - CPU-only installs
-    triton = _adam_kernel = None
 
 
 def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
@@ -354,15 +292,12 @@ class Trainer:
         self.sh_degree_max = gaussians.sh_degree
         self.sh_degree_start = int(sh_degree_start)
         B = cfg.batch
-        lrs = {"means": cfg.lr_means * self.extent, "scales": cfg.lr_scales, "quats": cfg.lr_quats,
-               "opacities": cfg.lr_opacities}
-        betas = (0.9 ** B, 0.999 ** B)          # batched Adam: lr * sqrt(B), momentum per image kept
-        fused = torch.device(device).type == "cuda"     # one kernel per parameter on GPUs
-        self.optimizers = {k: torch.optim.Adam([self.params[k]], lr=lr * math.sqrt(B), betas=betas, eps=1e-15,
-                                               fused=fused or None)
-                           for k, lr in lrs.items()}
-        self.optimizers["colors"] = ColorAdam([self.params["colors"]], lr=cfg.lr_sh0 * math.sqrt(B),
-                                              lr_rest=cfg.lr_shN * math.sqrt(B), betas=betas, eps=1e-15)
+        root = math.sqrt(B)                     # batched Adam: lr * sqrt(B), momentum per image kept
+        lrs = {"means": cfg.lr_means * self.extent * root, "scales": cfg.lr_scales * root,
+               "quats": cfg.lr_quats * root, "opacities": cfg.lr_opacities * root,
+               "colors": (cfg.lr_sh0 * root, cfg.lr_shN * root)}
+        self.adam = ShardAdam(self.params, lrs, betas=(0.9 ** B, 0.999 ** B), eps=1e-15)
+        self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
 
@@ -411,9 +346,8 @@ class Trainer:
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
         self._accumulate(info)
-        for opt in self.optimizers.values():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        self.adam.step()
+        self.adam.zero_grad()
         self.iteration += 1
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too

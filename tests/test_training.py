@@ -275,13 +275,12 @@ def test_batched_adam_scales_lr_by_sqrt_batch_and_powers_the_betas(shard, block,
         for name, lr in expected.items():
             group = trainer.optimizers[name].param_groups[0]
             assert group["lr"] == pytest.approx(lr * math.sqrt(B), rel=1e-12), name
-            assert group["betas"] == pytest.approx((0.9 ** B, 0.999 ** B), rel=1e-12), name
+        assert trainer.adam.betas == pytest.approx((0.9 ** B, 0.999 ** B), rel=1e-12)
         assert trainer.optimizers["colors"].param_groups[0]["lr_rest"] == pytest.approx(cfg.lr_shN * math.sqrt(B))
-        assert trainer.optimizers["means"].param_groups[0]["betas"] == pytest.approx((0.9 ** B, 0.999 ** B))
         step(trainer, scene, comm, 0)
     one = make_trainer(shard, block, train_config(batch=1))
     assert one.optimizers["colors"].param_groups[0]["lr"] == pytest.approx(cfg.lr_sh0)
-    assert one.optimizers["colors"].param_groups[0]["betas"] == pytest.approx((0.9, 0.999))
+    assert one.adam.betas == pytest.approx((0.9, 0.999))
 
 
 # ------------------------------------------------------------------------------------------ band loss
@@ -307,32 +306,76 @@ def test_band_loss_on_one_rank_is_the_image_loss(height):
             band_loss(pred[:, :4], gt[:, :4], ssim_weight=0.2, rows=(0, 4), height=height)
 
 
-# ------------------------------------------------------------------------------------------ colour Adam
+# ------------------------------------------------------------------------------------------ Adam
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_color_adam_equals_adam_on_sh0_and_shN_apart(device):
-    from insitu.training import ColorAdam
+def test_shard_adam_equals_torch_adam_on_each_parameter(device):
+    """One ShardAdam step (one kernel launch on CUDA) = torch.optim.Adam on every parameter apart,
+    SH band 0 and the other bands of the colours at their own rates, learning rates changed
+    between steps included; a parameter without a gradient is left alone."""
+    from insitu.adam import ShardAdam
 
     g = torch.Generator().manual_seed(5)
-    colors = torch.randn(50, 16, 3, generator=g, dtype=torch.float32).to(device)
-    joined = torch.nn.Parameter(colors.clone())
-    sh0, shN = torch.nn.Parameter(colors[:, :1].clone()), torch.nn.Parameter(colors[:, 1:].clone())
+    shapes = {"means": (70, 3), "scales": (70, 3), "quats": (70, 4), "opacities": (70,), "colors": (70, 16, 3)}
+    start = {k: torch.randn(*s, generator=g).to(device) for k, s in shapes.items()}
+    ours = {k: torch.nn.Parameter(t.clone()) for k, t in start.items()}
+    lrs = {"means": 1e-3, "scales": 5e-3, "quats": 1e-3, "opacities": 5e-2, "colors": (2e-3, 1e-4)}
     betas = (0.9 ** 2, 0.999 ** 2)
-    ours = ColorAdam([joined], lr=2e-3, lr_rest=1e-4, betas=betas, eps=1e-15)
-    ref = [torch.optim.Adam([sh0], lr=2e-3, betas=betas, eps=1e-15),
-           torch.optim.Adam([shN], lr=1e-4, betas=betas, eps=1e-15)]
-    for _ in range(5):
-        grad = torch.randn(50, 16, 3, generator=g).to(device)
-        joined.grad = grad.clone()
-        sh0.grad, shN.grad = grad[:, :1].clone(), grad[:, 1:].clone()
-        ours.step()
-        for opt in ref:
+    adam = ShardAdam(ours, lrs, betas=betas, eps=1e-15)
+    ref = {k: torch.nn.Parameter(t.clone()) for k, t in start.items() if k != "colors"}
+    ref["sh0"], ref["shN"] = (torch.nn.Parameter(start["colors"][:, :1].clone()),
+                              torch.nn.Parameter(start["colors"][:, 1:].clone()))
+    ref_lrs = {**{k: v for k, v in lrs.items() if k != "colors"}, "sh0": 2e-3, "shN": 1e-4}
+    ref_opt = {k: torch.optim.Adam([p], lr=ref_lrs[k], betas=betas, eps=1e-15) for k, p in ref.items()}
+    for it in range(6):
+        grads = {k: torch.randn(*s, generator=g).to(device) for k, s in shapes.items()}
+        if it == 3:
+            grads["quats"] = None                                       # no gradient this step
+        for k, grad in grads.items():
+            ours[k].grad = None if grad is None else grad.clone()
+        for k in ("means", "scales", "quats", "opacities"):
+            ref[k].grad = None if grads[k] is None else grads[k].clone()
+        ref["sh0"].grad, ref["shN"].grad = grads["colors"][:, :1].clone(), grads["colors"][:, 1:].clone()
+        adam.step()
+        adam.zero_grad()
+        for opt in ref_opt.values():
             opt.step()
-    torch.testing.assert_close(joined.detach(), torch.cat([sh0, shN], 1).detach(), rtol=1e-5, atol=1e-7)
-    state = ours.state[joined]
-    torch.testing.assert_close(state["exp_avg"][:, 1:], ref[1].state[shN]["exp_avg"], rtol=1e-5, atol=1e-8)
-    assert float(state["step"]) == 5
+            opt.zero_grad()
+        if it == 1:                                                     # a schedule changes a rate
+            adam.views["means"].param_groups[0]["lr"] = 3e-4
+            ref_opt["means"].param_groups[0]["lr"] = 3e-4
+        assert all(p.grad is None for p in ours.values())
+    for k in ("means", "scales", "opacities"):
+        torch.testing.assert_close(ours[k].detach(), ref[k].detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(adam.views[k].state[ours[k]]["exp_avg_sq"], ref_opt[k].state[ref[k]]["exp_avg_sq"],
+                                   rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(ours["colors"].detach(), torch.cat([ref["sh0"], ref["shN"]], 1).detach(),
+                               rtol=1e-5, atol=1e-6)
+    # the quats missed one step: its moments decayed once less than the shared count assumes, so only
+    # check that it moved and stayed finite (torch's Adam keeps a count per parameter)
+    assert torch.isfinite(ours["quats"]).all() and not torch.equal(ours["quats"].detach(), start["quats"])
+    assert float(adam.views["means"].state[ours["means"]]["step"]) == 6
 
+
+def test_shard_adam_follows_the_parameters_that_densification_replaces():
+    """gsplat's ops swap a parameter and its moments in ``views``; the next step updates the new ones."""
+    from gsplat.strategy.ops import duplicate
+
+    from insitu.adam import ShardAdam
+
+    params = {"means": torch.nn.Parameter(torch.zeros(4, 3)), "opacities": torch.nn.Parameter(torch.zeros(4))}
+    adam = ShardAdam(params, {"means": 1e-2, "opacities": 1e-2})
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    adam.step()
+    duplicate(params, adam.views, {}, torch.tensor([True, False, False, True]))
+    assert params["means"].shape == (6, 3) and adam.views["means"].param is params["means"]
+    assert adam.views["means"].state[params["means"]]["exp_avg"].shape == (6, 3)
+    before = params["means"].detach().clone()
+    for p in params.values():
+        p.grad = torch.ones_like(p)
+    adam.step()
+    assert (params["means"].detach() < before).all()
 
 
 def test_halo_exchange_reaches_only_the_neighbouring_bands():

@@ -1,0 +1,165 @@
+"""Adam over a shard's parameters in one pass: one kernel launch per step on CUDA.
+
+A training step updates five parameters (means, scales, quats, opacities, SH colours). Five
+``torch.optim.Adam`` instances cost five launches and five passes of Python bookkeeping per
+step, which at small images is as long as the kernels themselves, and constructing the first
+one imports ``torch._dynamo`` (seconds, once per process). :class:`ShardAdam` gives each
+parameter the update of ``torch.optim.Adam`` (same moments, bias corrections and ``eps``
+outside the square root) at its own learning rate, in one Triton kernel on CUDA and with torch
+operations elsewhere. ``colors: [N, K, 3]`` (SH band 0, then the others) has two rates: ``lr``
+for band 0, ``lr_rest`` for the rest.
+
+gsplat's densification ops (``gsplat.strategy.ops``) take a dict of optimizers and use, of
+each, ``param_groups[0]["params"]`` and ``state[param]``; :attr:`ShardAdam.views` is that dict,
+one :class:`ParamState` per parameter, so the ops replace a parameter and its moments in place
+and the next step uses the new ones.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+try:                                    # Triton ships with CUDA builds of torch
+    import triton
+    import triton.language as tl
+except ImportError:                     # pragma: no cover - CPU-only installs
+    triton = None
+
+
+class ParamState:
+    """What gsplat's ops use of an optimizer, for one parameter: ``param_groups`` (one group:
+    ``params``, ``lr``, and ``lr_rest``, the rate of SH bands >= 1 of ``[N, K, 3]`` colours, or None)
+    and ``state[param]`` (``step``, ``exp_avg``, ``exp_avg_sq``)."""
+
+    def __init__(self, param: Tensor, lr: float, lr_rest: float | None = None) -> None:
+        if lr_rest is not None and param.ndim != 3:
+            raise ValueError(f"lr_rest: expected SH coefficients [N, K, 3] for it, got shape {tuple(param.shape)}")
+        self.param_groups = [{"params": [param], "lr": float(lr), "lr_rest": None if lr_rest is None else float(lr_rest)}]
+        self.state = {param: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                              "exp_avg_sq": torch.zeros_like(param)}}
+
+    @property
+    def param(self) -> Tensor:
+        return self.param_groups[0]["params"][0]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.param.grad = None
+
+
+class ShardAdam:
+    """Adam over named parameters, each at its own learning rate, one pass per :meth:`step`.
+
+    params:  ``{name: Parameter}``; every parameter's first dimension is the Gaussians.
+    lrs:     ``{name: lr}``, or ``{name: (lr, lr_rest)}`` for ``colors: [N, K, 3]`` (band 0 at
+             ``lr``, bands >= 1 at ``lr_rest``).
+    betas, eps: as ``torch.optim.Adam``.
+
+    ``views[name]`` is the parameter's :class:`ParamState` (its learning rate is
+    ``views[name].param_groups[0]["lr"]``, which a schedule may change between steps). A
+    parameter without a gradient is left alone in that step; the step count is shared.
+    """
+
+    def __init__(self, params: dict[str, Tensor], lrs: dict[str, float | tuple[float, float]], *,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        if set(params) != set(lrs):
+            raise ValueError(f"lrs: expected a learning rate for each of {sorted(params)}, got {sorted(lrs)}")
+        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
+        self.views = {k: ParamState(p, *(lrs[k] if isinstance(lrs[k], tuple) else (lrs[k],)))
+                      for k, p in params.items()}
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One Adam update of every parameter that has a gradient."""
+        live = [v for v in self.views.values() if v.param.grad is not None and v.param.numel() > 0]
+        if not live:
+            return
+        self.steps += 1
+        b1, b2 = self.betas
+        bc1, bc2_sqrt = 1 - b1 ** self.steps, math.sqrt(1 - b2 ** self.steps)
+        for v in live:
+            v.state[v.param]["step"].fill_(self.steps)
+        if live[0].param.is_cuda and triton is not None and len(live) <= _SEGMENTS:
+            _step_triton(live, bc1, bc2_sqrt, b1, b2, self.eps)
+            return
+        for v in live:
+            p, state, group = v.param, v.state[v.param], v.param_groups[0]
+            m, s, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+            m.lerp_(g, 1 - b1)
+            s.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (s.sqrt() / bc2_sqrt).add_(self.eps)
+            if group["lr_rest"] is None:
+                p.addcdiv_(m, denom, value=-group["lr"] / bc1)
+            else:
+                p[:, :1].addcdiv_(m[:, :1], denom[:, :1], value=-group["lr"] / bc1)
+                p[:, 1:].addcdiv_(m[:, 1:], denom[:, 1:], value=-group["lr_rest"] / bc1)
+
+    def zero_grad(self) -> None:
+        for v in self.views.values():
+            v.zero_grad()
+
+
+_SEGMENTS, _BLOCK = 5, 1024
+
+
+def _step_triton(live: list[ParamState], bc1: float, bc2_sqrt: float, b1: float, b2: float, eps: float) -> None:
+    """One launch over up to five parameters: program ``i`` updates a block of the parameter whose
+    block range holds ``i`` (unused segments get no blocks)."""
+    segments, starts, bands, total = [], [], [], 0
+    for v in live:
+        p, state, group = v.param, v.state[v.param], v.param_groups[0]
+        m, s = state["exp_avg"], state["exp_avg_sq"]
+        if not (p.is_contiguous() and m.is_contiguous() and s.is_contiguous()):
+            raise ValueError("ShardAdam: parameters and their moments must be contiguous")
+        row, rest = p[0].numel(), group["lr_rest"]      # elements per Gaussian
+        segments += [p, p.grad.contiguous(), m, s, p.numel(), row, group["lr"] / bc1,
+                     (group["lr"] if rest is None else rest) / bc1]
+        bands.append(row if rest is None else 3)        # the first 3 of a row (SH band 0) at lr
+        starts.append(total)
+        total += triton.cdiv(p.numel(), _BLOCK)
+    dummy = live[0].param
+    for _ in range(_SEGMENTS - len(live)):
+        segments += [dummy, dummy, dummy, dummy, 0, 1, 0.0, 0.0]
+        bands.append(1)
+        starts.append(total)
+    _adam_kernel[(total,)](*segments, *starts[1:], *bands, b1, b2, eps, bc2_sqrt, BLOCK=_BLOCK)
+
+
+if triton is not None:
+    @triton.jit
+    def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, n, row, band, step0, step_rest, block, b1, b2, eps, bc2_sqrt,
+                    BLOCK: tl.constexpr):
+        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(g_ptr + offs, mask=mask)
+        m = tl.load(m_ptr + offs, mask=mask)
+        v = tl.load(v_ptr + offs, mask=mask)
+        p = tl.load(p_ptr + offs, mask=mask)
+        m = m + (1.0 - b1) * (g - m)
+        v = b2 * v + (1.0 - b2) * g * g
+        lr = tl.where(offs % row < band, step0, step_rest)      # the first `band` elements of each row at lr
+        p = p - lr * m / (tl.sqrt(v) / bc2_sqrt + eps)
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(p_ptr + offs, p, mask=mask)
+
+    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "n4", "s1", "s2", "s3", "s4"])
+    def _adam_kernel(p0, g0, m0, v0, n0, r0, a0, c0, p1, g1, m1, v1, n1, r1, a1, c1,
+                     p2, g2, m2, v2, n2, r2, a2, c2, p3, g3, m3, v3, n3, r3, a3, c3,
+                     p4, g4, m4, v4, n4, r4, a4, c4, s1, s2, s3, s4, k0, k1, k2, k3, k4,
+                     b1, b2, eps, bc2_sqrt, BLOCK: tl.constexpr):
+        """Segment i: parameter ``p_i`` (``n_i`` elements, rows of ``r_i``, the first ``k_i`` of a row at
+        step ``a_i``, the others at ``c_i``), blocks ``s_i`` to ``s_{i+1}`` of the grid."""
+        pid = tl.program_id(0)
+        if pid < s1:
+            _adam_block(p0, g0, m0, v0, n0, r0, k0, a0, c0, pid, b1, b2, eps, bc2_sqrt, BLOCK)
+        elif pid < s2:
+            _adam_block(p1, g1, m1, v1, n1, r1, k1, a1, c1, pid - s1, b1, b2, eps, bc2_sqrt, BLOCK)
+        elif pid < s3:
+            _adam_block(p2, g2, m2, v2, n2, r2, k2, a2, c2, pid - s2, b1, b2, eps, bc2_sqrt, BLOCK)
+        elif pid < s4:
+            _adam_block(p3, g3, m3, v3, n3, r3, k3, a3, c3, pid - s3, b1, b2, eps, bc2_sqrt, BLOCK)
+        else:
+            _adam_block(p4, g4, m4, v4, n4, r4, k4, a4, c4, pid - s4, b1, b2, eps, bc2_sqrt, BLOCK)
