@@ -13,7 +13,7 @@ truth, the Trainer with the step's schedule), then times ``pipeline.train_iterat
   and the kernels that take the most time;
 - ``variants``: steady ms per iteration with a random background, with the fixed one, with the
   alpha term, and gsplat's bare rasterization forward + backward of the same model and views;
-- ``metrics_first_s``: the first image-quality call of the process on a 64x64 image (torchmetrics'
+- ``metrics_import_s``: importing the evaluation's metrics (torchmetrics); ``metrics_first_s``: the first image-quality call of the process on a 64x64 image (torchmetrics'
   first use); ``evaluate_first_s``, ``evaluate_s``: the held-out evaluation before training (the
   first in the process) and one after the chunks.
 
@@ -96,8 +96,9 @@ def main() -> None:
     draws = pipeline.batches(scene, tc)
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
            "resolution": args.resolution, "gaussians": len(trainer), "setup_s": round(setup_s, 2)}
-    from insitu.metrics import image_quality
-
+    t = time.perf_counter()
+    from insitu.metrics import image_quality      # torchmetrics: imported on the first evaluation of a run
+    out["metrics_import_s"] = round(time.perf_counter() - t, 3)
     t = sync(comm)
     tiny = torch.rand(1, 64, 64, 3, device=comm.device)
     image_quality(tiny, tiny.flip(1))               # torchmetrics' first use in the process, on a tiny image

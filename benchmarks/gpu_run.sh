@@ -14,12 +14,14 @@
 #   kernels the Triton kernels: their gpu tests, SSIM and ray caster timings, one step vs bare gsplat
 #   recipe  the plain gsplat recipe (bench_recipe.py) on train1's ground truth and initial Gaussians
 #   protocol  the speed protocol, 1 and 2 GPUs: ground truth 448 x 2048^2, 18M seeds, step vs bare
-#           rasterization, bonsai 1024^2 to PSNR 30 / SSIM 0.97 on 1 and 2 GPUs (`protocol recipe const1
+#           rasterization, bonsai 1024^2 to PSNR 30 / SSIM 0.97 on 1 and 2 GPUs with 1 and with 2 views
+#           per step (`protocol recipe const1
 #           summary` is the whole protocol)
 #   proto1/proto2  the protocol's `insitu run` at 1024^2 alone, on 1 / 2 GPUs
 #   const1  the 1-GPU protocol run with constant initial colours (seeds.color_init=constant)
 #   alpha1  the 1-GPU protocol run with the alpha term (train.alpha_weight=0.1)
-#   batch2  the 2-GPU protocol run with 2 views per step (evaluations every 250 steps: the same images)
+#   batch2/batch2x1  the protocol run with 2 views per step on 2 / 1 GPUs (3000 steps, evaluations every 250:
+#           the same images as the 1-view run)
 #   loop    where an iteration's time goes at 1024^2, 1 GPU (benchmarks/bench_loop.py)
 #   warm    warm against cold start, Gray-Scott L=128, 1 GPU (benchmarks/bench_warm_start.py)
 #   summary benchmarks/speed_protocol.py: the figures of the stages above into benchmarks/results/speed_protocol.json
@@ -40,8 +42,9 @@ figures() {   # the composite's and the viewer's figures of a metrics.json
     ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds',
      'evaluation_seconds', 'initial_evaluation_seconds', 'total_seconds')})" "$1"
 }
-PROTO="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97
+PROTO="--iso 40 --views 448 --resolution 1024 --iterations 6000 --psnr-target 30 --ssim-target 0.97
        --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
+BATCH2="--batch 2 --iterations 3000 --set train.eval_every=250"   # 2 views per step: the same images
 proto() {      # proto NAME P [ARGS...]: PROTO on P GPUs, metrics.json as $OUT/proto_NAME_metrics.json
   local name=$1 n=$2; shift 2
   rm -rf /tmp/$name; timeout 240 $MPIRUN -n $n python -m insitu run "$BONSAI" $PROTO "$@" --out /tmp/$name \
@@ -111,7 +114,7 @@ for stage in "$@"; do
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 2>&1 | tee "$OUT/kernels_step.log" | tail -n 1 ;;
     recipe) CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_recipe.py --data "$BONSAI" --iso 40 \
-              --resolution 1024 --views 448 --budget 500000 --eval-every 500 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
+              --resolution 1024 --views 448 --budget 500000 --iterations 6000 --eval-every 500 > "$OUT/proto_recipe.json" 2> "$OUT/recipe.log"
             tail -c 400 "$OUT/proto_recipe.json" ;;
     sweep)  # $SWEEP: "NAME=ARGS|NAME=ARGS|...", each the 1-GPU protocol run with ARGS; two at a time, on GPUs 0 and 1
             IFS='|' read -ra runs <<< "${SWEEP:?set SWEEP}"; i=0
@@ -137,12 +140,13 @@ for stage in "$@"; do
             timeout 200 $MPIRUN -n 1 python benchmarks/bench_step.py --data "$BONSAI" --iso 40 --budget 4000000 \
               --resolution 2048 --views 8 --steps 30 > "$OUT/proto_step1.json" 2> "$OUT/proto_step1.log"
             cat "$OUT/proto_step1.json"
-            proto train1 1; proto train2 2 ;;
+            proto train1 1; proto train2 2; proto batch2x1 1 $BATCH2; proto batch2 2 $BATCH2 ;;
     proto1) proto train1 1 ;;
     proto2) proto train2 2 ;;
     const1) proto const1 1 --set seeds.color_init=constant ;;
     alpha1) proto alpha1 1 --set train.alpha_weight=0.1 ;;
-    batch2) proto batch2 2 --batch 2 --set train.eval_every=250 ;;
+    batch2) proto batch2 2 $BATCH2 ;;
+    batch2x1) proto batch2x1 1 $BATCH2 ;;
     loop)   CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_loop.py --data "$BONSAI" > "$OUT/loop.json" \
               2> "$OUT/loop.log"; cat "$OUT/loop.json" ;;
     warm)   CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_warm_start.py --L 128 --step 480 --gap 20 80 \

@@ -15,6 +15,9 @@ writes ``--out`` with the keys below; a figure whose run was not made (or failed
     ours_over_recipe    ours / recipe training time, with ``ours`` from ``proto_train1_side_metrics.json``
                         when present (the 1-GPU run made in the same command as the recipe), else train_s_1gpu
     train_s_2gpu_batch2, total_s_2gpu_batch2, iterations_to_target_2gpu_batch2: 2 GPUs, 2 views per step
+    train_s_1gpu_batch2, total_s_1gpu_batch2, iterations_to_target_1gpu_batch2: the same on 1 GPU;
+                        train_speedup_batch2 (1 -> 2 GPUs), ours_batch2_over_recipe (its training / the recipe's)
+    evaluation_s_*      seconds of the evaluations inside the training time (the first one included)
     sources             the contents of ``sources.json`` in ``--dir``, when the files come from several runs
     ply_psnr, ply_ssim, psnr_foreground, psnr_white (_1gpu, _2gpu): model.ply as a viewer draws it, etc.
     seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
@@ -71,6 +74,7 @@ def main() -> None:
     const1 = _json(d / "proto_const1_metrics.json")
     side = _json(d / "proto_train1_side_metrics.json") or m1
     batch2 = _json(d / "proto_batch2_metrics.json")
+    batch2x1 = _json(d / "proto_batch2x1_metrics.json")
     recipe_s, side_s = _get(recipe, "train_s"), _get(side, "train_seconds")
     gpu = args.gpu
     if gpu is None:
@@ -102,6 +106,17 @@ def main() -> None:
         "ours_over_recipe": round(side_s / recipe_s, 3) if side_s and recipe_s else None,
         "train_s_2gpu_batch2": _get(batch2, "train_seconds"), "total_s_2gpu_batch2": _total(batch2),
         "iterations_to_target_2gpu_batch2": _get(batch2, "target_reached_at"),
+        "train_s_1gpu_batch2": _get(batch2x1, "train_seconds"), "total_s_1gpu_batch2": _total(batch2x1),
+        "iterations_to_target_1gpu_batch2": _get(batch2x1, "target_reached_at"),
+        "train_speedup_batch2": (round(batch2x1["train_seconds"] / batch2["train_seconds"], 3)
+                                 if batch2 and batch2x1 else None),
+        "ours_batch2_over_recipe": (round(batch2x1["train_seconds"] / recipe_s, 3)
+                                    if batch2x1 and recipe_s else None),
+        **{f"evaluation_s_{name}": _get(m, "evaluation_seconds")
+           for name, m in (("1gpu", m1), ("2gpu", m2), ("1gpu_batch2", batch2x1), ("2gpu_batch2", batch2))},
+        **{f"psnr_{name}": _get(m, "psnr") for name, m in (("1gpu_batch2", batch2x1), ("2gpu_batch2", batch2))},
+        **{f"ssim_{name}": _get(m, "ssim") for name, m in (("1gpu_batch2", batch2x1), ("2gpu_batch2", batch2))},
+        "recipe_iterations": _get(recipe, "iterations"),
     }
     if (d / "sources.json").exists():
         result["sources"] = json.loads((d / "sources.json").read_text())

@@ -209,14 +209,30 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
                          views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
                          color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
                          device=device)
+    # On GPUs with several ranks the compositing of a group runs on a stream of its own, so a rank
+    # casts its next group while the all-to-all waits for the slower rank's casting of this one.
+    side = torch.cuda.Stream(device) if device.type == "cuda" and comm.size > 1 else None
+    done = []                                   # events of the groups composited on `side`
     while True:
         with comm.phase("ground truth"):      # local ray casting only; the compositing is collective
             ids, rgba, _ = next(cast, (None, None, None))
         if ids is None:
             break
-        band = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm)
-        gt[ids] = band.to(gt.dtype)
+        if side is None:
+            gt[ids] = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm).to(gt.dtype)
+        else:
+            side.wait_stream(torch.cuda.current_stream(device))        # this group is cast
+            with torch.cuda.stream(side):
+                gt[ids] = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm).to(gt.dtype)
+                done.append(torch.cuda.Event())
+                done[-1].record(side)
+            rgba.record_stream(side)            # its memory is not reused before the compositing is done
+            ids.record_stream(side)
+            if len(done) > 2:                   # at most two groups' images in flight
+                done.pop(0).synchronize()
         bar.update(len(ids))
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
     bar.close()
     return Scene(views, order, gt, rows, background)
 
