@@ -7,6 +7,9 @@ every rank ends with the same clear error instead of waiting in a collective.
 """
 from __future__ import annotations
 
+import importlib
+import sys
+import threading
 import time as _time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,6 +71,38 @@ class Scene:
         rgba = self.gt[ids].float()
         bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
         return rgba[..., :3] + (1 - rgba[..., 3:]) * bg
+
+
+_PRELOAD: list[threading.Thread] = []
+
+
+def preload_evaluation() -> None:
+    """Import the evaluation's metrics on a background thread, once per process.
+
+    Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
+    started at the beginning of a step, the import overlaps seeding, ray casting and the seed
+    colours instead of delaying the first evaluation, which then finds the module imported (or
+    waits for the rest of the import). The modules the step imports lazily itself (gsplat) are
+    imported first, on this thread, so that the two threads never import the same modules at
+    once. A failure on the background thread is ignored: the first evaluation then imports, and
+    reports the error, as usual.
+    """
+    if _PRELOAD or "insitu.metrics" in sys.modules:
+        return
+    from .rendering import gsplat_import_error
+
+    if gsplat_import_error() is None:
+        import gsplat.strategy.ops  # noqa: F401 - densification's, imported here rather than during the import
+
+    def run() -> None:
+        try:
+            importlib.import_module("insitu.metrics")
+        except Exception:       # noqa: BLE001 - the evaluation imports it again and raises there
+            pass
+
+    thread = threading.Thread(target=run, name="insitu-preload", daemon=True)
+    _PRELOAD.append(thread)
+    thread.start()
 
 
 def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
@@ -341,6 +376,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
     t0 = _time.perf_counter()
+    preload_evaluation()
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
     with comm.phase("input check"):              # local checks only: no collective inside a phase

@@ -231,7 +231,7 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
 
 
 @functools.lru_cache(maxsize=None)
-def _gsplat_import_error() -> str | None:
+def gsplat_import_error() -> str | None:
     """None when gsplat imports, else why it does not."""
     try:
         import gsplat  # noqa: F401
@@ -243,7 +243,7 @@ def _gsplat_import_error() -> str | None:
 @functools.lru_cache(maxsize=None)
 def _warn_torch_on_cuda() -> None:
     """Once per process: CUDA tensors, but gsplat does not import, so the (much slower) torch path runs."""
-    warnings.warn(f"rasterize: gsplat does not import ({_gsplat_import_error()}); backend 'auto' renders CUDA "
+    warnings.warn(f"rasterize: gsplat does not import ({gsplat_import_error()}); backend 'auto' renders CUDA "
                   "tensors with the torch reference rasterizer, which is orders of magnitude slower. Install "
                   "gsplat, or pass backend='torch' to choose it knowingly.", RuntimeWarning, stacklevel=3)
 
@@ -254,14 +254,14 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type != "cuda":
             return "torch"
-        if _gsplat_import_error() is not None:
+        if gsplat_import_error() is not None:
             _warn_torch_on_cuda()
             return "torch"
         return "gsplat"
     if device.type != "cuda":
         raise ValueError(f"rasterize: backend 'gsplat' needs CUDA tensors, got tensors on {device}; "
                          "use backend='torch' (or 'auto') on this device")
-    err = _gsplat_import_error()
+    err = gsplat_import_error()
     if err is not None:
         raise RuntimeError(f"rasterize: backend 'gsplat' requested but gsplat does not import ({err})")
     return "gsplat"

@@ -220,6 +220,33 @@ def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(c
         torch.testing.assert_close(pred, pred1)
 
 
+def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts():
+    """A fresh process: compute_step starts importing the evaluation's metrics (torchmetrics) on a
+    thread of its own, gsplat having been imported first on the calling thread; a second call
+    starts nothing."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    script = """
+import sys, threading
+import insitu.pipeline as p
+assert "insitu.metrics" not in sys.modules and "torchmetrics" not in sys.modules
+p.preload_evaluation()
+(thread,) = p._PRELOAD
+assert "gsplat" in sys.modules and thread.name == "insitu-preload"
+thread.join(120)
+assert "torchmetrics" in sys.modules and "insitu.metrics" in sys.modules
+p.preload_evaluation()
+assert len(p._PRELOAD) == 1 and threading.active_count() == 1
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=180)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
     """train.alpha_weight > 0: each step is given the alpha of the same views' ground-truth band;
     with the default 0, none."""

@@ -418,7 +418,7 @@ def test_auto_warns_once_when_cuda_tensors_fall_back_to_torch(monkeypatch):
     """No gsplat on a CUDA device: 'auto' still renders (the torch path), and says so once."""
     from insitu import rendering
 
-    monkeypatch.setattr(rendering, "_gsplat_import_error", lambda: "ImportError: no gsplat")
+    monkeypatch.setattr(rendering, "gsplat_import_error", lambda: "ImportError: no gsplat")
     rendering._warn_torch_on_cuda.cache_clear()
     cuda = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match="torch reference rasterizer"):

@@ -348,7 +348,7 @@ def test_shard_adam_equals_torch_adam_on_each_parameter(device):
     for k in ("means", "scales", "opacities"):
         torch.testing.assert_close(ours[k].detach(), ref[k].detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(adam.views[k].state[ours[k]]["exp_avg_sq"], ref_opt[k].state[ref[k]]["exp_avg_sq"],
-                                   rtol=1e-5, atol=1e-9)
+                                   rtol=1e-4, atol=1e-7)                # float32, fused differently on CUDA
     torch.testing.assert_close(ours["colors"].detach(), torch.cat([ref["sh0"], ref["shN"]], 1).detach(),
                                rtol=1e-5, atol=1e-6)
     # the quats missed one step: its moments decayed once less than the shared count assumes, so only
