@@ -75,7 +75,7 @@ class ViewConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = constrained(3000, POSITIVE)
+    iterations: int = constrained(3000, POSITIVE)  # the position learning rate decays over them
     batch: int = constrained(1, POSITIVE)  # views per optimiser step
     sh_degree: int = constrained(3, NON_NEGATIVE)  # reached gradually: one band every sh_increase_every
     sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations
