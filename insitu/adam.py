@@ -36,7 +36,8 @@ class ParamState:
     def __init__(self, param: Tensor, lr: float, lr_rest: float | None = None) -> None:
         if lr_rest is not None and param.ndim != 3:
             raise ValueError(f"lr_rest: expected SH coefficients [N, K, 3] for it, got shape {tuple(param.shape)}")
-        self.param_groups = [{"params": [param], "lr": float(lr), "lr_rest": None if lr_rest is None else float(lr_rest)}]
+        rest = None if lr_rest is None else float(lr_rest)
+        self.param_groups = [{"params": [param], "lr": float(lr), "lr_rest": rest}]
         self.state = {param: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
                               "exp_avg_sq": torch.zeros_like(param)}}
 

@@ -121,6 +121,9 @@ class ParallelConfig:
     transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"))  # the composited colour bands
     threads: int = constrained(0, NON_NEGATIVE)     # torch CPU threads per rank (0: torch's default); in situ
                                                     # on CPU ranks, fewer leave cores to the simulation
+    layout: str = constrained("sort-last", choices=("sort-last", "replicated"))   # how ranks share training:
+                                                    # each its block's Gaussians (sort-last), or each the whole
+                                                    # model and its own views (replicated: models that fit one device)
 
 
 @dataclass
@@ -369,10 +372,11 @@ CHUNK_RAYS = 1 << 22                    # rays marched at once
 def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     """Bytes one of ``ranks`` ranks needs at least, per part, for a step trained with ``cfg``.
 
-    ground_truth: the rank's band of every view (float16 RGB);
+    ground_truth: the rank's band of every view (float16 RGB), and with ``parallel.layout:
+                  replicated`` the whole views too;
     ray_casting:  one chunk of views ray cast and composited (float32 RGBA, several copies);
     rendering:    one batch of views rendered, composited and differentiated (float32);
-    gaussians:    the rank's share of the initial Gaussians with gradients and optimiser state
+    gaussians:    the rank's share of the initial Gaussians (all of them, replicated) with gradients and optimiser state
                   (the budget is only reached with ``seeds.fill``; without it, by the surface's vertices).
     """
     vc, res = cfg.views, cfg.views.resolution
@@ -380,11 +384,12 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     band = -(-res // ranks) * res
     chunk = max(1, CHUNK_RAYS // pixels)
     rays = min(chunk * pixels * vc.supersample ** 2, CHUNK_RAYS)
+    replicated = cfg.parallel.layout == "replicated" and ranks > 1   # every rank the whole images and model
     return {
-        "ground_truth": vc.count * band * 3 * 2,
+        "ground_truth": vc.count * (band + (pixels if replicated else 0)) * 3 * 2,
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
         "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
-        "gaussians": (cfg.seeds.budget // ranks if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,
+        "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,
     }
 
 

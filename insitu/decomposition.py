@@ -108,6 +108,19 @@ class Decomposition:
         """The edges in world units: ``origin + spacing * edge`` per axis (cells: edges lie on samples)."""
         return tuple(float(o) + float(s) * e.astype(np.float64) for o, s, e in zip(origin, spacing, self.edges))
 
+    def owners(self, points: np.ndarray, origin, spacing) -> np.ndarray:
+        """[N] the rank whose block holds each of ``points: [N, 3]`` (world x, y, z).
+
+        A point on an inner edge belongs to the block above it; points outside the grid belong to
+        the nearest block along each axis, so every point has exactly one owner.
+        """
+        points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+        index = np.stack([np.clip(np.searchsorted(e, points[:, a], side="right") - 1, 0, d - 1)
+                          for a, (e, d) in enumerate(zip(self.world_edges(origin, spacing), self.dims))], axis=1)
+        rank_of = np.empty(self.dims, dtype=np.int64)
+        rank_of[tuple(np.asarray(self.coords).T)] = np.arange(len(self.coords))
+        return rank_of[tuple(index.T)]
+
 
 def _box(lo, hi) -> str:
     return " x ".join(f"[{int(a)}, {int(b)})" for a, b in zip(lo, hi))

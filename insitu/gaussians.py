@@ -110,15 +110,17 @@ def numpy32(t: Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
 
 
-def gather_gaussians(local: Gaussians, mpi_comm: Any) -> Gaussians | None:
+def gather_gaussians(local: Gaussians, mpi_comm: Any, *, everywhere: bool = False) -> Gaussians | None:
     """Collect every rank's shard on rank 0 as one model, in rank order (a collective).
 
     local:    this rank's Gaussians (any device; every rank must have the same SH degree)
     mpi_comm: an mpi4py communicator, or None for a single process.
+    everywhere: every rank gets the merged model (an all-gather), not only rank 0.
 
-    Returns the merged float32 Gaussians on the CPU on rank 0, None on the other ranks; with one
-    rank (or no communicator) returns ``local`` unchanged. Arrays move with MPI Gatherv (no pickling
-    of the data). Mismatched shards raise ValueError on every rank, so none is left waiting.
+    Returns the merged float32 Gaussians on the CPU on rank 0 (on every rank with ``everywhere``),
+    None on the other ranks; with one rank (or no communicator) returns ``local`` unchanged. Arrays
+    move with MPI Gatherv / Allgatherv (no pickling of the data). Mismatched shards raise ValueError
+    on every rank, so none is left waiting.
     """
     if mpi_comm is None or mpi_comm.Get_size() == 1:
         check_gaussians(local)
@@ -143,12 +145,15 @@ def gather_gaussians(local: Gaussians, mpi_comm: Any) -> Gaussians | None:
     for name, t in local.tensors().items():
         width = math.prod(t.shape[1:])
         send = np.ascontiguousarray(numpy32(t).reshape(n, width))
+        here = everywhere or rank == 0
         if width == 0:                      # SH degree 0 has no shN: nothing to move
-            merged[name] = torch.zeros((sum(counts) if rank == 0 else 0,) + tuple(t.shape[1:]))
-        elif rank == 0:
-            recv = np.empty((sum(counts), width), np.float32)
-            mpi_comm.Gatherv(send, (recv, [c * width for c in counts]), root=0)
-            merged[name] = torch.from_numpy(recv).reshape((sum(counts),) + tuple(t.shape[1:]))
+            merged[name] = torch.zeros((sum(counts) if here else 0,) + tuple(t.shape[1:]))
+            continue
+        recv = np.empty((sum(counts), width), np.float32) if here else None
+        if everywhere:
+            mpi_comm.Allgatherv(send, (recv, [c * width for c in counts]))
         else:
-            mpi_comm.Gatherv(send, None, root=0)
-    return Gaussians(**merged) if rank == 0 else None
+            mpi_comm.Gatherv(send, (recv, [c * width for c in counts]) if here else None, root=0)
+        if here:
+            merged[name] = torch.from_numpy(recv).reshape((sum(counts),) + tuple(t.shape[1:]))
+    return Gaussians(**merged) if everywhere or rank == 0 else None

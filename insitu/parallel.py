@@ -97,6 +97,14 @@ class Comm:
     _owns: str = field(default="", repr=False)     # "default", "group" or "" (what shutdown frees)
     _hooks: tuple | None = field(default=None, repr=False)   # (our excepthook, the one it replaced)
 
+    def solo(self) -> "Comm":
+        """This process alone, on the same device: a Comm of one rank (its collectives are the
+        identity), for work every rank does by itself (``parallel.layout: replicated``)."""
+        from mpi4py import MPI
+
+        return Comm(mpi=MPI.COMM_SELF, rank=0, size=1, local_rank=self.local_rank, device=self.device, group=None,
+                    timeout_s=self.timeout_s, watchdog_s=self.watchdog_s)
+
     # ---------------------------------------------------------------- error handling
     def agree(self, ok: bool, message: str = "", *, where: str = "check", input_error: bool = False) -> None:
         """Collective: raise :class:`RankFailure` on every rank if any rank passes ``ok=False``.

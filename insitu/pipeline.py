@@ -12,7 +12,7 @@ import sys
 import threading
 import time as _time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -82,17 +82,19 @@ def preload_evaluation() -> None:
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
     started at the beginning of a step, the import overlaps seeding, ray casting and the seed
     colours instead of delaying the first evaluation, which then finds the module imported (or
-    waits for the rest of the import). The modules the step imports lazily itself (gsplat) are
-    imported first, on this thread, so that the two threads never import the same modules at
-    once. A failure on the background thread is ignored: the first evaluation then imports, and
-    reports the error, as usual.
+    waits for the rest of the import). What a step imports lazily itself (gsplat and its
+    densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
+    imports nothing else that the metrics' import does, so the two threads do not import the same
+    modules at once. A failure on the background thread is ignored: the first evaluation then
+    imports, and reports the error, as usual.
     """
     if _PRELOAD or "insitu.metrics" in sys.modules:
         return
     from .rendering import gsplat_import_error
 
+    import scipy.spatial  # noqa: F401 - the warm start's k-d tree
     if gsplat_import_error() is None:
-        import gsplat.strategy.ops  # noqa: F401 - densification's, imported here rather than during the import
+        import gsplat.strategy.ops  # noqa: F401 - densification's
 
     def run() -> None:
         try:
@@ -214,6 +216,24 @@ def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tens
                             torch.as_tensor(hi, device=device), torch.as_tensor(dec.coords, device=device),
                             edges=tuple(torch.as_tensor(e, device=device)
                                         for e in dec.world_edges(block.origin, block.spacing)))
+
+
+def replicate(shard: Gaussians, scene: Scene, comm) -> tuple[Gaussians, Scene]:
+    """The data-parallel layout (``parallel.layout: replicated``); collective over ``comm``.
+
+    Returns the whole model (every rank's shard, in rank order) and a Scene of the whole images of
+    every view, on every rank: each rank then trains the whole model on views of its own, alone
+    (``comm.solo()``), and the trainer averages the gradients over the ranks.
+    """
+    from .gaussians import gather_gaussians
+
+    model = gather_gaussians(shard.to("cpu"), comm.mpi, everywhere=True).to(comm.device)
+    views = scene.views
+    gt = torch.empty(len(views), views.height, views.width, 4, dtype=scene.gt.dtype, device=scene.gt.device)
+    for group in view_groups(list(range(len(views))), views.width, views.height):
+        gt[group] = gather_bands(scene.gt[group], comm)
+    order = torch.zeros(len(views), 1, device=scene.order.device)     # one layer: nothing to composite
+    return model, Scene(views, order, gt, (0, views.height), scene.background)
 
 
 def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
@@ -416,15 +436,35 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     t_color = _time.perf_counter()
     if cfg.seeds.color_init != "constant":
         note(f"step {step} colours from the ground truth ({t_color - t_scene:.1f} s)", show)
-    lo, hi = block.box
+    glo, ghi = block.global_box
+    extent = 0.5 * float(np.linalg.norm(ghi - glo))
+    replicated = cfg.parallel.layout == "replicated" and comm.size > 1
+    if replicated:                               # each rank the whole model, its own views
+        model, scene = replicate(shard, scene, comm)
+        run, (lo, hi), cap = comm.solo(), (glo, ghi), tc.max_gaussians
+    else:                                        # each rank its block's Gaussians, composited sort-last
+        model, run, (lo, hi), cap = shard, comm, block.box, max(int(tc.max_gaussians * share), len(shard))
     margin = 2.0 * spacing
     box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
            torch.as_tensor(hi + margin, dtype=torch.float32, device=device))
-    glo, ghi = block.global_box
-    extent = 0.5 * float(np.linalg.norm(ghi - glo))
     iters = iterations if iterations is not None else tc.iterations
-    trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=max(int(tc.max_gaussians * share), len(shard)),
-                      device=device, total_iterations=iters, sh_degree_start=warm.sh_degree if warm is not None else 0)
+    trainer = Trainer(model, tc, extent=extent, box=box, max_gaussians=cap, device=device, total_iterations=iters,
+                      sh_degree_start=warm.sh_degree if warm is not None else 0,
+                      replicas=comm if replicated else None)
+    if replicated:
+        torch.manual_seed(tc.seed)              # densification draws the same samples on every replica
+
+    def whole(n: int) -> int:
+        """Gaussians of the whole model, from this rank's ``n``."""
+        return n if replicated else comm.mpi.allreduce(n)
+
+    def evaluated(**kw):
+        """:func:`evaluate` of the trainer's model: sort-last on every rank; replicated on rank 0
+        alone (every rank holds the same model), its figures sent to every rank."""
+        if not replicated:
+            return evaluate(trainer.params, scene, comm, backend=tc.backend, **kw)
+        q, images = evaluate(trainer.params, scene, run, backend=tc.backend, **kw) if comm.rank == 0 else (None, [])
+        return comm.mpi.bcast(q, root=0), images
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_gt = _time.perf_counter()
@@ -434,7 +474,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         if device.type == "cuda":
             torch.cuda.synchronize(device)      # the queued iterations are training time, not evaluation
         t = _time.perf_counter()
-        q, _ = evaluate(trainer.params, scene, comm, sh_degree=sh_degree, backend=tc.backend)
+        q, _ = evaluated(sh_degree=sh_degree)
         evaluations.append(_time.perf_counter() - t)    # evaluate ends reading its figures: the device is done
         return q
 
@@ -444,16 +484,19 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     bar = progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
     reached = None
-    for it, (ids, bg) in zip(range(iters), batches(scene, tc)):
-        loss = train_iteration(trainer, scene, ids, bg, cfg, comm)
+    B = tc.batch
+    for it, (ids, bg) in zip(range(iters), batches(scene, replace(tc, batch=trainer.images_per_step))):
+        if replicated:                          # this rank's views of the step's batch
+            ids, bg = ids[comm.rank * B:(comm.rank + 1) * B], (bg[comm.rank * B:(comm.rank + 1) * B]
+                                                              if bg.ndim == 2 else bg)
+        loss = train_iteration(trainer, scene, ids, bg, cfg, run)
         if tc.progress and (it % show_every == 0 or it == iters - 1):     # every rank: whole-model figures
-            loss_all, n_all = comm.mpi.allreduce(np.array([float(loss), len(trainer)]))
-            bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=int(n_all))
+            loss_all = comm.mpi.allreduce(float(loss)) / (comm.size if replicated else 1)
+            bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=whole(len(trainer)))
         bar.update(1)
         if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
             q = scored(trainer.sh_degree_trained)
-            n_all = comm.mpi.allreduce(len(trainer))
-            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": n_all,
+            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": whole(len(trainer)),
                             "seconds": _time.perf_counter() - t_gt})
             if target_reached(q, tc):
                 reached = it + 1
@@ -462,15 +505,20 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_train = _time.perf_counter()
-    q, images = evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree_trained, backend=tc.backend,
-                         keep_images=cfg.output.images)
+    q, images = evaluated(sh_degree=trainer.sh_degree_trained, keep_images=cfg.output.images)
     gaussians = trainer.gaussians()
+    if replicated:                          # back to shards: each rank keeps the Gaussians in its block
+        owner = decomposition.owners(gaussians.means.detach().cpu().numpy(), block.origin, block.spacing)
+        gaussians = gaussians.select(torch.as_tensor(owner == comm.rank, device=gaussians.means.device))
     from .gaussians import gather_gaussians
 
     merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
     if cfg.output.ply_metrics:
         merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
-        qm = model_quality(merged, scene, comm, backend=tc.backend)
+        if replicated:                      # the whole images are on every rank: rank 0 draws alone
+            qm = comm.mpi.bcast(model_quality(merged, scene, run, backend=tc.backend) if comm.rank == 0 else None)
+        else:
+            qm = model_quality(merged, scene, comm, backend=tc.backend)
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,

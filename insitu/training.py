@@ -278,11 +278,19 @@ class Trainer:
     total_iterations: length of the learning-rate schedule (default ``cfg.iterations``).
     sh_degree_start: SH degree at iteration 0 (a warm start goes on at the degree it reached);
                      one more band every ``cfg.sh_increase_every`` iterations up to the shard's degree.
+    replicas:     data parallelism: the ranks of this Comm each hold the same whole model and
+                  train it on their own ``cfg.batch`` views; after every backward pass the
+                  gradients and the densification statistics are averaged / summed over them (one
+                  all-reduce), so every replica takes the same step, the one a single rank takes
+                  with all ``cfg.batch * P`` views (learning rate and betas scaled for that batch).
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
-                 max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0):
+                 max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0,
+                 replicas=None):
         self.cfg = cfg
+        self.replicas = replicas if replicas is not None and replicas.size > 1 else None
+        self.images_per_step = cfg.batch * (self.replicas.size if self.replicas else 1)
         self.extent = float(extent)
         self.box = box
         self.max_gaussians = int(max_gaussians)
@@ -291,7 +299,7 @@ class Trainer:
         self.params = to_params(gaussians.to(device))
         self.sh_degree_max = gaussians.sh_degree
         self.sh_degree_start = int(sh_degree_start)
-        B = cfg.batch
+        B = self.images_per_step
         root = math.sqrt(B)                     # batched Adam: lr * sqrt(B), momentum per image kept
         lrs = {"means": cfg.lr_means * self.extent * root, "scales": cfg.lr_scales * root,
                "quats": cfg.lr_quats * root, "opacities": cfg.lr_opacities * root,
@@ -322,8 +330,8 @@ class Trainer:
 
     def _schedule(self) -> None:
         t = min(self.iteration / max(self.total, 1), 1.0)
-        lr0 = self.cfg.lr_means * self.extent * math.sqrt(self.cfg.batch)
-        lr1 = self.cfg.lr_means_final * self.extent * math.sqrt(self.cfg.batch)
+        lr0 = self.cfg.lr_means * self.extent * math.sqrt(self.images_per_step)
+        lr1 = self.cfg.lr_means_final * self.extent * math.sqrt(self.images_per_step)
         for group in self.optimizers["means"].param_groups:
             group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
 
@@ -345,7 +353,12 @@ class Trainer:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
-        self._accumulate(info)
+        seen = self._visible_gradients(info)
+        if self.replicas is not None:
+            seen = self._all_reduce(seen)
+        if seen is not None:
+            self.state.grad2d += seen[0]
+            self.state.count += seen[1]
         self.adam.step()
         self.adam.zero_grad()
         self.iteration += 1
@@ -355,16 +368,37 @@ class Trainer:
         return loss.detach()
 
     @torch.no_grad()
-    def _accumulate(self, info: dict) -> None:
-        """Add each Gaussian's screen-space gradient norm (pixels) and view count: dense, no host sync."""
+    def _visible_gradients(self, info: dict) -> tuple[Tensor, Tensor] | None:
+        """This step's ``(grad2d [N], count [N])``: each Gaussian's screen-space gradient norm
+        (pixels) summed over the views that see it, and their number; dense, no host sync."""
         m2d = info.get("means2d")
         if m2d is None or m2d.grad is None or len(self) == 0:
-            return
+            return None
         g, C = m2d.grad, m2d.grad.shape[0]              # [C, N, 2], in NDC units: scaled to pixels
         norm = torch.hypot(g[..., 0] * (info["width"] / 2.0 * C), g[..., 1] * (info["height"] / 2.0 * C))
         visible = info["radii"] > 0                     # [C, N]
-        self.state.grad2d += (norm * visible).sum(0)
-        self.state.count += visible.sum(0)
+        return (norm * visible).sum(0), visible.sum(0).to(norm.dtype)
+
+    @torch.no_grad()
+    def _all_reduce(self, seen: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """Average the parameters' gradients and sum the densification statistics over the replicas,
+        in one all-reduce. Every replica then holds the same values, so their steps (and their
+        densification) stay identical."""
+        import torch.distributed as dist
+
+        n = len(self)
+        if seen is None:
+            seen = (torch.zeros(n, device=self.device), torch.zeros(n, device=self.device))
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [seen[0], seen[1]])
+        self.replicas.traffic.add(2 * flat.numel() * flat.element_size() * (self.replicas.size - 1)
+                                  / self.replicas.size)
+        dist.all_reduce(flat, group=self.replicas.group)
+        P, offset = self.replicas.size, 0
+        for p, g in zip(self.params.values(), grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(g).div_(P)
+            offset += g.numel()
+        return flat[offset:offset + n], flat[offset + n:offset + 2 * n]
 
     @torch.no_grad()
     def _densify(self) -> None:

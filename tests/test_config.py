@@ -93,3 +93,17 @@ def test_the_example_config_holds_every_key_with_its_default():
             got = given[key.name]
             assert got == want or (isinstance(want, tuple) and list(want) == got), \
                 f"{section.name}.{key.name}: example {got!r}, default {want!r}"
+
+
+def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_whole_model():
+    from insitu.config import memory_estimate
+
+    cfg = Config()
+    cfg.views.count, cfg.views.resolution, cfg.seeds.fill, cfg.seeds.budget = 10, 100, True, 1000
+    sort_last = memory_estimate(cfg, ranks=2)
+    cfg.parallel.layout = "replicated"
+    replicated, one = memory_estimate(cfg, ranks=2), memory_estimate(cfg, ranks=1)
+    assert sort_last["ground_truth"] == 10 * 50 * 100 * 3 * 2                 # a band of every view
+    assert replicated["ground_truth"] == 10 * (50 + 100) * 100 * 3 * 2        # the band, then the whole views
+    assert replicated["gaussians"] == one["gaussians"] == 2 * sort_last["gaussians"]
+    assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds), ranks=1)   # one rank: no replicas

@@ -27,6 +27,19 @@ def test_an_uneven_split_keeps_its_real_edges_and_coordinates():
     np.testing.assert_allclose(ez, [3.0, 19.0])
 
 
+def test_every_point_has_one_owner_the_rank_whose_block_holds_it():
+    """Decomposition.owners: by the real (uneven) edges in world units, whatever order the ranks come in;
+    an inner edge belongs to the block above it, points outside the grid to the nearest block."""
+    los = [(5, 3, 0), (0, 0, 0), (5, 0, 0), (0, 3, 0)]
+    his = [(12, 10, 8), (5, 3, 8), (12, 3, 8), (5, 10, 8)]
+    d = check(los, his)
+    origin, spacing = (1.0, 2.0, 3.0), (0.5, 1.0, 2.0)               # x edges 1, 3.5, 7; y edges 2, 5, 12
+    points = np.array([[1.2, 2.5, 4.0], [3.5, 2.5, 4.0], [3.4, 5.0, 4.0], [6.9, 11.9, 18.0],
+                       [-9.0, -9.0, -9.0], [99.0, 3.0, 99.0], [2.0, 99.0, 0.0]])
+    assert d.owners(points, origin, spacing).tolist() == [1, 2, 3, 0, 1, 2, 3]
+    assert d.owners(np.zeros((0, 3)), origin, spacing).tolist() == []
+
+
 def test_the_ranks_may_come_in_any_order():
     d = check([(6, 0, 0), (0, 0, 0)], [(12, 10, 8), (6, 10, 8)])
     assert d.dims == (2, 1, 1) and d.coords.tolist() == [[1, 0, 0], [0, 0, 0]]

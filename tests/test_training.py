@@ -396,7 +396,7 @@ def test_halo_exchange_reaches_only_the_neighbouring_bands():
 
 # ------------------------------------------------------------------------------------------ per-iteration state
 
-def test_accumulated_gradients_are_the_visible_views_pixel_gradient_norms(shard, block, scene, comm):
+def test_visible_gradients_are_the_visible_views_pixel_gradient_norms(shard, block, scene, comm):
     trainer = make_trainer(shard, block, train_config(batch=3))
     train = scene.views.train_ids
     ids = train[:3]
@@ -405,15 +405,15 @@ def test_accumulated_gradients_are_the_visible_views_pixel_gradient_norms(shard,
     pred.square().sum().backward()
     info["radii"] = info["radii"].clone()
     info["radii"][0, ::2] = 0                                       # culled in the first view: not counted
-    trainer._accumulate(info)
+    grad2d, count = trainer._visible_gradients(info)
     g, vis = info["means2d"].grad, info["radii"] > 0                # [C, N, 2], [C, N]
     px = g * torch.tensor([scene.views.width / 2.0 * 3, scene.views.height / 2.0 * 3])
     want = torch.zeros(len(trainer))
     for c in range(3):                                              # one view at a time, visible ones only
         want[vis[c]] += px[c][vis[c]].norm(dim=-1)
     assert vis.any() and not vis.all()
-    torch.testing.assert_close(trainer.state.grad2d, want)
-    torch.testing.assert_close(trainer.state.count, vis.sum(0).float())
+    torch.testing.assert_close(grad2d, want)
+    torch.testing.assert_close(count, vis.sum(0).float())
 
 
 def test_alpha_term_pulls_the_opacities_towards_the_ground_truth_alpha(shard, block, scene, comm):

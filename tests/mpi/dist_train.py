@@ -6,6 +6,10 @@ MODE train:  a tiny training run on three metaballs (its surface crosses the cut
              the P ranks, then the same run on one rank (rank 0 alone, on ``MPI.COMM_SELF``,
              the whole field as its block); rank 0 writes the metrics of both to
              DIR/metrics_P.json and DIR/metrics_1.json.
+MODE replicated: as train, with ``parallel.layout: replicated`` (every rank trains the whole model
+             on its own views; each keeps the Gaussians in its block at the end); the one-rank run
+             takes the P views of a step at once (``train.batch = P``). Then a second step, warm-started
+             from the first (30 iterations): its metrics in DIR/metrics_P_warm.json.
 MODE corner: a small sphere inside rank 0's block only: the other ranks hold no surface and
              must train (40 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
              Gaussians of every rank (``per_rank``) to DIR/metrics_P.json.
@@ -81,10 +85,11 @@ def expect_failure(case: str, comm, cfg, block) -> None:
     raise AssertionError(f"[{case}] run_step did not fail")
 
 
-def train(comm, cfg, field, path: Path) -> None:
-    """run_step on comm with this rank's block; rank 0 writes the metrics to ``path``."""
+def train(comm, cfg, field, path: Path, warm=None):
+    """run_step on comm with this rank's block (warm-started from ``warm``, the previous result on this
+    rank, when given); rank 0 writes the metrics to ``path``. Returns the result."""
     block = cut_block(field, comm.rank, comm.size)
-    result = run_step(block, cfg, comm)
+    result = run_step(block, cfg, comm, warm=warm, iterations=30 if warm is not None else None)
     m = result.metrics
     per_rank = comm.allgather_object(len(result.gaussians))
     if not math.isfinite(m["psnr"]) or sum(per_rank) != m["gaussians"]:
@@ -94,6 +99,7 @@ def train(comm, cfg, field, path: Path) -> None:
         print(f"{comm.size} rank(s): PSNR {m['psnr']:.2f} dB (initial {m['psnr_initial']:.2f}), "
               f"SSIM {m['ssim']:.4f}, Gaussians per rank {per_rank}, ground truth "
               f"{m['ground_truth_seconds']:.1f} s, train {m['train_seconds']:.1f} s", flush=True)
+    return result
 
 
 def main(mode: str, out: Path | None) -> None:
@@ -118,9 +124,15 @@ def main(mode: str, out: Path | None) -> None:
         train(comm, cfg, corner_sphere(), out / f"metrics_{P}.json")
     else:
         field = metaballs()
-        train(comm, cfg, field, out / f"metrics_{P}.json")
+        if mode == "replicated":
+            cfg.parallel.layout = "replicated"
+        result = train(comm, cfg, field, out / f"metrics_{P}.json")
+        if mode == "replicated":                # a warm start goes on from each rank's shard
+            train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
         if rank == 0:
             one = init_comm(MPI.COMM_SELF, device="cpu")
+            if mode == "replicated":            # the same views per step as the P replicas
+                cfg.train.batch = P
             train(one, cfg, field, out / "metrics_1.json")
             shutdown(one)
         comm.mpi.Barrier()
