@@ -22,6 +22,8 @@
 #   alpha1  the 1-GPU protocol run with the alpha term (train.alpha_weight=0.1)
 #   batch2/batch2x1  the protocol run with 2 views per step on 2 / 1 GPUs (3000 steps, evaluations every 250:
 #           the same images as the 1-view run)
+#   repl2   the 2-GPU protocol run with parallel.layout=replicated (each GPU the whole model, one view of its
+#           own per step: the images of batch2)
 #   loop    where an iteration's time goes at 1024^2, 1 GPU (benchmarks/bench_loop.py)
 #   warm    warm against cold start, Gray-Scott L=128, 1 GPU (benchmarks/bench_warm_start.py)
 #   summary benchmarks/speed_protocol.py: the figures of the stages above into benchmarks/results/speed_protocol.json
@@ -147,6 +149,7 @@ for stage in "$@"; do
     alpha1) proto alpha1 1 --set train.alpha_weight=0.1 ;;
     batch2) proto batch2 2 $BATCH2 ;;
     batch2x1) proto batch2x1 1 $BATCH2 ;;
+    repl2)  proto repl2 2 --set parallel.layout=replicated --iterations 3000 --set train.eval_every=250 ;;
     loop)   CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_loop.py --data "$BONSAI" > "$OUT/loop.json" \
               2> "$OUT/loop.log"; cat "$OUT/loop.json" ;;
     warm)   CUDA_VISIBLE_DEVICES=0 timeout 300 python benchmarks/bench_warm_start.py --L 128 --step 480 --gap 20 80 \

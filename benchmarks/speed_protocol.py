@@ -18,6 +18,9 @@ writes ``--out`` with the keys below; a figure whose run was not made (or failed
     train_s_1gpu_batch2, total_s_1gpu_batch2, iterations_to_target_1gpu_batch2: the same on 1 GPU;
                         train_speedup_batch2 (1 -> 2 GPUs), ours_batch2_over_recipe (its training / the recipe's)
     evaluation_s_*      seconds of the evaluations inside the training time (the first one included)
+    train_s_2gpu_replicated, total_s_2gpu_replicated, iterations_to_target_2gpu_replicated: 2 GPUs with
+                        parallel.layout=replicated, one view per GPU and step; train_speedup_replicated against
+                        the 1-GPU run with 2 views per step (the same images)
     sources             the contents of ``sources.json`` in ``--dir``, when the files come from several runs
     ply_psnr, ply_ssim, psnr_foreground, psnr_white (_1gpu, _2gpu): model.ply as a viewer draws it, etc.
     seeds_18m_s_1gpu    marching cubes + 18M Gaussians drawn on the GPU (bench_seeds.py)
@@ -75,6 +78,7 @@ def main() -> None:
     side = _json(d / "proto_train1_side_metrics.json") or m1
     batch2 = _json(d / "proto_batch2_metrics.json")
     batch2x1 = _json(d / "proto_batch2x1_metrics.json")
+    repl2 = _json(d / "proto_repl2_metrics.json")
     recipe_s, side_s = _get(recipe, "train_s"), _get(side, "train_seconds")
     gpu = args.gpu
     if gpu is None:
@@ -117,6 +121,10 @@ def main() -> None:
         **{f"psnr_{name}": _get(m, "psnr") for name, m in (("1gpu_batch2", batch2x1), ("2gpu_batch2", batch2))},
         **{f"ssim_{name}": _get(m, "ssim") for name, m in (("1gpu_batch2", batch2x1), ("2gpu_batch2", batch2))},
         "recipe_iterations": _get(recipe, "iterations"),
+        "train_s_2gpu_replicated": _get(repl2, "train_seconds"), "total_s_2gpu_replicated": _total(repl2),
+        "iterations_to_target_2gpu_replicated": _get(repl2, "target_reached_at"),
+        "train_speedup_replicated": (round(batch2x1["train_seconds"] / repl2["train_seconds"], 3)
+                                     if repl2 and batch2x1 else None),
     }
     if (d / "sources.json").exists():
         result["sources"] = json.loads((d / "sources.json").read_text())
