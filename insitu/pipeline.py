@@ -80,7 +80,7 @@ def preload_evaluation() -> None:
     """Import the evaluation's metrics on a background thread, once per process.
 
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
-    started at the beginning of a step, the import overlaps seeding, ray casting and the seed
+    started once a step's input is checked, the import overlaps seeding, ray casting and the seed
     colours instead of delaying the first evaluation, which then finds the module imported (or
     waits for the rest of the import). What a step imports lazily itself (gsplat and its
     densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
@@ -396,7 +396,6 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
     t0 = _time.perf_counter()
-    preload_evaluation()
     device, tc = comm.device, cfg.train
     torch.manual_seed(tc.seed + comm.rank)
     with comm.phase("input check"):              # local checks only: no collective inside a phase
@@ -408,6 +407,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
     decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
+    preload_evaluation()                            # the input is good: the step will train and evaluate
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)
     total_area = comm.mpi.allreduce(seeds.total_area)
