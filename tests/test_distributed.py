@@ -114,6 +114,18 @@ def test_replicas_take_the_step_of_one_rank_with_the_whole_batch():
     assert "exact: 2 replicas" in out.stdout and "densify: 2 replicas" in out.stdout, out.stdout
 
 
+@pytest.mark.gpu
+def test_replicas_on_two_gpus_take_the_step_of_one_gpu_with_the_whole_batch():
+    """The same on two GPUs (NCCL all-reduce, one GPU per rank)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (two ranks on one GPU are refused)")
+    out = run_worker(2, "dist_replicated.py", "cuda", timeout=300)
+    assert all_ok(out, 2), out.stdout
+    assert "exact: 2 replicas" in out.stdout and "densify: 2 replicas" in out.stdout, out.stdout
+
+
 def test_replicated_training_matches_one_rank(tmp_path):
     """run_step with parallel.layout: replicated on 2 ranks vs 1 rank taking both views of a step at once
     (the dist_train set-up, 150 steps): PSNR within 0.2 dB and SSIM within 0.005 of it, training gained;

@@ -1,6 +1,7 @@
 """Data parallelism (``parallel.layout: replicated``) against one rank that takes the whole batch.
 
-Run as ``mpiexec -n P python dist_replicated.py``. Every rank builds the same model (seeds of the
+Run as ``mpiexec -n P python dist_replicated.py [cuda]`` (CPU by default; ``cuda``: one GPU per rank,
+NCCL, the torch rasterizer in float64 there too). Every rank builds the same model (seeds of the
 whole metaballs field, float64) and the same whole ground truth (cast alone, ``comm.solo()``). Then
 
 replicated: ``Trainer(replicas=comm)`` with ``train.batch = 1``: at each step rank r trains on view
@@ -19,6 +20,7 @@ densify:    8 steps, densification every 2 steps from step 2 (a low gradient thr
 
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -34,6 +36,7 @@ from insitu.seeds import extract_seeds, init_gaussians
 from insitu.training import Trainer
 from insitu.views import Views
 from insitu.volume import whole_block
+
 
 def config(steps: int, densify: bool) -> Config:
     cfg = Config()
@@ -58,7 +61,7 @@ def train(trainer: Trainer, scene, cfg, comm, run, *, per_rank: int) -> None:
 
 
 def flat(trainer: Trainer) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in trainer.params.values()]).numpy()
+    return torch.cat([p.detach().reshape(-1) for p in trainer.params.values()]).cpu().numpy()
 
 
 def compare(comm, scene, g, box, steps: int, densify: bool) -> None:
@@ -66,8 +69,8 @@ def compare(comm, scene, g, box, steps: int, densify: bool) -> None:
     cfg = config(steps, densify)
     lo, hi = box
     options = dict(extent=0.5 * float(np.linalg.norm(hi - lo)),
-                   box=(torch.as_tensor(lo - 2.0), torch.as_tensor(hi + 2.0)), max_gaussians=10**6,
-                   device=torch.device("cpu"), total_iterations=steps)
+                   box=(torch.as_tensor(lo - 2.0, device=comm.device), torch.as_tensor(hi + 2.0, device=comm.device)),
+                   max_gaussians=10**6, device=comm.device, total_iterations=steps)
     replica = Trainer(g, cfg.train, replicas=comm, **options)
     train(replica, scene, cfg, comm, solo, per_rank=1)
     mine = flat(replica)
@@ -90,13 +93,13 @@ def compare(comm, scene, g, box, steps: int, densify: bool) -> None:
           f"max difference to one rank {err:.2g}", flush=True)
 
 
-def main() -> None:
-    comm = init_comm(device="cpu")
+def main(device: str) -> None:
+    comm = init_comm(device=device)
     block = whole_block(metaballs())
     scene = make_scene(block, config(1, False), comm.solo())
     v = scene.views
     scene = replace(scene, views=Views(v.viewmats.double(), v.Ks.double(), v.width, v.height, v.test))
-    g = init_gaussians(extract_seeds(block, 0.5), 300, color=(0.8, 0.6, 0.4), sh_degree=1, seed=0)
+    g = init_gaussians(extract_seeds(block, 0.5), 300, color=(0.8, 0.6, 0.4), sh_degree=1, seed=0, device=comm.device)
     g = Gaussians(**{k: t.double() for k, t in g.tensors().items()})
     torch.set_default_dtype(torch.float64)      # gsplat's split draws its samples in the default dtype
     compare(comm, scene, g, block.global_box, 4, densify=False)
@@ -107,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "cpu")
