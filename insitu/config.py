@@ -372,7 +372,7 @@ CHUNK_RAYS = 1 << 22                    # rays marched at once
 def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     """Bytes one of ``ranks`` ranks needs at least, per part, for a step trained with ``cfg``.
 
-    ground_truth: the rank's band of every view (float16 RGB), and with ``parallel.layout:
+    ground_truth: the rank's band of every view (float16 RGBA), and with ``parallel.layout:
                   replicated`` the whole views too;
     ray_casting:  one chunk of views ray cast and composited (float32 RGBA, several copies);
     rendering:    one batch of views rendered, composited and differentiated (float32);
@@ -386,7 +386,7 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     rays = min(chunk * pixels * vc.supersample ** 2, CHUNK_RAYS)
     replicated = cfg.parallel.layout == "replicated" and ranks > 1   # every rank the whole images and model
     return {
-        "ground_truth": vc.count * (band + (pixels if replicated else 0)) * 3 * 2,
+        "ground_truth": vc.count * (band + (pixels if replicated else 0)) * 4 * 2,
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
         "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
         "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,

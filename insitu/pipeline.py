@@ -440,6 +440,9 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     extent = 0.5 * float(np.linalg.norm(ghi - glo))
     replicated = cfg.parallel.layout == "replicated" and comm.size > 1
     if replicated:                               # each rank the whole model, its own views
+        if tc.batch * comm.size > len(scene.views.train_ids):     # the same verdict on every rank
+            raise InputError(f"parallel.layout=replicated: train.batch x ranks = {tc.batch} x {comm.size} views per "
+                             f"step, more than the {len(scene.views.train_ids)} training views")
         model, scene = replicate(shard, scene, comm)
         run, (lo, hi), cap = comm.solo(), (glo, ghi), tc.max_gaussians
     else:                                        # each rank its block's Gaussians, composited sort-last
@@ -451,8 +454,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     trainer = Trainer(model, tc, extent=extent, box=box, max_gaussians=cap, device=device, total_iterations=iters,
                       sh_degree_start=warm.sh_degree if warm is not None else 0,
                       replicas=comm if replicated else None)
-    if replicated:
-        torch.manual_seed(tc.seed)              # densification draws the same samples on every replica
+    model = shard = None                        # the trainer holds its own copy
 
     def whole(n: int) -> int:
         """Gaussians of the whole model, from this rank's ``n``."""
@@ -463,7 +465,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         alone (every rank holds the same model), its figures sent to every rank."""
         if not replicated:
             return evaluate(trainer.params, scene, comm, backend=tc.backend, **kw)
-        q, images = evaluate(trainer.params, scene, run, backend=tc.backend, **kw) if comm.rank == 0 else (None, [])
+        q, images = None, []
+        with comm.phase("evaluation"):          # a failure on rank 0 ends every rank, none waits in bcast
+            if comm.rank == 0:
+                q, images = evaluate(trainer.params, scene, run, backend=tc.backend, **kw)
         return comm.mpi.bcast(q, root=0), images
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -510,13 +515,18 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if replicated:                          # back to shards: each rank keeps the Gaussians in its block
         owner = decomposition.owners(gaussians.means.detach().cpu().numpy(), block.origin, block.spacing)
         gaussians = gaussians.select(torch.as_tensor(owner == comm.rank, device=gaussians.means.device))
+        kept = comm.mpi.allreduce(len(gaussians))      # replicas that drifted apart would lose or repeat some
+        comm.agree(kept == len(trainer), f"replicated layout: the ranks kept {kept} Gaussians of this rank's "
+                                         f"model of {len(trainer)}", where="phase 'shards'")
     from .gaussians import gather_gaussians
 
     merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
     if cfg.output.ply_metrics:
         merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
         if replicated:                      # the whole images are on every rank: rank 0 draws alone
-            qm = comm.mpi.bcast(model_quality(merged, scene, run, backend=tc.backend) if comm.rank == 0 else None)
+            with comm.phase("evaluation"):
+                qm = model_quality(merged, scene, run, backend=tc.backend) if comm.rank == 0 else None
+            qm = comm.mpi.bcast(qm, root=0)
         else:
             qm = model_quality(merged, scene, comm, backend=tc.backend)
     metrics = {

@@ -103,7 +103,7 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
     sort_last = memory_estimate(cfg, ranks=2)
     cfg.parallel.layout = "replicated"
     replicated, one = memory_estimate(cfg, ranks=2), memory_estimate(cfg, ranks=1)
-    assert sort_last["ground_truth"] == 10 * 50 * 100 * 3 * 2                 # a band of every view
-    assert replicated["ground_truth"] == 10 * (50 + 100) * 100 * 3 * 2        # the band, then the whole views
+    assert sort_last["ground_truth"] == 10 * 50 * 100 * 4 * 2                 # a band of every view (RGBA)
+    assert replicated["ground_truth"] == 10 * (50 + 100) * 100 * 4 * 2        # the band, then the whole views
     assert replicated["gaussians"] == one["gaussians"] == 2 * sort_last["gaussians"]
     assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds), ranks=1)   # one rank: no replicas

@@ -9,7 +9,8 @@ MODE train:  a tiny training run on three metaballs (its surface crosses the cut
 MODE replicated: as train, with ``parallel.layout: replicated`` (every rank trains the whole model
              on its own views; each keeps the Gaussians in its block at the end); the one-rank run
              takes the P views of a step at once (``train.batch = P``). Then a second step, warm-started
-             from the first (30 iterations): its metrics in DIR/metrics_P_warm.json.
+             from the first (30 iterations): its metrics in DIR/metrics_P_warm.json; then a step whose
+             ``train.batch x P`` exceeds the training views must be an InputError on every rank.
 MODE corner: a small sphere inside rank 0's block only: the other ranks hold no surface and
              must train (40 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
              Gaussians of every rank (``per_rank``) to DIR/metrics_P.json.
@@ -26,6 +27,7 @@ other outcome raises (and the excepthook of ``init_comm`` aborts the job).
 """
 import json
 import math
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
@@ -36,7 +38,7 @@ from mpi4py import MPI
 from insitu.config import Config
 from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
-from insitu.errors import RankFailure
+from insitu.errors import InputError, RankFailure
 from insitu.pipeline import run_step
 
 
@@ -129,6 +131,13 @@ def main(mode: str, out: Path | None) -> None:
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
         if mode == "replicated":                # a warm start goes on from each rank's shard
             train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
+            too_many = replace(cfg, train=replace(cfg.train, batch=len(result.cameras.train_ids)))
+            try:                                # the ranks' views of a step exceed the training views
+                run_step(cut_block(field, rank, P), too_many, comm)
+            except InputError as e:
+                print(f"rank {rank}: InputError: {e}", flush=True)
+            else:
+                raise AssertionError("a batch of more views than the training views was not refused")
         if rank == 0:
             one = init_comm(MPI.COMM_SELF, device="cpu")
             if mode == "replicated":            # the same views per step as the P replicas
