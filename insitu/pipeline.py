@@ -460,15 +460,21 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         """Gaussians of the whole model, from this rank's ``n``."""
         return n if replicated else comm.mpi.allreduce(n)
 
+    def on_rank0(work):
+        """Replicated: ``work()`` on rank 0 alone (every rank holds the same model and images), inside
+        a phase, so that a failure there ends every rank instead of leaving them in a collective."""
+        out = None
+        with comm.phase("evaluation"):
+            if comm.rank == 0:
+                out = work()
+        return out
+
     def evaluated(**kw):
         """:func:`evaluate` of the trainer's model: sort-last on every rank; replicated on rank 0
-        alone (every rank holds the same model), its figures sent to every rank."""
+        alone, its figures sent to every rank."""
         if not replicated:
             return evaluate(trainer.params, scene, comm, backend=tc.backend, **kw)
-        q, images = None, []
-        with comm.phase("evaluation"):          # a failure on rank 0 ends every rank, none waits in bcast
-            if comm.rank == 0:
-                q, images = evaluate(trainer.params, scene, run, backend=tc.backend, **kw)
+        q, images = on_rank0(lambda: evaluate(trainer.params, scene, run, backend=tc.backend, **kw)) or (None, [])
         return comm.mpi.bcast(q, root=0), images
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -515,18 +521,17 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if replicated:                          # back to shards: each rank keeps the Gaussians in its block
         owner = decomposition.owners(gaussians.means.detach().cpu().numpy(), block.origin, block.spacing)
         gaussians = gaussians.select(torch.as_tensor(owner == comm.rank, device=gaussians.means.device))
-        kept = comm.mpi.allreduce(len(gaussians))      # replicas that drifted apart would lose or repeat some
-        comm.agree(kept == len(trainer), f"replicated layout: the ranks kept {kept} Gaussians of this rank's "
-                                         f"model of {len(trainer)}", where="phase 'shards'")
+    total = comm.mpi.allreduce(len(gaussians))
+    if replicated:                          # replicas that drifted apart would lose or repeat Gaussians
+        comm.agree(total == len(trainer), f"replicated layout: the ranks kept {total} Gaussians of this rank's "
+                                          f"model of {len(trainer)}", where="phase 'shards'")
     from .gaussians import gather_gaussians
 
     merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
     if cfg.output.ply_metrics:
         merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
         if replicated:                      # the whole images are on every rank: rank 0 draws alone
-            with comm.phase("evaluation"):
-                qm = model_quality(merged, scene, run, backend=tc.backend) if comm.rank == 0 else None
-            qm = comm.mpi.bcast(qm, root=0)
+            qm = comm.mpi.bcast(on_rank0(lambda: model_quality(merged, scene, run, backend=tc.backend)), root=0)
         else:
             qm = model_quality(merged, scene, comm, backend=tc.backend)
     metrics = {
@@ -535,7 +540,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "sh_degree": trainer.sh_degree_trained,
-        "gaussians_initial": n0, "gaussians": comm.mpi.allreduce(len(gaussians)),
+        "gaussians_initial": n0, "gaussians": total,
         "seeds_seconds": round(t_seed - t0 + (t_color - t_scene), 3),     # the seed colours included
         "ground_truth_seconds": round(t_gt - t_seed - (t_color - t_scene), 3),
         "color_init_seconds": round(t_color - t_scene, 3), "scene_seconds": round(t_scene - t_seed, 3),

@@ -428,13 +428,12 @@ class Trainer:
                 duplicate(self.params, self.optimizers, state, clone)
                 grow = torch.cat([grow, torch.zeros(int(clone.sum()), dtype=torch.bool, device=grow.device)])
             if grow.any():
-                if self.replicas is None:
+                # the split's samples from a generator seeded by the step: the same on every replica
+                # (parallel.layout=replicated) whatever else drew random numbers on some ranks only
+                cuda = [self.device] if torch.device(self.device).type == "cuda" else []
+                with torch.random.fork_rng(devices=cuda):
+                    torch.manual_seed(self.cfg.seed * 1_000_003 + it)
                     split(self.params, self.optimizers, state, grow)
-                else:                                   # the same samples on every replica, whatever else
-                    with torch.random.fork_rng(devices=[self.device] if torch.device(self.device).type == "cuda"
-                                               else []):   # drew from the generators on some ranks only
-                        torch.manual_seed(self.cfg.seed * 1_000_003 + it)
-                        split(self.params, self.optimizers, state, grow)
             low = torch.sigmoid(self.params["opacities"]) < cfg.prune_opacity
             if it > cfg.opacity_reset_every:
                 low |= torch.exp(self.params["scales"]).max(dim=-1).values > 0.1 * self.extent

@@ -15,9 +15,9 @@ exact:      4 steps, no densification: the replicas equal the reference within 1
 densify:    8 steps, densification every 2 steps from step 2 (a low gradient threshold: clones and
             splits happen) and an opacity reset at step 6, rank 0 drawing random numbers the others do
             not draw before every step: the replicas are identical on every rank (bitwise) and hold as
-            many Gaussians as the reference, more than at the start. (Their values differ from the
-            reference's: the replicas draw the split's samples from a generator seeded per step, and
-            Adam turns gradients of nearly 0, which differ in their last bits, into full steps.)
+            many Gaussians as the reference, more than at the start. (Their values drift from the
+            reference's by more than rounding: Adam turns gradients of nearly 0, which differ in
+            their last bits, into steps of the full learning rate.)
 
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
