@@ -20,6 +20,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tune", action="store_true",
+                    help="also time the kernels' tile sizes and warps (insitu.ssim._TH, _TW, _WARPS)")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -40,12 +42,26 @@ def main() -> None:
     ga, = torch.autograd.grad(a.mean(), pred)
     b = ssim_map_reference(pred.double(), gt.double())
     gb, = torch.autograd.grad(b.mean(), pred)
+    tuned = {}
+    if args.tune:
+        import insitu.ssim as mod
+
+        chosen = (mod._TH, mod._TW, mod._WARPS)
+        for rows, cols, warps in [(16, 64, 4), (8, 128, 4), (32, 64, 8), (16, 128, 8), (8, 64, 4), (32, 32, 4)]:
+            mod._TH, mod._TW, mod._WARPS = rows, cols, warps
+            ms = do_bench(fused_step, warmup=20, rep=200, return_mode="median")
+            m = ssim_map(pred, gt)
+            g, = torch.autograd.grad(m.mean(), pred)
+            tuned[f"{rows}x{cols}/{warps}"] = {
+                "ms": round(ms, 3), "map_max_diff": float((m.detach().double() - b.detach()).abs().max()),
+                "grad_max_diff": float((g.double() - gb).abs().max())}
+        mod._TH, mod._TW, mod._WARPS = chosen
     print(json.dumps({"size": args.size, "batch": args.batch, "torchmetrics_ms": round(ms_tm, 3),
                       "fused_ms": round(ms_fused, 3),
                       "loss_diff_vs_float64": float((a.mean() - b.mean()).abs()),
                       "map_max_diff": float((a.double() - b).abs().max()),
                       "grad_max_diff": float((ga.double() - gb).abs().max()),
-                      "grad_max": float(gb.abs().max())}), flush=True)
+                      "grad_max": float(gb.abs().max()), **({"tuned": tuned} if tuned else {})}), flush=True)
 
 
 if __name__ == "__main__":

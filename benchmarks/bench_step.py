@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--sh-degree", type=int, default=3)
     ap.add_argument("--transfer", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="then N more steps under torch.profiler: device time per step and its largest kernels")
     args = ap.parse_args()
 
     comm = init_comm(device=args.device)
@@ -62,18 +64,17 @@ def main() -> None:
            torch.as_tensor(hi + 2, dtype=torch.float32, device=comm.device))
     glo, ghi = block.global_box
     trainer = Trainer(g, cfg.train, extent=0.5 * float(np.linalg.norm(ghi - glo)), box=box,
-                      max_gaussians=len(g), device=comm.device, total_iterations=args.steps + args.warmup)
+                      max_gaussians=len(g), device=comm.device, total_iterations=args.steps + args.warmup,
+                      sh_degree_start=args.sh_degree)   # every band from the first step, as the bare raster
     ids_all = scene.views.train_ids
     times = []
     if comm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(comm.device)
-    for i in range(args.warmup + args.steps):
+    def one_step(i: int) -> float:
         ids = ids_all[torch.arange(i * args.batch, (i + 1) * args.batch) % len(ids_all)].to(comm.device)
         render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
                                         sh_degree=trainer.sh_degree, backend="auto",
                                         transfer=args.transfer)
-        if i == args.warmup:
-            comm.traffic.reset()
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         comm.mpi.Barrier()
@@ -82,8 +83,26 @@ def main() -> None:
         trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
+        return time.perf_counter() - t
+
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            comm.traffic.reset()
+        dt = one_step(i)
         if i >= args.warmup:
-            times.append(time.perf_counter() - t)
+            times.append(dt)
+    profile = None
+    if args.profile and comm.device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile as profiler
+
+        with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            wall = sum(one_step(args.warmup + args.steps + i) for i in range(args.profile)) / args.profile
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
+        profile = {"wall_ms": round(wall * 1e3, 2),
+                   "device_kernel_ms": round(sum(e.self_device_time_total for e in kernels) / 1e3 / args.profile, 2),
+                   "top": [{"name": e.key[:90], "ms": round(e.self_device_time_total / 1e3 / args.profile, 3),
+                            "calls": e.count // args.profile} for e in top]}
     step_ms = comm.mpi.allreduce(statistics.median(times) * 1e3, op=__import__("mpi4py").MPI.MAX)
     bare_ms = bare_raster_ms(trainer, scene, args) if comm.size == 1 and comm.device.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(comm.device) / 2**30 if comm.device.type == "cuda" else float("nan")
@@ -97,6 +116,7 @@ def main() -> None:
             "peak_gpu_gb_per_rank": peaks, "mb_moved_per_step_per_rank": [round(m / 2**20, 1) for m in moved],
             "gt_seconds_for_views": round(gt_s, 2), "gt_views": args.views,
             "bare_raster_ms": None if bare_ms is None else round(bare_ms, 2),
+            **({"profile": profile} if profile else {}),
         }), flush=True)
     shutdown(comm)
 

@@ -34,7 +34,7 @@ class ParamState:
     and ``state[param]`` (``step``, ``exp_avg``, ``exp_avg_sq``)."""
 
     def __init__(self, param: Tensor, lr: float, lr_rest: float | None = None) -> None:
-        if lr_rest is not None and param.ndim != 3:
+        if lr_rest is not None and (param.ndim != 3 or param.shape[-1] != 3):
             raise ValueError(f"lr_rest: expected SH coefficients [N, K, 3] for it, got shape {tuple(param.shape)}")
         rest = None if lr_rest is None else float(lr_rest)
         self.param_groups = [{"params": [param], "lr": float(lr), "lr_rest": rest}]
@@ -102,65 +102,85 @@ class ShardAdam:
             v.zero_grad()
 
 
-_SEGMENTS, _BLOCK = 5, 1024
+_SEGMENTS, _BLOCK, _WARPS = 5, 2048, 8
 
 
 def _step_triton(live: list[ParamState], bc1: float, bc2_sqrt: float, b1: float, b2: float, eps: float) -> None:
     """One launch over up to five parameters: program ``i`` updates a block of the parameter whose
     block range holds ``i`` (unused segments get no blocks)."""
-    segments, starts, bands, total = [], [], [], 0
+    segments, starts, rows, total = [], [], [], 0
     for v in live:
         p, state, group = v.param, v.state[v.param], v.param_groups[0]
         m, s = state["exp_avg"], state["exp_avg_sq"]
         if not (p.is_contiguous() and m.is_contiguous() and s.is_contiguous()):
             raise ValueError("ShardAdam: parameters and their moments must be contiguous")
-        row, rest = p[0].numel(), group["lr_rest"]      # elements per Gaussian
-        segments += [p, p.grad.contiguous(), m, s, p.numel(), row, group["lr"] / bc1,
+        rest = group["lr_rest"]
+        segments += [p, p.grad.contiguous(), m, s, p.numel(), group["lr"] / bc1,
                      (group["lr"] if rest is None else rest) / bc1]
-        bands.append(row if rest is None else 3)        # the first 3 of a row (SH band 0) at lr
+        rows.append(0 if rest is None else p[0].numel())   # rows whose first 3 (SH band 0) take lr
         starts.append(total)
         total += triton.cdiv(p.numel(), _BLOCK)
     dummy = live[0].param
     for _ in range(_SEGMENTS - len(live)):
-        segments += [dummy, dummy, dummy, dummy, 0, 1, 0.0, 0.0]
-        bands.append(1)
+        segments += [dummy, dummy, dummy, dummy, 0, 0.0, 0.0]
+        rows.append(0)
         starts.append(total)
-    _adam_kernel[(total,)](*segments, *starts[1:], *bands, b1, b2, eps, bc2_sqrt, BLOCK=_BLOCK)
+    _adam_kernel[(total,)](*segments, *starts[1:], b1, b2, eps, bc2_sqrt, *rows, BLOCK=_BLOCK, num_warps=_WARPS)
 
 
 if triton is not None:
     @triton.jit
-    def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, n, row, band, step0, step_rest, block, b1, b2, eps, bc2_sqrt,
-                    BLOCK: tl.constexpr):
-        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, n, step0, step_rest, block, b1, b2, eps, bc2_sqrt,
+                    ROW: tl.constexpr, BLOCK: tl.constexpr):
+        """Block ``block`` of one parameter (``n`` elements); ``ROW`` > 0: rows of ``ROW`` elements
+        whose first 3 take ``step0`` and the others ``step_rest`` (0: all ``step0``)."""
+        start = block.to(tl.int64) * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        full = start + BLOCK <= n                   # all but the last block: no mask, wide loads
         mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask)
-        m = tl.load(m_ptr + offs, mask=mask)
-        v = tl.load(v_ptr + offs, mask=mask)
-        p = tl.load(p_ptr + offs, mask=mask)
+        if full:
+            g = tl.load(g_ptr + offs)
+            m = tl.load(m_ptr + offs)
+            v = tl.load(v_ptr + offs)
+            p = tl.load(p_ptr + offs)
+        else:
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+            m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+            v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+            p = tl.load(p_ptr + offs, mask=mask, other=0.0)
         m = m + (1.0 - b1) * (g - m)
         v = b2 * v + (1.0 - b2) * g * g
-        lr = tl.where(offs % row < band, step0, step_rest)      # the first `band` elements of each row at lr
+        if ROW > 0:
+            col = ((start % ROW).to(tl.int32) + tl.arange(0, BLOCK)) % ROW
+            lr = tl.where(col < 3, step0, step_rest)
+        else:
+            lr = step0
         p = p - lr * m / (tl.sqrt(v) / bc2_sqrt + eps)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
-        tl.store(p_ptr + offs, p, mask=mask)
+        if full:
+            tl.store(m_ptr + offs, m)
+            tl.store(v_ptr + offs, v)
+            tl.store(p_ptr + offs, p)
+        else:
+            tl.store(m_ptr + offs, m, mask=mask)
+            tl.store(v_ptr + offs, v, mask=mask)
+            tl.store(p_ptr + offs, p, mask=mask)
 
     @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "n4", "s1", "s2", "s3", "s4"])
-    def _adam_kernel(p0, g0, m0, v0, n0, r0, a0, c0, p1, g1, m1, v1, n1, r1, a1, c1,
-                     p2, g2, m2, v2, n2, r2, a2, c2, p3, g3, m3, v3, n3, r3, a3, c3,
-                     p4, g4, m4, v4, n4, r4, a4, c4, s1, s2, s3, s4, k0, k1, k2, k3, k4,
-                     b1, b2, eps, bc2_sqrt, BLOCK: tl.constexpr):
-        """Segment i: parameter ``p_i`` (``n_i`` elements, rows of ``r_i``, the first ``k_i`` of a row at
-        step ``a_i``, the others at ``c_i``), blocks ``s_i`` to ``s_{i+1}`` of the grid."""
+    def _adam_kernel(p0, g0, m0, v0, n0, a0, c0, p1, g1, m1, v1, n1, a1, c1,
+                     p2, g2, m2, v2, n2, a2, c2, p3, g3, m3, v3, n3, a3, c3,
+                     p4, g4, m4, v4, n4, a4, c4, s1, s2, s3, s4, b1, b2, eps, bc2_sqrt,
+                     R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr, R4: tl.constexpr,
+                     BLOCK: tl.constexpr):
+        """Segment i: parameter ``p_i`` (``n_i`` elements, rows of ``R_i`` whose first 3 take step
+        ``a_i`` and the others ``c_i``; ``R_i`` 0: all ``a_i``), blocks ``s_i`` to ``s_{i+1}`` of the grid."""
         pid = tl.program_id(0)
         if pid < s1:
-            _adam_block(p0, g0, m0, v0, n0, r0, k0, a0, c0, pid, b1, b2, eps, bc2_sqrt, BLOCK)
+            _adam_block(p0, g0, m0, v0, n0, a0, c0, pid, b1, b2, eps, bc2_sqrt, R0, BLOCK)
         elif pid < s2:
-            _adam_block(p1, g1, m1, v1, n1, r1, k1, a1, c1, pid - s1, b1, b2, eps, bc2_sqrt, BLOCK)
+            _adam_block(p1, g1, m1, v1, n1, a1, c1, pid - s1, b1, b2, eps, bc2_sqrt, R1, BLOCK)
         elif pid < s3:
-            _adam_block(p2, g2, m2, v2, n2, r2, k2, a2, c2, pid - s2, b1, b2, eps, bc2_sqrt, BLOCK)
+            _adam_block(p2, g2, m2, v2, n2, a2, c2, pid - s2, b1, b2, eps, bc2_sqrt, R2, BLOCK)
         elif pid < s4:
-            _adam_block(p3, g3, m3, v3, n3, r3, k3, a3, c3, pid - s3, b1, b2, eps, bc2_sqrt, BLOCK)
+            _adam_block(p3, g3, m3, v3, n3, a3, c3, pid - s3, b1, b2, eps, bc2_sqrt, R3, BLOCK)
         else:
-            _adam_block(p4, g4, m4, v4, n4, r4, k4, a4, c4, pid - s4, b1, b2, eps, bc2_sqrt, BLOCK)
+            _adam_block(p4, g4, m4, v4, n4, a4, c4, pid - s4, b1, b2, eps, bc2_sqrt, R4, BLOCK)

@@ -193,6 +193,38 @@ def composite(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, *,
     return _Composite.apply(rgb, alpha, perm, comm, transfer_dtype)
 
 
+class _Over(torch.autograd.Function):
+    """``rgb + (1 - alpha) * background``: two kernels forward, one for alpha's gradient backward."""
+
+    @staticmethod
+    def forward(ctx, rgb: Tensor, alpha: Tensor, background: Tensor) -> Tensor:
+        bg = background.to(rgb.dtype).expand(rgb.shape[0], 3).contiguous()
+        ctx.save_for_backward(bg)
+        return torch.addcmul(rgb, 1.0 - alpha, bg.view(-1, 1, 1, 3))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        bg, = ctx.saved_tensors
+        g = grad.contiguous()
+        B, H, W, _ = g.shape
+        d_alpha = torch.bmm(g.view(B, H * W, 3), -bg.view(B, 3, 1)).view(B, H, W, 1)
+        return g, d_alpha, None
+
+
+def over(rgb: Tensor, alpha: Tensor, background: Tensor) -> Tensor:
+    """Premultiplied colour over a background: ``rgb + (1 - alpha) * background``.
+
+    rgb: [B, H, W, 3]; alpha: [B, H, W, 1]; background: [3] or [B, 3]. Returns [B, H, W, 3],
+    differentiable with respect to ``rgb`` and ``alpha``.
+    """
+    if rgb.ndim != 4 or rgb.shape[-1] != 3 or alpha.shape != (*rgb.shape[:3], 1):
+        raise ValueError(f"rgb, alpha: expected [B, H, W, 3] and [B, H, W, 1], got {tuple(rgb.shape)}, "
+                         f"{tuple(alpha.shape)}")
+    if background.shape not in ((3,), (rgb.shape[0], 3)):
+        raise ValueError(f"background: expected [3] or [{rgb.shape[0]}, 3], got {tuple(background.shape)}")
+    return _Over.apply(rgb, alpha, background)
+
+
 def composite_full(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, *,
                    transfer_dtype: torch.dtype | None = None) -> Tensor:
     """:func:`composite` without autograd (ground-truth images): same arguments, same band."""

@@ -136,7 +136,7 @@ def rasterize(
         render: [C, H, W, 3] premultiplied colour ``sum_i w_i c_i`` (no background).
         alpha: [C, H, W, 1] accumulated opacity ``sum_i w_i``.
         info: ``means2d`` [C, N, 2] projected centres in pixels (its ``.grad`` is filled by
-            backward; with gsplat, ``.absgrad`` too), ``radii`` [C, N] int32 pixel radius,
+            backward), ``radii`` [C, N] int32 pixel radius,
             > 0 where the Gaussian is drawn, ``depths`` [C, N] camera depths, ``conics``
             [C, N, 3] inverse 2D covariances (xx, xy, yy) including ``eps2d``, ``backend``
             (the one chosen), ``width``, ``height``, ``n_cameras``. ``means2d``, ``depths``
@@ -279,7 +279,7 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
         sh_degree=sh_degree, packed=False, tile_size=tile_size, backgrounds=None,
-        render_mode="RGB", rasterize_mode="classic", absgrad=True)
+        render_mode="RGB", rasterize_mode="classic", absgrad=False)
     means2d = meta["means2d"]
     if means2d.requires_grad:
         means2d.retain_grad()

@@ -9,14 +9,17 @@ over the channels (variances clamped at 0 as there). torchmetrics 1.9's scalar S
 its whole reflect-padded map instead, border windows included, so it differs from
 ``ssim_map(...).mean()`` by the border's share (about 2e-5 on random 23x37 images).
 
-On CUDA, forward and backward are one Triton kernel each (:class:`_FusedSSIM`). The window
-is separable: a program holds a tile of outputs, walks down the input rows it needs, filters
-each row horizontally once (11 taps) and adds it to every output row of the tile that the
-vertical weights reach. The forward saves, per output and channel, the derivatives of SSIM
-with respect to the window's mean, E[x^2] and E[xy]; the backward filters them (times the
-incoming gradient) back onto the pixels: ``dS/dx_p = sum_o w(o - p) (a_o + 2 x_p b_o + y_p c_o)``.
-Elsewhere (CPU, or when Triton is missing) the torch reference below computes the same map;
-it is also the tests' oracle, with Triton's interpreter running the kernels on the CPU.
+On CUDA, forward and backward are two Triton kernels each (:class:`_FusedSSIM`), one per
+direction of the separable window, every load a 2-D block at a shift of rows or of columns:
+the forward sums the five moments (means, E[x^2], E[y^2], E[xy]) down the columns into
+``[B, 15, H - 10, W]`` planes, then along the rows, and computes SSIM. Moments are taken of
+``x - 1/2`` and ``y - 1/2``: variances do not change, and E[x^2] - mean^2 does not cancel
+where the image is grey. The forward saves, per output and channel, the derivatives of SSIM
+with respect to the window's mean, E[x^2] and E[xy] (planes of ``[B, 9, Ho, Wo]``); the
+backward spreads them (times the incoming gradient, one value when it is that of a sum or
+mean) back onto the pixels the same two ways:
+``dS/dx_p = sum_o w(o - p) (a_o + 2 x_p b_o + y_p c_o)``. Elsewhere (CPU, or when Triton is
+missing) the torch reference below computes the same map; it is also the tests' oracle.
 """
 from __future__ import annotations
 
@@ -98,17 +101,58 @@ def ssim_map_reference(pred: Tensor, gt: Tensor) -> Tensor:
 
 if triton is not None:
     @triton.jit
-    def _ssim_fwd(x_ptr, y_ptr, w_ptr, out_ptr, coef_ptr, H, W, Ho, Wo,
-                  SAVE: tl.constexpr, TH: tl.constexpr, TW: tl.constexpr):
-        """One [TH, TW] tile of outputs of image b; x, y: [B, H, W, 3]; out: [B, Ho, Wo];
-        coef: [B, Ho, Wo, 9] (a, b, c per channel: dS/dmean_x, dS/dE[x^2], dS/dE[xy], / 3)."""
-        b = tl.program_id(2)
-        r0 = tl.program_id(1) * TH
-        c0 = tl.program_id(0) * TW
-        rows = r0 + tl.arange(0, TH)
-        cols = c0 + tl.arange(0, TW)
-        col_ok = cols < Wo
-        out_ok = (rows < Ho)[:, None] & col_ok[None, :]
+    def _moments_cols(x_ptr, y_ptr, w_ptr, vm_ptr, l1_ptr, H, W, Ho, L1: tl.constexpr,
+                      TH: tl.constexpr, TW: tl.constexpr):
+        """Vertical pass: for output rows o and every column c, the window-weighted sums down the
+        column of x', y', x'^2, y'^2, x'y' (x' = x - 1/2, y' = y - 1/2) per channel.
+        x, y: [B, H, W, 3]; vm: [B, 15, Ho, W] (channel-major: 5 planes per channel). With L1 (a
+        grid over all H rows), l1: [programs] each program's sum of |x - y| over its pixels."""
+        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        rows = tl.program_id(1) * TH + tl.arange(0, TH)
+        cols = tl.program_id(0) * TW + tl.arange(0, TW)
+        ok = (rows < Ho)[:, None] & (cols < W)[None, :]
+        pix_ok = (rows < H)[:, None] & (cols < W)[None, :]
+        l1 = tl.zeros((TH, TW), dtype=tl.float32)
+        dst = (rows[:, None] * W + cols[None, :])
+        for ch in tl.static_range(3):
+            sx = tl.zeros((TH, TW), dtype=tl.float32)
+            sy = tl.zeros((TH, TW), dtype=tl.float32)
+            sxx = tl.zeros((TH, TW), dtype=tl.float32)
+            syy = tl.zeros((TH, TW), dtype=tl.float32)
+            sxy = tl.zeros((TH, TW), dtype=tl.float32)
+            for i in tl.static_range(11):
+                wi = tl.load(w_ptr + i)
+                off = ((b * H + rows[:, None] + i) * W + cols[None, :]) * 3 + ch
+                m = pix_ok if L1 and i == 0 else ok             # the L1 term: every pixel, once
+                xv = tl.load(x_ptr + off, mask=m, other=0.5).to(tl.float32) - 0.5
+                yv = tl.load(y_ptr + off, mask=m, other=0.5).to(tl.float32) - 0.5
+                if L1 and i == 0:
+                    l1 += tl.abs(xv - yv)
+                sx += wi * xv
+                sy += wi * yv
+                sxx += wi * xv * xv
+                syy += wi * yv * yv
+                sxy += wi * xv * yv
+            plane = (b * 15 + ch * 5) * Ho * W
+            tl.store(vm_ptr + plane + dst, sx, mask=ok)
+            tl.store(vm_ptr + plane + Ho * W + dst, sy, mask=ok)
+            tl.store(vm_ptr + plane + 2 * Ho * W + dst, sxx, mask=ok)
+            tl.store(vm_ptr + plane + 3 * Ho * W + dst, syy, mask=ok)
+            tl.store(vm_ptr + plane + 4 * Ho * W + dst, sxy, mask=ok)
+        if L1:
+            pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
+            tl.store(l1_ptr + pid, tl.sum(l1))
+
+    @triton.jit
+    def _ssim_rows(vm_ptr, w_ptr, out_ptr, coef_ptr, W, Ho, Wo, SAVE: tl.constexpr,
+                   TH: tl.constexpr, TW: tl.constexpr):
+        """Horizontal pass of the vertical sums, then SSIM: out [B, Ho, Wo] (channel mean) and, with
+        SAVE, coef [B, 9, Ho, Wo]: per channel dS/dmean_x, dS/dE[x'^2], dS/dE[x'y'], each / 3."""
+        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        rows = tl.program_id(1) * TH + tl.arange(0, TH)
+        cols = tl.program_id(0) * TW + tl.arange(0, TW)
+        ok = (rows < Ho)[:, None] & (cols < Wo)[None, :]
+        dst = rows[:, None] * Wo + cols[None, :]
         total = tl.zeros((TH, TW), dtype=tl.float32)
         for ch in tl.static_range(3):
             mx = tl.zeros((TH, TW), dtype=tl.float32)
@@ -116,118 +160,180 @@ if triton is not None:
             exx = tl.zeros((TH, TW), dtype=tl.float32)
             eyy = tl.zeros((TH, TW), dtype=tl.float32)
             exy = tl.zeros((TH, TW), dtype=tl.float32)
-            for i in range(r0, r0 + TH + 10):
-                hx = tl.zeros((TW,), dtype=tl.float32)
-                hy = tl.zeros((TW,), dtype=tl.float32)
-                hxx = tl.zeros((TW,), dtype=tl.float32)
-                hyy = tl.zeros((TW,), dtype=tl.float32)
-                hxy = tl.zeros((TW,), dtype=tl.float32)
-                ok = col_ok & ((tl.zeros((TW,), dtype=tl.int32) + i) < H)
-                base = (b * H + i) * W
-                for dx in tl.static_range(11):
-                    wd = tl.load(w_ptr + dx)
-                    off = (base + cols + dx) * 3 + ch
-                    xv = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32)
-                    yv = tl.load(y_ptr + off, mask=ok, other=0.0).to(tl.float32)
-                    hx += wd * xv
-                    hy += wd * yv
-                    hxx += wd * xv * xv
-                    hyy += wd * yv * yv
-                    hxy += wd * xv * yv
-                d = i - rows                                        # vertical tap of each output row
-                wv = tl.load(w_ptr + d, mask=(d >= 0) & (d < 11), other=0.0)[:, None]
-                mx += wv * hx[None, :]
-                my += wv * hy[None, :]
-                exx += wv * hxx[None, :]
-                eyy += wv * hyy[None, :]
-                exy += wv * hxy[None, :]
-            sxx = exx - mx * mx
-            kx = (sxx >= 0.0).to(tl.float32)                    # variances clamped at 0, as torchmetrics
-            a1 = 2.0 * mx * my + 0.0001
+            src = vm_ptr + (b * 15 + ch * 5) * Ho * W + rows[:, None] * W + cols[None, :]
+            for j in tl.static_range(11):
+                wj = tl.load(w_ptr + j)
+                mx += wj * tl.load(src + j, mask=ok, other=0.0)
+                my += wj * tl.load(src + Ho * W + j, mask=ok, other=0.0)
+                exx += wj * tl.load(src + 2 * Ho * W + j, mask=ok, other=0.0)
+                eyy += wj * tl.load(src + 3 * Ho * W + j, mask=ok, other=0.0)
+                exy += wj * tl.load(src + 4 * Ho * W + j, mask=ok, other=0.0)
+            vx = exx - mx * mx                  # moments of x - 1/2: no cancellation at grey
+            kx = (vx >= 0.0).to(tl.float32)     # variances clamped at 0, as torchmetrics
+            ux = mx + 0.5
+            uy = my + 0.5
+            a1 = 2.0 * ux * uy + 0.0001
             a2 = 2.0 * (exy - mx * my) + 0.0009
-            b1 = mx * mx + my * my + 0.0001
-            b2 = tl.maximum(sxx, 0.0) + tl.maximum(eyy - my * my, 0.0) + 0.0009
+            b1 = ux * ux + uy * uy + 0.0001
+            b2 = tl.maximum(vx, 0.0) + tl.maximum(eyy - my * my, 0.0) + 0.0009
             den = b1 * b2
             s = a1 * a2 / den
             total += s
             if SAVE:
-                cbase = ((b * Ho + rows[:, None]) * Wo + cols[None, :]) * 9 + ch * 3
-                da = 2.0 * (my * (a2 - a1) - mx * s * (b2 - b1 * kx)) / den
-                tl.store(coef_ptr + cbase, da / 3.0, mask=out_ok)
-                tl.store(coef_ptr + cbase + 1, -s * kx / b2 / 3.0, mask=out_ok)
-                tl.store(coef_ptr + cbase + 2, 2.0 * a1 / den / 3.0, mask=out_ok)
-        tl.store(out_ptr + (b * Ho + rows[:, None]) * Wo + cols[None, :], total / 3.0, mask=out_ok)
+                plane = coef_ptr + (b * 9 + ch * 3) * Ho * Wo + dst
+                tl.store(plane, 2.0 * (uy * a2 - my * a1 - s * (ux * b2 - mx * b1 * kx)) / den / 3.0, mask=ok)
+                tl.store(plane + Ho * Wo, -s * kx / b2 / 3.0, mask=ok)
+                tl.store(plane + 2 * Ho * Wo, 2.0 * a1 / den / 3.0, mask=ok)
+        tl.store(out_ptr + b * Ho * Wo + dst, total / 3.0, mask=ok)
 
     @triton.jit
-    def _ssim_bwd(x_ptr, y_ptr, w_ptr, coef_ptr, go_ptr, gx_ptr, H, W, Ho, Wo,
-                  TH: tl.constexpr, TW: tl.constexpr):
-        """One [TH, TW] tile of pixels of image b: gx = P + 2 x Q + y R, with P, Q, R the
-        window-filtered (go * a, go * b, go * c) over the outputs whose windows hold the pixel."""
-        b = tl.program_id(2)
-        r0 = tl.program_id(1) * TH
-        c0 = tl.program_id(0) * TW
-        rows = r0 + tl.arange(0, TH)
-        cols = c0 + tl.arange(0, TW)
-        pix_ok = (rows < H)[:, None] & (cols < W)[None, :]
+    def _spread_cols(coef_ptr, go_ptr, w_ptr, vg_ptr, H, Ho, Wo, GO_SCALAR: tl.constexpr,
+                     TH: tl.constexpr, TW: tl.constexpr):
+        """Backward, vertical pass: for pixel rows p and output columns c, the sums over the outputs
+        o = p - 10 .. p of the column of w(p - o) go(o) coef(o). coef: [B, 9, Ho, Wo]; vg: [B, 9, H, Wo]."""
+        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        rows = tl.program_id(1) * TH + tl.arange(0, TH)
+        cols = tl.program_id(0) * TW + tl.arange(0, TW)
+        ok = (rows < H)[:, None] & (cols < Wo)[None, :]
+        dst = rows[:, None] * Wo + cols[None, :]
+        g = tl.load(go_ptr) if GO_SCALAR else 0.0
+        for k in tl.static_range(9):
+            acc = tl.zeros((TH, TW), dtype=tl.float32)
+            for i in tl.static_range(11):
+                o = rows - i
+                m = ((o >= 0) & (o < Ho))[:, None] & ok
+                src = o[:, None] * Wo + cols[None, :]
+                c = tl.load(coef_ptr + (b * 9 + k) * Ho * Wo + src, mask=m, other=0.0)
+                if not GO_SCALAR:
+                    c = c * tl.load(go_ptr + b * Ho * Wo + src, mask=m, other=0.0)
+                acc += tl.load(w_ptr + i) * c
+            if GO_SCALAR:
+                acc = acc * g
+            tl.store(vg_ptr + (b * 9 + k) * H * Wo + dst, acc, mask=ok)
+
+    @triton.jit
+    def _spread_rows(vg_ptr, x_ptr, y_ptr, w_ptr, gx_ptr, l1_ptr, H, W, Wo, L1: tl.constexpr,
+                     TH: tl.constexpr, TW: tl.constexpr):
+        """Backward, horizontal pass, then the pixels' gradient gx = P + 2 x' Q + y' R per channel,
+        plus, with L1, l1 sign(x - y) (l1: the L1 term's weight, one value)."""
+        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        rows = tl.program_id(1) * TH + tl.arange(0, TH)
+        cols = tl.program_id(0) * TW + tl.arange(0, TW)
+        ok = (rows < H)[:, None] & (cols < W)[None, :]
         for ch in tl.static_range(3):
             p = tl.zeros((TH, TW), dtype=tl.float32)
             q = tl.zeros((TH, TW), dtype=tl.float32)
             r = tl.zeros((TH, TW), dtype=tl.float32)
-            for i in range(r0 - 10, r0 + TH):                   # output rows reaching the tile
-                hp = tl.zeros((TW,), dtype=tl.float32)
-                hq = tl.zeros((TW,), dtype=tl.float32)
-                hr = tl.zeros((TW,), dtype=tl.float32)
-                iv = tl.zeros((TW,), dtype=tl.int32) + i
-                row_ok = (iv >= 0) & (iv < Ho)
-                for dx in tl.static_range(11):
-                    wd = tl.load(w_ptr + dx)
-                    oc = cols - dx
-                    ok = row_ok & (oc >= 0) & (oc < Wo)
-                    o = (b * Ho + i) * Wo + oc
-                    g = tl.load(go_ptr + o, mask=ok, other=0.0) * wd
-                    hp += g * tl.load(coef_ptr + o * 9 + ch * 3, mask=ok, other=0.0)
-                    hq += g * tl.load(coef_ptr + o * 9 + ch * 3 + 1, mask=ok, other=0.0)
-                    hr += g * tl.load(coef_ptr + o * 9 + ch * 3 + 2, mask=ok, other=0.0)
-                d = rows - i
-                wv = tl.load(w_ptr + d, mask=(d >= 0) & (d < 11), other=0.0)[:, None]
-                p += wv * hp[None, :]
-                q += wv * hq[None, :]
-                r += wv * hr[None, :]
+            base = vg_ptr + (b * 9 + ch * 3) * H * Wo + rows[:, None] * Wo
+            for j in tl.static_range(11):
+                oc = cols - j
+                m = ((oc >= 0) & (oc < Wo))[None, :] & ok
+                wj = tl.load(w_ptr + j)
+                p += wj * tl.load(base + oc[None, :], mask=m, other=0.0)
+                q += wj * tl.load(base + H * Wo + oc[None, :], mask=m, other=0.0)
+                r += wj * tl.load(base + 2 * H * Wo + oc[None, :], mask=m, other=0.0)
             off = ((b * H + rows[:, None]) * W + cols[None, :]) * 3 + ch
-            xv = tl.load(x_ptr + off, mask=pix_ok, other=0.0).to(tl.float32)
-            yv = tl.load(y_ptr + off, mask=pix_ok, other=0.0).to(tl.float32)
-            tl.store(gx_ptr + off, p + 2.0 * xv * q + yv * r, mask=pix_ok)
+            xv = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32) - 0.5
+            yv = tl.load(y_ptr + off, mask=ok, other=0.0).to(tl.float32) - 0.5
+            g = p + 2.0 * xv * q + yv * r
+            if L1:
+                g += tl.load(l1_ptr) * tl.where(xv > yv, 1.0, tl.where(xv < yv, -1.0, 0.0))
+            tl.store(gx_ptr + off, g, mask=ok)
 
 
-_TH, _TW = 16, 32                   # output tile of a program (the tests shrink it)
+_TH, _TW, _WARPS = 16, 64, 4        # a program's tile (rows x columns) and warps; the tests shrink the tile
+
+
+def _grid(rows: int, cols: int, batch: int) -> tuple[int, int, int]:
+    return (triton.cdiv(cols, _TW), triton.cdiv(rows, _TH), batch)
+
+
+def _forward(x: Tensor, y: Tensor, save: bool, l1: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The map [B, Ho, Wo], the coefficients [B, 9, Ho, Wo] (or the map again without ``save``),
+    the window and, with ``l1``, the programs' sums of |x - y| (else the map)."""
+    B, H, W, _ = x.shape
+    Ho, Wo = H - WINDOW + 1, W - WINDOW + 1
+    w = gaussian_window(device=x.device)
+    vm = torch.empty(B, 15, Ho, W, dtype=torch.float32, device=x.device)
+    out = torch.empty(B, Ho, Wo, dtype=torch.float32, device=x.device)
+    coef = torch.empty(B, 9, Ho, Wo, dtype=torch.float32, device=x.device) if save else out
+    grid = _grid(H if l1 else Ho, W, B)
+    sums = torch.empty(grid[0] * grid[1] * grid[2], dtype=torch.float32, device=x.device) if l1 else out
+    _moments_cols[grid](x, y, w, vm, sums, H, W, Ho, L1=l1, TH=_TH, TW=_TW, num_warps=_WARPS)
+    _ssim_rows[_grid(Ho, Wo, B)](vm, w, out, coef, W, Ho, Wo, SAVE=save, TH=_TH, TW=_TW, num_warps=_WARPS)
+    return out, coef, w, sums
+
+
+def _backward(x: Tensor, y: Tensor, w: Tensor, coef: Tensor, go: Tensor, scalar: bool,
+              l1: Tensor | None) -> Tensor:
+    """The pixels' gradient [B, H, W, 3] of sum(go * map) (+ l1 * sum|x - y|); go [1] with ``scalar``."""
+    B, H, W, _ = x.shape
+    Ho, Wo = coef.shape[2:]
+    vg = torch.empty(B, 9, H, Wo, dtype=torch.float32, device=x.device)
+    gx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    _spread_cols[_grid(H, Wo, B)](coef, go, w, vg, H, Ho, Wo, GO_SCALAR=scalar, TH=_TH, TW=_TW, num_warps=_WARPS)
+    _spread_rows[_grid(H, W, B)](vg, x, y, w, gx, go if l1 is None else l1, H, W, Wo, L1=l1 is not None,
+                                 TH=_TH, TW=_TW, num_warps=_WARPS)
+    return gx
 
 
 class _FusedSSIM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pred: Tensor, gt: Tensor) -> Tensor:
-        x = pred.contiguous()
-        y = gt.contiguous()
-        B, H, W, _ = x.shape
-        Ho, Wo = H - WINDOW + 1, W - WINDOW + 1
-        w = gaussian_window(device=x.device)
-        out = torch.empty(B, Ho, Wo, dtype=torch.float32, device=x.device)
-        save = pred.requires_grad
-        coef = torch.empty(B, Ho, Wo, 9, dtype=torch.float32, device=x.device) if save else out
-        grid = (triton.cdiv(Wo, _TW), triton.cdiv(Ho, _TH), B)
-        _ssim_fwd[grid](x, y, w, out, coef, H, W, Ho, Wo, SAVE=save, TH=_TH, TW=_TW)
-        if save:
+        x, y = pred.contiguous(), gt.contiguous()
+        out, coef, w, _ = _forward(x, y, save=pred.requires_grad, l1=False)
+        if pred.requires_grad:
             ctx.save_for_backward(x, y, w, coef)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, y, w, coef = ctx.saved_tensors
-        B, H, W, _ = x.shape
-        Ho, Wo = grad_out.shape[1:]
-        gx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(W, _TW), triton.cdiv(H, _TH), B)
-        _ssim_bwd[grid](x, y, w, coef, grad_out.contiguous().float(), gx, H, W, Ho, Wo, TH=_TH, TW=_TW)
-        return gx.to(x.dtype), None
+        scalar = all(s == 0 for s in grad_out.stride())     # the gradient of a sum or mean: one value
+        go = (grad_out[0, 0, :1] if scalar else grad_out).float().contiguous()
+        return _backward(x, y, w, coef, go, scalar, None).to(x.dtype), None
+
+
+class _FusedLoss(torch.autograd.Function):
+    """``(1 - weight) mean|pred - gt| + weight (1 - mean ssim_map)`` in the SSIM kernels' two passes."""
+
+    @staticmethod
+    def forward(ctx, pred: Tensor, gt: Tensor, weight: float) -> Tensor:
+        x, y = pred.contiguous(), gt.contiguous()
+        out, coef, w, sums = _forward(x, y, save=pred.requires_grad, l1=True)
+        ctx.weight, ctx.n, ctx.windows = weight, x.numel(), out.numel()
+        if pred.requires_grad:
+            ctx.save_for_backward(x, y, w, coef)
+        return (1 - weight) * sums.sum() / x.numel() + weight * (1 - out.sum() / out.numel())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, y, w, coef = ctx.saved_tensors
+        g = grad.reshape(1).float()
+        go = g * (-ctx.weight / ctx.windows)
+        l1 = g * ((1 - ctx.weight) / ctx.n)
+        return _backward(x, y, w, coef, go, True, l1).to(x.dtype), None, None
+
+
+def ssim_l1_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float) -> Tensor:
+    """The image loss ``(1 - ssim_weight) L1 + ssim_weight (1 - SSIM)``, 0-dim, differentiable in ``pred``.
+
+    Args:
+        pred: [B, H, W, 3] rendered images, data range 1.
+        gt:   [B, H, W, 3] reference images (any float dtype; no gradient).
+        ssim_weight: the SSIM term's weight in [0, 1].
+
+    L1 is the mean of ``|pred - gt|`` over all pixels and channels, SSIM the mean of
+    :func:`ssim_map`. On CUDA both terms come from the SSIM kernels, forward and backward (the
+    L1 term adds no pass over the images); elsewhere from torch operations.
+    """
+    _check(pred, gt)
+    if not 0.0 <= ssim_weight <= 1.0:
+        raise ValueError(f"ssim_weight: expected a value in [0, 1], got {ssim_weight}")
+    if (pred.device.type == "cuda" and triton is not None) or _interpret():
+        return _FusedLoss.apply(pred, gt, float(ssim_weight))
+    l1 = (pred - gt).abs().mean()
+    return (1 - ssim_weight) * l1 + ssim_weight * (1 - ssim_map_reference(pred, gt).mean())
 
 
 def ssim(pred: Tensor, gt: Tensor) -> Tensor:
@@ -235,4 +341,4 @@ def ssim(pred: Tensor, gt: Tensor) -> Tensor:
     return ssim_map(pred, gt).mean()
 
 
-__all__ = ["ssim_map", "ssim_map_reference", "ssim", "gaussian_window", "C1", "C2", "WINDOW", "SIGMA"]
+__all__ = ["ssim_map", "ssim_map_reference", "ssim", "ssim_l1_loss", "gaussian_window", "C1", "C2", "WINDOW", "SIGMA"]

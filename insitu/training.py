@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .adam import ShardAdam
-from .compositing import composite
+from .compositing import composite, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
@@ -65,6 +65,9 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
+    if comm.size == 1:              # the whole image: nothing to composite
+        info["alpha"] = alpha
+        return over(rgb, alpha, background), info
     rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
                      transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
     bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
@@ -221,33 +224,32 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
     give 0). Images under 11 x 11 pixels have no SSIM window: the loss is L1 alone, on any number
     of ranks.
     """
-    from .ssim import HALF, KERNEL, ssim_map
+    from .ssim import HALF, KERNEL, ssim_l1_loss, ssim_map
 
     if pred.shape != gt.shape or pred.ndim != 4 or pred.shape[-1] != 3:
         raise ValueError(f"pred, gt: expected the same shape [B, h, W, 3], got {tuple(pred.shape)}, {tuple(gt.shape)}")
     B, h, W, _ = pred.shape
     if h != rows[1] - rows[0]:
         raise ValueError(f"rows: expected {h} rows to match pred, got {rows}")
-    l1 = (pred - gt).abs().sum() / (B * height * W * 3)
-    if not ssim_weight > 0 or height < KERNEL or W < KERNEL:
-        return l1
     size = 1 if comm is None else comm.size
-    if size == 1:
-        if rows != (0, height):
-            raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
-        x, y, spare = pred, gt, None                # the whole image: no rows to join, nothing to copy
-    else:
-        ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
-        x, y = ext[..., :3], ext[..., 3:]
-        spare = 0.0 * received.sum()                # this rank's backward always reaches the exchange
+    if size == 1 and rows != (0, height):
+        raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
+    with_ssim = ssim_weight > 0 and height >= KERNEL and W >= KERNEL
+    if size == 1 and with_ssim:                     # the whole image: both terms in the SSIM kernels' pass
+        return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
+    l1 = (pred - gt).abs().sum() / (B * height * W * 3)
+    if not with_ssim:
+        return l1
+    ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
+    x, y = ext[..., :3], ext[..., 3:]
+    spare = 0.0 * received.sum()                    # this rank's backward always reaches the exchange
     windows = B * (height - 2 * HALF) * (W - 2 * HALF)
     if x.shape[1] >= KERNEL:                        # the windows centred on this band's rows
         m = ssim_map(x, y)
         dssim = (m.numel() - m.sum()) / windows
     else:
         dssim = pred.new_zeros(())
-    loss = (1 - ssim_weight) * l1 + ssim_weight * dssim
-    return loss if spare is None else loss + spare
+    return (1 - ssim_weight) * l1 + ssim_weight * dssim + spare
 
 
 @dataclass
@@ -353,7 +355,7 @@ class Trainer:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
-        seen = self._visible_gradients(info)
+        seen = self._visible_gradients(info) if self._refines_ahead() else None
         if self.replicas is not None:
             seen = self._all_reduce(seen)
         if seen is not None:
@@ -366,6 +368,11 @@ class Trainer:
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
         return loss.detach()
+
+    def _refines_ahead(self) -> bool:
+        """Whether a densification refine comes after this iteration (else its statistics go unused)."""
+        until = min(self.cfg.densify_until, self.total - 1)
+        return max(self.iteration, self.cfg.densify_from) < until
 
     @torch.no_grad()
     def _visible_gradients(self, info: dict) -> tuple[Tensor, Tensor] | None:

@@ -416,6 +416,22 @@ def test_visible_gradients_are_the_visible_views_pixel_gradient_norms(shard, blo
     torch.testing.assert_close(count, vis.sum(0).float())
 
 
+def test_densification_statistics_are_gathered_only_while_a_refine_lies_ahead(shard, block, scene, comm):
+    """A refine at iteration it needs the statistics since the last one; after the last refine
+    (densify_until, or the schedule's end) the steps no longer gather them."""
+    trainer = make_trainer(shard, block, train_config(densify_from=0, densify_every=2, densify_until=3,
+                                                      grad_threshold=1e9), total=100)
+    gathered = []
+    for it in range(5):
+        before = float(trainer.state.count.sum())
+        step(trainer, scene, comm, it)
+        gathered.append(float(trainer.state.count.sum()) != before)
+    assert gathered == [True, True, True, False, False]       # the refine at 2 zeroes them; none after 3
+    late = make_trainer(shard, block, train_config(densify_from=10**6), total=100)
+    step(late, scene, comm, 0)
+    assert float(late.state.count.sum()) == 0                 # no refine before the schedule ends
+
+
 def test_alpha_term_pulls_the_opacities_towards_the_ground_truth_alpha(shard, block, scene, comm):
     """With ground-truth alpha 0 everywhere, the alpha term lowers the opacities and adds its weight
     times the mean rendered alpha to the loss; with weight 0 the loss is the image loss."""
