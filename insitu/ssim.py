@@ -107,13 +107,15 @@ if triton is not None:
         column of x', y', x'^2, y'^2, x'y' (x' = x - 1/2, y' = y - 1/2) per channel.
         x, y: [B, H, W, 3]; vm: [B, 15, Ho, W] (channel-major: 5 planes per channel). With L1 (a
         grid over all H rows), l1: [programs] each program's sum of |x - y| over its pixels."""
-        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        b = tl.program_id(2).to(tl.int64)       # image offsets in 64 bits (large batches), 32 within
         rows = tl.program_id(1) * TH + tl.arange(0, TH)
         cols = tl.program_id(0) * TW + tl.arange(0, TW)
         ok = (rows < Ho)[:, None] & (cols < W)[None, :]
         pix_ok = (rows < H)[:, None] & (cols < W)[None, :]
         l1 = tl.zeros((TH, TW), dtype=tl.float32)
-        dst = (rows[:, None] * W + cols[None, :])
+        dst = rows[:, None] * W + cols[None, :]
+        xb = x_ptr + b * H * W * 3              # the image; 32-bit offsets within it
+        yb = y_ptr + b * H * W * 3
         for ch in tl.static_range(3):
             sx = tl.zeros((TH, TW), dtype=tl.float32)
             sy = tl.zeros((TH, TW), dtype=tl.float32)
@@ -122,10 +124,10 @@ if triton is not None:
             sxy = tl.zeros((TH, TW), dtype=tl.float32)
             for i in tl.static_range(11):
                 wi = tl.load(w_ptr + i)
-                off = ((b * H + rows[:, None] + i) * W + cols[None, :]) * 3 + ch
+                off = ((rows[:, None] + i) * W + cols[None, :]) * 3 + ch
                 m = pix_ok if L1 and i == 0 else ok             # the L1 term: every pixel, once
-                xv = tl.load(x_ptr + off, mask=m, other=0.5).to(tl.float32) - 0.5
-                yv = tl.load(y_ptr + off, mask=m, other=0.5).to(tl.float32) - 0.5
+                xv = tl.load(xb + off, mask=m, other=0.5).to(tl.float32) - 0.5
+                yv = tl.load(yb + off, mask=m, other=0.5).to(tl.float32) - 0.5
                 if L1 and i == 0:
                     l1 += tl.abs(xv - yv)
                 sx += wi * xv
@@ -148,7 +150,7 @@ if triton is not None:
                    TH: tl.constexpr, TW: tl.constexpr):
         """Horizontal pass of the vertical sums, then SSIM: out [B, Ho, Wo] (channel mean) and, with
         SAVE, coef [B, 9, Ho, Wo]: per channel dS/dmean_x, dS/dE[x'^2], dS/dE[x'y'], each / 3."""
-        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        b = tl.program_id(2).to(tl.int64)       # image offsets in 64 bits (large batches), 32 within
         rows = tl.program_id(1) * TH + tl.arange(0, TH)
         cols = tl.program_id(0) * TW + tl.arange(0, TW)
         ok = (rows < Ho)[:, None] & (cols < Wo)[None, :]
@@ -191,7 +193,7 @@ if triton is not None:
                      TH: tl.constexpr, TW: tl.constexpr):
         """Backward, vertical pass: for pixel rows p and output columns c, the sums over the outputs
         o = p - 10 .. p of the column of w(p - o) go(o) coef(o). coef: [B, 9, Ho, Wo]; vg: [B, 9, H, Wo]."""
-        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        b = tl.program_id(2).to(tl.int64)       # image offsets in 64 bits (large batches), 32 within
         rows = tl.program_id(1) * TH + tl.arange(0, TH)
         cols = tl.program_id(0) * TW + tl.arange(0, TW)
         ok = (rows < H)[:, None] & (cols < Wo)[None, :]
@@ -216,7 +218,7 @@ if triton is not None:
                      TH: tl.constexpr, TW: tl.constexpr):
         """Backward, horizontal pass, then the pixels' gradient gx = P + 2 x' Q + y' R per channel,
         plus, with L1, l1 sign(x - y) (l1: the L1 term's weight, one value)."""
-        b = tl.program_id(2).to(tl.int64)       # offsets past 2^31 in large batches
+        b = tl.program_id(2).to(tl.int64)       # image offsets in 64 bits (large batches), 32 within
         rows = tl.program_id(1) * TH + tl.arange(0, TH)
         cols = tl.program_id(0) * TW + tl.arange(0, TW)
         ok = (rows < H)[:, None] & (cols < W)[None, :]
@@ -232,16 +234,16 @@ if triton is not None:
                 p += wj * tl.load(base + oc[None, :], mask=m, other=0.0)
                 q += wj * tl.load(base + H * Wo + oc[None, :], mask=m, other=0.0)
                 r += wj * tl.load(base + 2 * H * Wo + oc[None, :], mask=m, other=0.0)
-            off = ((b * H + rows[:, None]) * W + cols[None, :]) * 3 + ch
-            xv = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32) - 0.5
-            yv = tl.load(y_ptr + off, mask=ok, other=0.0).to(tl.float32) - 0.5
+            off = (rows[:, None] * W + cols[None, :]) * 3 + ch
+            xv = tl.load(x_ptr + b * H * W * 3 + off, mask=ok, other=0.0).to(tl.float32) - 0.5
+            yv = tl.load(y_ptr + b * H * W * 3 + off, mask=ok, other=0.0).to(tl.float32) - 0.5
             g = p + 2.0 * xv * q + yv * r
             if L1:
                 g += tl.load(l1_ptr) * tl.where(xv > yv, 1.0, tl.where(xv < yv, -1.0, 0.0))
-            tl.store(gx_ptr + off, g, mask=ok)
+            tl.store(gx_ptr + b * H * W * 3 + off, g, mask=ok)
 
 
-_TH, _TW, _WARPS = 16, 64, 4        # a program's tile (rows x columns) and warps; the tests shrink the tile
+_TH, _TW, _WARPS = 8, 64, 4         # a program's tile (rows x columns) and warps (bench_ssim.py --tune)
 
 
 def _grid(rows: int, cols: int, batch: int) -> tuple[int, int, int]:
