@@ -243,7 +243,7 @@ if triton is not None:
             tl.store(gx_ptr + b * H * W * 3 + off, g, mask=ok)
 
 
-_TH, _TW, _WARPS = 8, 64, 4         # a program's tile (rows x columns) and warps (bench_ssim.py --tune)
+_TH, _TW, _WARPS = 4, 64, 4         # a program's tile (rows x columns) and warps (bench_ssim.py --tune)
 
 
 def _grid(rows: int, cols: int, batch: int) -> tuple[int, int, int]:
