@@ -614,7 +614,8 @@ if triton is not None:
             b += (f >= tl.load(isos + j)).to(tl.int32)
         return b
 
-    @triton.jit
+    # integers that are 1 (one subsample, a one-cell macro grid) must stay integers, not constants
+    @triton.jit(do_not_specialize=["nx", "ny", "nz", "mx", "my", "mz", "S"])
     def _raycast_kernel(vol, dist, isos, n_iso, cams, rgba_out, depth_out,
                         nx, ny, nz, mx, my, mz,
                         ox, oy, oz, spx, spy, spz,

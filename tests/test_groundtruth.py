@@ -300,11 +300,12 @@ def test_camera_inside_the_volume_sees_the_surface_around_it():
 
 
 @pytest.mark.gpu
-def test_cuda_matches_cpu():
+@pytest.mark.parametrize("supersample", [1, 2])
+def test_cuda_matches_cpu(supersample):
     block = whole_block(blobs_array(), fields={"x": np.broadcast_to(
         np.arange(64, dtype=np.float32), (48, 56, 64)).copy()})
     views = orbit_views(*block.global_box, count=4, resolution=64)
-    options = dict(color_field="x", color_range=(0.0, 63.0))
+    options = dict(color_field="x", color_range=(0.0, 63.0), supersample=supersample)
     cpu = raycast(block, views.viewmats, views.Ks, 64, 64, [0.3, 0.6], **options)
     gpu = raycast(block, views.viewmats.cuda(), views.Ks.cuda(), 64, 64, [0.3, 0.6], **options)
     assert gpu[0].device.type == "cuda" and gpu[1].device.type == "cuda"
