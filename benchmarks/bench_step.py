@@ -4,7 +4,9 @@ A model of about ``--budget`` Gaussians is seeded on the isosurface (points draw
 the marching-cubes triangles up to the budget), split over the ranks by block; each
 step renders ``--batch`` views at ``--resolution``, composites them across ranks,
 computes the loss on each rank's band and runs backward and Adam. Densification is
-off, so every P times the same model. Prints one JSON line (rank 0).
+off, so every P times the same model, and SH degree 3 is trained from the first step (as in
+the bare rasterization it is compared with). ``--profile N`` adds N steps under
+``torch.profiler``: device time per step and its largest kernels. Prints one JSON line (rank 0).
 
     mpirun -n 2 python benchmarks/bench_step.py --data ../shared/data/bonsai_256x256x256_uint8.raw \
         --iso 40 --budget 4000000 --resolution 2048 --steps 50
