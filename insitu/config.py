@@ -376,6 +376,8 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
                   replicated`` the whole views too;
     ray_casting:  one chunk of views ray cast and composited (float32 RGBA, several copies);
     rendering:    one batch of views rendered, composited and differentiated (float32);
+    loss:         the SSIM kernels' planes for one batch (float32: 15 moments and 9 saved derivatives per
+                  pixel of the rank's band and its halo, or of the whole views);
     gaussians:    the rank's share of the initial Gaussians (all of them, replicated) with gradients and optimiser state
                   (the budget is only reached with ``seeds.fill``; without it, by the surface's vertices).
     """
@@ -389,6 +391,7 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
         "ground_truth": vc.count * (band + (pixels if replicated else 0)) * 4 * 2,
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
         "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
+        "loss": cfg.train.batch * (pixels if replicated or ranks == 1 else band + 10 * res) * (15 + 9) * 4,
         "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,
     }
 
