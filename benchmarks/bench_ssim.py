@@ -1,9 +1,10 @@
-"""SSIM loss forward + backward: torchmetrics against insitu.ssim (fused Triton kernels on CUDA).
+"""SSIM loss forward + backward: torchmetrics against insitu.ssim (Triton kernels on CUDA).
 
-    python benchmarks/bench_ssim.py --size 2048 --batch 1
+    python benchmarks/bench_ssim.py --size 2048 --batch 1 [--tune]
 
-Prints one JSON line: milliseconds of each (median, events via triton.testing.do_bench), and
-the largest differences of loss and gradient between the two on the same random images.
+Prints one JSON line: milliseconds of each (median, events via triton.testing.do_bench), the
+largest differences of loss, map and gradient from float64 on the same random images, and with
+``--tune`` the same for several tile shapes and warp counts of the kernels.
 """
 from __future__ import annotations
 

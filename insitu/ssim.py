@@ -1,4 +1,4 @@
-"""Structural similarity per pixel: a fused Triton kernel on CUDA, separable convolutions elsewhere.
+"""Structural similarity per pixel: Triton kernels on CUDA, separable convolutions elsewhere.
 
 ``ssim_map(pred, gt)`` is the SSIM of every valid 11x11 window (Gaussian, sigma 1.5, data
 range 1, C1 = 0.01^2, C2 = 0.03^2), averaged over the three channels, without padding:
