@@ -19,7 +19,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor
 
-from .compositing import band_rows, composite_full, gather_bands, visibility_order
+from .compositing import band_rows, composite_full, gather_bands, over, visibility_order
 from .config import Config
 from .decomposition import Decomposition, decompose
 from .gaussians import Gaussians
@@ -69,8 +69,7 @@ class Scene:
     def gt_on(self, ids: Tensor, background: Tensor) -> Tensor:
         """[B, h_band, W, 3] float32 ground truth of views ``ids`` on ``background`` ([3] or [B, 3])."""
         rgba = self.gt[ids].float()
-        bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
-        return rgba[..., :3] + (1 - rgba[..., 3:]) * bg
+        return over(rgba[..., :3], rgba[..., 3:], background)
 
 
 _PRELOAD: list[threading.Thread] = []

@@ -23,6 +23,7 @@ missing) the torch reference below computes the same map; it is also the tests' 
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -40,8 +41,9 @@ except ImportError:                     # pragma: no cover - CPU-only installs
     triton = None
 
 
+@functools.lru_cache(maxsize=16)           # built once per device and dtype, not at every step
 def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, device=None, dtype=torch.float32) -> Tensor:
-    """The normalised 1-D Gaussian ``[size]`` (torchmetrics' ``_gaussian``), computed in ``dtype``."""
+    """The normalised 1-D Gaussian ``[size]`` (torchmetrics' ``_gaussian``), computed in ``dtype``; shared: read only."""
     x = torch.arange(size, dtype=dtype, device=device) - (size - 1) / 2
     g = torch.exp(-0.5 * (x / sigma) ** 2)
     return g / g.sum()

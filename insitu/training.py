@@ -65,14 +65,12 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
-    if comm.size == 1:              # the whole image: nothing to composite
-        info["alpha"] = alpha
-        return over(rgb, alpha, background), info
-    rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
-                     transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
-    bg = background.reshape(-1, 1, 1, 3) if background.ndim == 2 else background
-    info["alpha"] = rgba[..., 3:]
-    return rgba[..., :3] + (1.0 - rgba[..., 3:]) * bg, info
+    if comm.size > 1:               # one rank holds the whole image: nothing to composite
+        rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
+                         transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
+        rgb, alpha = rgba[..., :3], rgba[..., 3:]
+    info["alpha"] = alpha
+    return over(rgb, alpha, background), info
 
 
 def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: Tensor, gt: Tensor, comm, *,
