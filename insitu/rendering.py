@@ -35,24 +35,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .shading import MAX_SH_DEGREE, sh_basis, sh_colors
+
 __all__ = ["rasterize", "eval_sh", "BACKENDS"]
 
 BACKENDS = ("auto", "gsplat", "torch")
-MAX_SH_DEGREE = 3
 
 # Constants shared with gsplat's CUDA rasterizer (include/Common.h, RasterizeToPixels3DGSFwd.cu).
 ALPHA_THRESHOLD = 1.0 / 255.0
 ALPHA_MAX = 0.999
 TRANSMITTANCE_MIN = 1e-4
 EXTENT_SIGMAS = 3.33
-
-# Real spherical-harmonic basis constants, in the order of the reference 3DGS code and gsplat.
-_SH_C0 = 0.28209479177387814
-_SH_C1 = 0.4886025119029199
-_SH_C2 = (1.0925484305920792, -1.0925484305920792, 0.31539156525252005,
-          -1.0925484305920792, 0.5462742152960396)
-_SH_C3 = (-0.5900435899266435, 2.890611442640554, -0.4570457994644658, 0.3731763325901154,
-          -0.4570457994644658, 1.445305721320277, -0.5900435899266435)
 
 # The torch backend takes Gaussians front to back in runs of at most this many box pixels.
 _PAIR_BUDGET = 1 << 16
@@ -74,20 +67,7 @@ def eval_sh(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
     if coeffs.shape[-2] < (degree + 1) ** 2:
         raise ValueError(f"eval_sh: degree {degree} needs >= {(degree + 1) ** 2} coefficients, "
                          f"got {coeffs.shape[-2]}")
-    bases = [torch.full_like(dirs[..., 0], _SH_C0)]
-    if degree >= 1:
-        x, y, z = F.normalize(dirs, dim=-1).unbind(-1)
-        bases += [-_SH_C1 * y, _SH_C1 * z, -_SH_C1 * x]
-        if degree >= 2:
-            xx, yy, zz, xy, yz, xz = x * x, y * y, z * z, x * y, y * z, x * z
-            bases += [_SH_C2[0] * xy, _SH_C2[1] * yz, _SH_C2[2] * (2 * zz - xx - yy),
-                      _SH_C2[3] * xz, _SH_C2[4] * (xx - yy)]
-            if degree >= 3:
-                bases += [_SH_C3[0] * y * (3 * xx - yy), _SH_C3[1] * xy * z,
-                          _SH_C3[2] * y * (4 * zz - xx - yy), _SH_C3[3] * z * (2 * zz - 3 * xx - 3 * yy),
-                          _SH_C3[4] * x * (4 * zz - xx - yy), _SH_C3[5] * z * (xx - yy),
-                          _SH_C3[6] * x * (xx - 3 * yy)]
-    basis = torch.stack(bases, dim=-1)                                   # [..., B]
+    basis = sh_basis(degree, dirs)                                       # [..., B]
     return (basis[..., None] * coeffs[..., : basis.shape[-1], :]).sum(dim=-2)
 
 
@@ -275,10 +255,12 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
 
     means, quats, scales, opacities, colors, viewmats, Ks = (
         t.contiguous() for t in (means, quats, scales, opacities, colors, viewmats, Ks))
+    if sh_degree is not None:       # gsplat's colours, with the coefficients' gradient deferrable
+        colors = sh_colors(means, colors, _camera_centres(viewmats), sh_degree)      # [C, N, 3]
     render, alpha, meta = gsplat.rasterization(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
-        sh_degree=sh_degree, packed=False, tile_size=tile_size, backgrounds=None,
+        sh_degree=None, packed=False, tile_size=tile_size, backgrounds=None,
         render_mode="RGB", rasterize_mode="classic", absgrad=False)
     means2d = meta["means2d"]
     if means2d.requires_grad:
@@ -290,6 +272,12 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
             "conics": meta["conics"], "backend": "gsplat", "width": width, "height": height,
             "n_cameras": viewmats.shape[0]}
     return render, alpha, info
+
+
+def _camera_centres(viewmats: Tensor) -> Tensor:
+    """[C, 4, 4] world-to-camera rigid transforms -> [C, 3] camera centres ``-R^T t``."""
+    R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
+    return -torch.einsum("cji,cj->ci", R, t)
 
 
 # --------------------------------------------------------------------------- torch backend
@@ -509,9 +497,7 @@ def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, widt
     if sh_degree is None:
         rgb = colors[None].expand(C, N, 3)                               # [C, N, 3]
     else:
-        R, t = viewmats[:, :3, :3], viewmats[:, :3, 3]
-        campos = -torch.einsum("cji,cj->ci", R, t)                       # [C, 3] camera centres
-        dirs = means[None, :, :] - campos[:, None, :]                    # [C, N, 3]
+        dirs = means[None, :, :] - _camera_centres(viewmats)[:, None, :]  # [C, N, 3]
         rgb = eval_sh(sh_degree, dirs, colors[None].expand(C, *colors.shape))
         rgb = torch.clamp_min(rgb + 0.5, 0.0)
     log_op = torch.log(opacities.clamp(min=1e-30))[None, :, None].expand(C, N, 1)

@@ -23,6 +23,7 @@ from .compositing import composite, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
+from .shading import deferred_sh_gradients
 from .ssim import ssim_map
 from .views import Views
 
@@ -347,7 +348,8 @@ class Trainer:
         for the GPU, so callers read it only when they show it).
         """
         self._schedule()
-        pred, info = render(self.params)
+        with deferred_sh_gradients() as sh:         # the SH colours' gradient stays factored for Adam
+            pred, info = render(self.params)
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm)
         if self.cfg.alpha_weight > 0 and gt_alpha is not None:
             B, _, W, _ = pred.shape
@@ -355,11 +357,12 @@ class Trainer:
         loss.backward()
         seen = self._visible_gradients(info) if self._refines_ahead() else None
         if self.replicas is not None:
+            sh.accumulate(self.params["colors"])    # the all-reduce sums gradients written out
             seen = self._all_reduce(seen)
         if seen is not None:
             self.state.grad2d += seen[0]
             self.state.count += seen[1]
-        self.adam.step()
+        self.adam.step(sh)
         self.adam.zero_grad()
         self.iteration += 1
         self._densify()
