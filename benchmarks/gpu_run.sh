@@ -33,7 +33,8 @@
 #   sweep   variants of the 1-GPU protocol run, two at a time on GPUs 0 and 1: SWEEP="NAME=ARGS|NAME=ARGS|..."
 #   gt      the protocol's ground truth alone (448 x 2048^2 on 1 and 2 GPUs, with each rank's casting time)
 #   stepprof one step of ~4M Gaussians at 2048^2 on 1 GPU against bare gsplat, then 10 steps under torch.profiler,
-#           the SSIM loss alone and its kernels' tile sizes (bench_ssim.py --tune), Adam's block sizes (bench_adam.py)
+#           the SSIM loss alone and its kernels' tile sizes (bench_ssim.py --tune), Adam's block sizes (bench_adam.py),
+#           SH colours + Adam against gsplat's SH + Adam, and the SH kernels' block sizes (bench_shading.py)
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -94,7 +95,8 @@ for stage in "$@"; do
 print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['profile']['wall_ms'], d['profile']['device_kernel_ms'])
 [print(' ', t['ms'], t['calls'], t['name']) for t in d['profile']['top']]" "$OUT/stepprof.json"
             python benchmarks/bench_ssim.py --size 2048 --tune 2>&1 | tee "$OUT/stepprof_ssim.json" | tail -n 1
-            python benchmarks/bench_adam.py --gaussians 4000000 2>&1 | tee "$OUT/stepprof_adam.json" | tail -n 1 ;;
+            python benchmarks/bench_adam.py --gaussians 4000000 2>&1 | tee "$OUT/stepprof_adam.json" | tail -n 1
+            python benchmarks/bench_shading.py --gaussians 4000000 2>&1 | tee "$OUT/stepprof_shading.json" | tail -n 1 ;;
     step8)  for n in 1 2; do
               timeout 200 $MPIRUN -n $n python benchmarks/bench_step.py --data "$BONSAI" --iso 40 \
                 --budget 4000000 --resolution 2048 --views 16 --steps 20 --batch 8 --transfer bfloat16 \

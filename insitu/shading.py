@@ -79,6 +79,8 @@ class DeferredGradients:
         if not mine:
             return None
         self.factors = [f for f in self.factors if f[0] is not coeffs]
+        if len(mine) == 1:
+            return mine[0][1], mine[0][2]
         kd = max(b.shape[-1] for _, b, _ in mine)
         basis = torch.cat([F.pad(b, (0, kd - b.shape[-1])) for _, b, _ in mine])
         return basis, torch.cat([v for _, _, v in mine])
@@ -140,16 +142,20 @@ class _SHColors(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means, coeffs, campos, degree, sink):
         ctx.save_for_backward(means, coeffs, campos)
-        ctx.degree, ctx.sink = degree, sink
+        ctx.degree, ctx.sink, ctx.saved = degree, sink, None
         if _use_triton(means):
-            return _forward_triton(means, coeffs, campos, degree)
+            out, ctx.saved = _forward_triton(means, coeffs, campos, degree,
+                                             save=ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+            return out
         return _forward_torch(means, coeffs, campos, degree)
 
     @staticmethod
     def backward(ctx, v_colors):
         means, coeffs, campos = ctx.saved_tensors
-        run = _backward_triton if _use_triton(means) else _backward_torch
-        basis, v_sh, v_means = run(means, coeffs, campos, ctx.degree, v_colors.contiguous())
+        if ctx.saved is not None:
+            basis, v_sh, v_means = _backward_triton(means, campos, ctx.degree, v_colors.contiguous(), *ctx.saved)
+        else:
+            basis, v_sh, v_means = _backward_torch(means, coeffs, campos, ctx.degree, v_colors)
         v_coeffs = None
         if ctx.needs_input_grad[1]:
             if ctx.sink is not None:
@@ -184,26 +190,31 @@ def _backward_torch(means, coeffs, campos, degree, v_colors):
     return basis.detach(), v_sh, v_dirs.sum(0)
 
 
-_BLOCK, _WARPS = 128, 4
+_BLOCK, _WARPS = 64, 4          # Gaussians per program
 
 
-def _forward_triton(means, coeffs, campos, degree):
-    C, N, K = campos.shape[0], means.shape[0], coeffs.shape[1]
-    out = means.new_empty(C, N, 3)
-    if N:
-        _sh_forward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(), out,
-                                              N, C, K=K, DEG=degree, BLOCK=_BLOCK, num_warps=_WARPS)
-    return out
-
-
-def _backward_triton(means, coeffs, campos, degree, v_colors):
+def _forward_triton(means, coeffs, campos, degree, *, save):
+    """Colours ``[C, N, 3]``, and with ``save`` what backward needs: ``(basis [C, N, Kd], shifted
+    [C, 3, N]`` (SH + 0.5, before the clamp), ``dmat [C, 9, N]`` (the colours' derivatives in the
+    unit direction's components, per channel))."""
     C, N, K = campos.shape[0], means.shape[0], coeffs.shape[1]
     kd = (degree + 1) ** 2
-    basis, v_sh, v_means = means.new_empty(C, N, kd), means.new_empty(C, N, 3), means.new_empty(N, 3)
+    out = means.new_empty(C, N, 3)
+    saved = (means.new_empty(C, N, kd), means.new_empty(C, 3, N), means.new_empty(C, 9, N)) if save else None
     if N:
-        _sh_backward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(),
-                                                v_colors, basis, v_sh, v_means, N, C, K=K, DEG=degree,
-                                                BLOCK=_BLOCK, num_warps=_WARPS)
+        basis, shifted, dmat = saved if save else (out, out, out)
+        _sh_forward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(), out,
+                                              basis, shifted, dmat, N, C, K=K, DEG=degree, KP=triton.next_power_of_2(kd),
+                                              SAVE=save, BLOCK=_BLOCK, num_warps=_WARPS)
+    return out, saved
+
+
+def _backward_triton(means, campos, degree, v_colors, basis, shifted, dmat):
+    C, N = campos.shape[0], means.shape[0]
+    v_sh, v_means = means.new_empty(C, N, 3), means.new_empty(N, 3)
+    if N:
+        _sh_backward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), campos.contiguous(), v_colors, shifted, dmat,
+                                               v_sh, v_means, N, C, DEG=degree, BLOCK=_BLOCK, num_warps=_WARPS)
     return basis, v_sh, v_means
 
 
@@ -271,72 +282,86 @@ if triton is not None:
         inv = 1.0 / tl.maximum(r, 1e-12)                # F.normalize's eps
         return dx * inv, dy * inv, dz * inv, inv
 
-    @triton.jit
-    def _raw_color(coeffs_ptr, n, mask, x, y, z, K: tl.constexpr, DEG: tl.constexpr):
-        """The SH value (3 channels) of Gaussians ``n`` along (x, y, z)."""
-        r = 0.0 * x
-        g = 0.0 * x
-        b = 0.0 * x
-        base = coeffs_ptr + n * (K * 3)
-        for k in tl.static_range((DEG + 1) * (DEG + 1)):
-            t, _, _, _ = _term(k, x, y, z)
-            r += t * tl.load(base + k * 3, mask=mask, other=0.0)
-            g += t * tl.load(base + k * 3 + 1, mask=mask, other=0.0)
-            b += t * tl.load(base + k * 3 + 2, mask=mask, other=0.0)
-        return r, g, b
-
-    @triton.jit
-    def _sh_forward(means_ptr, coeffs_ptr, campos_ptr, out_ptr, N, C,
-                    K: tl.constexpr, DEG: tl.constexpr, BLOCK: tl.constexpr):
-        """out[c, n] = max(SH(n, c) + 0.5, 0) for the Gaussians of this program, every camera."""
-        n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = n < N
-        for c in range(C):
-            x, y, z, _ = _direction(means_ptr, campos_ptr, n, mask, c)
-            r, g, b = _raw_color(coeffs_ptr, n, mask, x, y, z, K, DEG)
-            o = out_ptr + (c * N + n) * 3
-            tl.store(o, tl.maximum(r + 0.5, 0.0), mask=mask)
-            tl.store(o + 1, tl.maximum(g + 0.5, 0.0), mask=mask)
-            tl.store(o + 2, tl.maximum(b + 0.5, 0.0), mask=mask)
-
-    @triton.jit
-    def _sh_backward(means_ptr, coeffs_ptr, campos_ptr, vcol_ptr, basis_ptr, vsh_ptr, vmeans_ptr, N, C,
-                     K: tl.constexpr, DEG: tl.constexpr, BLOCK: tl.constexpr):
-        """Per camera: the basis (stored), the colour's gradient through the clamp (stored), and the
-        direction's gradient, summed over the cameras into the means' gradient."""
+    @triton.jit(do_not_specialize=["N", "C"])
+    def _sh_forward(means_ptr, coeffs_ptr, campos_ptr, out_ptr, basis_ptr, shifted_ptr, dmat_ptr, N, C,
+                    K: tl.constexpr, DEG: tl.constexpr, KP: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
+        """The colours of this program's Gaussians in every camera. The coefficients are read once,
+        as a ``[BLOCK, KP, 4]`` tile (bands x channels, coalesced); per camera the basis and its
+        derivatives are ``[BLOCK, KP]`` tiles, and the colour and its derivatives their contractions
+        with the coefficients."""
         KD: tl.constexpr = (DEG + 1) * (DEG + 1)
         n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = n < N
-        base = coeffs_ptr + n * (K * 3)
-        gx = 0.0 * n.to(tl.float32)
-        gy = 0.0 * gx
-        gz = 0.0 * gx
+        kk = tl.arange(0, KP)[None, :]                                   # [1, KP]
+        ch = tl.arange(0, 4)[None, :]                                    # [1, 4]
+        tmask = mask[:, None, None] & (kk[:, :, None] < KD) & (ch[:, None, :] < 3)
+        coeffs = tl.load(coeffs_ptr + n[:, None, None] * (K * 3) + kk[:, :, None] * 3 + ch[:, None, :],
+                         mask=tmask, other=0.0)                          # [BLOCK, KP, 4]
+        cmask = mask[:, None] & (ch < 3)
+        stride = n * 0 + N                                               # N, in int64
         for c in range(C):
-            x, y, z, inv = _direction(means_ptr, campos_ptr, n, mask, c)
-            r, g, b = _raw_color(coeffs_ptr, n, mask, x, y, z, K, DEG)
-            cn = c * N + n
-            vr = tl.where(r + 0.5 >= 0.0, tl.load(vcol_ptr + cn * 3, mask=mask, other=0.0), 0.0)
-            vg = tl.where(g + 0.5 >= 0.0, tl.load(vcol_ptr + cn * 3 + 1, mask=mask, other=0.0), 0.0)
-            vb = tl.where(b + 0.5 >= 0.0, tl.load(vcol_ptr + cn * 3 + 2, mask=mask, other=0.0), 0.0)
+            x, y, z, _ = _direction(means_ptr, campos_ptr, n, mask, c)
+            b = tl.zeros([BLOCK, KP], dtype=tl.float32)
+            bx = tl.zeros([BLOCK, KP], dtype=tl.float32)
+            by = tl.zeros([BLOCK, KP], dtype=tl.float32)
+            bz = tl.zeros([BLOCK, KP], dtype=tl.float32)
+            for k in tl.static_range(KD):
+                t, tx, ty, tz = _term(k, x, y, z)
+                b = tl.where(kk == k, t[:, None], b)
+                if SAVE:
+                    bx = tl.where(kk == k, tx[:, None], bx)
+                    by = tl.where(kk == k, ty[:, None], by)
+                    bz = tl.where(kk == k, tz[:, None], bz)
+            shifted = tl.sum(coeffs * b[:, :, None], axis=1) + 0.5      # [BLOCK, 4]
+            cn = n + c * stride
+            tl.store(out_ptr + cn[:, None] * 3 + ch, tl.maximum(shifted, 0.0), mask=cmask)
+            if SAVE:
+                tl.store(basis_ptr + cn[:, None] * KD + kk, b, mask=mask[:, None] & (kk < KD))
+                plane = n[:, None] + (c * 3 + ch) * stride[:, None]      # [C, 3, N] and [C, 9, N]: planar
+                tl.store(shifted_ptr + plane, shifted, mask=cmask)
+                d = n[:, None] + (c * 9 + ch) * stride[:, None]
+                tl.store(dmat_ptr + d, tl.sum(coeffs * bx[:, :, None], axis=1), mask=cmask)
+                tl.store(dmat_ptr + d + 3 * stride[:, None], tl.sum(coeffs * by[:, :, None], axis=1), mask=cmask)
+                tl.store(dmat_ptr + d + 6 * stride[:, None], tl.sum(coeffs * bz[:, :, None], axis=1), mask=cmask)
+
+    @triton.jit(do_not_specialize=["N", "C"])
+    def _sh_backward(means_ptr, campos_ptr, vcol_ptr, shifted_ptr, dmat_ptr, vsh_ptr, vmeans_ptr, N, C,
+                     DEG: tl.constexpr, BLOCK: tl.constexpr):
+        """Per camera: the colour's gradient through the clamp (stored, for the coefficients), and the
+        direction's gradient from the saved derivatives, summed over the cameras into the means'."""
+        n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = n < N
+        gx = tl.zeros([BLOCK], dtype=tl.float32)
+        gy = tl.zeros([BLOCK], dtype=tl.float32)
+        gz = tl.zeros([BLOCK], dtype=tl.float32)
+        stride = n * 0 + N                                  # N, in int64
+        for c in range(C):
+            cn = n + c * stride
+            p = n + (c * 3) * stride
+            vr = tl.load(vcol_ptr + cn * 3, mask=mask, other=0.0)
+            vg = tl.load(vcol_ptr + cn * 3 + 1, mask=mask, other=0.0)
+            vb = tl.load(vcol_ptr + cn * 3 + 2, mask=mask, other=0.0)
+            vr = tl.where(tl.load(shifted_ptr + p, mask=mask, other=0.0) >= 0.0, vr, 0.0)
+            vg = tl.where(tl.load(shifted_ptr + p + stride, mask=mask, other=0.0) >= 0.0, vg, 0.0)
+            vb = tl.where(tl.load(shifted_ptr + p + 2 * stride, mask=mask, other=0.0) >= 0.0, vb, 0.0)
             tl.store(vsh_ptr + cn * 3, vr, mask=mask)
             tl.store(vsh_ptr + cn * 3 + 1, vg, mask=mask)
             tl.store(vsh_ptr + cn * 3 + 2, vb, mask=mask)
-            ux = 0.0 * x
-            uy = 0.0 * x
-            uz = 0.0 * x
-            for k in tl.static_range(KD):
-                t, tx, ty, tz = _term(k, x, y, z)
-                tl.store(basis_ptr + cn * KD + k, t, mask=mask)
-                w = (vr * tl.load(base + k * 3, mask=mask, other=0.0)
-                     + vg * tl.load(base + k * 3 + 1, mask=mask, other=0.0)
-                     + vb * tl.load(base + k * 3 + 2, mask=mask, other=0.0))
-                ux += w * tx
-                uy += w * ty
-                uz += w * tz
-            dot = ux * x + uy * y + uz * z                  # onto the sphere: (I - d d^T) / |dir|
-            gx += (ux - dot * x) * inv
-            gy += (uy - dot * y) * inv
-            gz += (uz - dot * z) * inv
+            if DEG > 0:
+                x, y, z, inv = _direction(means_ptr, campos_ptr, n, mask, c)
+                d = dmat_ptr + n + (c * 9) * stride
+                ux = (vr * tl.load(d, mask=mask, other=0.0) + vg * tl.load(d + stride, mask=mask, other=0.0)
+                      + vb * tl.load(d + 2 * stride, mask=mask, other=0.0))
+                uy = (vr * tl.load(d + 3 * stride, mask=mask, other=0.0)
+                      + vg * tl.load(d + 4 * stride, mask=mask, other=0.0)
+                      + vb * tl.load(d + 5 * stride, mask=mask, other=0.0))
+                uz = (vr * tl.load(d + 6 * stride, mask=mask, other=0.0)
+                      + vg * tl.load(d + 7 * stride, mask=mask, other=0.0)
+                      + vb * tl.load(d + 8 * stride, mask=mask, other=0.0))
+                dot = ux * x + uy * y + uz * z              # onto the sphere: (I - d d^T) / |dir|
+                gx += (ux - dot * x) * inv
+                gy += (uy - dot * y) * inv
+                gz += (uz - dot * z) * inv
         tl.store(vmeans_ptr + n * 3, gx, mask=mask)
         tl.store(vmeans_ptr + n * 3 + 1, gy, mask=mask)
         tl.store(vmeans_ptr + n * 3 + 2, gz, mask=mask)

@@ -143,7 +143,10 @@ def test_triton_sh_kernels_match_the_torch_path_and_gsplat(degree):
     out = sh_colors(means, coeffs, campos, degree)
     ref = shading._forward_torch(means, coeffs, campos, degree)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    basis, v_sh, v_means = shading._backward_triton(means, coeffs, campos, degree, v)
+    with torch.no_grad():                             # the evaluation's variant saves nothing
+        torch.testing.assert_close(sh_colors(means, coeffs, campos, degree), out)
+    out2, saved = shading._forward_triton(means, coeffs, campos, degree, save=True)
+    basis, v_sh, v_means = shading._backward_triton(means, campos, degree, v, *saved)
     rb, rv, rm = shading._backward_torch(means, coeffs, campos, degree, v)
     torch.testing.assert_close(basis, rb, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v_sh, rv)
