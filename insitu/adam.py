@@ -162,8 +162,7 @@ def _step_triton(live: list[tuple[ParamState, tuple[Tensor, Tensor] | None]], bc
 if triton is not None:
     @triton.jit
     def _adam_block(p_ptr, g_ptr, m_ptr, v_ptr, n, step0, step_rest, block, b1, b2, eps, bc2_sqrt,
-                    basis_ptr, vsh_ptr, C, G, KD: tl.constexpr, ROW: tl.constexpr, FACT: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    basis_ptr, vsh_ptr, C, G, KD, ROW: tl.constexpr, FACT: tl.constexpr, BLOCK: tl.constexpr):
         """Block ``block`` of one parameter (``n`` elements); ``ROW`` > 0: rows of ``ROW`` elements
         whose first 3 take ``step0`` and the others ``step_rest`` (0: all ``step0``). ``FACT``: the
         gradient of element ``(row, k, ch)`` is ``sum_c basis[c, row, k] * vsh[c, row, ch]`` (``C``
@@ -213,11 +212,10 @@ if triton is not None:
             tl.store(v_ptr + offs, v, mask=mask)
             tl.store(p_ptr + offs, p, mask=mask)
 
-    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "n4", "s1", "s2", "s3", "s4", "C", "G"])
+    @triton.jit(do_not_specialize=["n0", "n1", "n2", "n3", "n4", "s1", "s2", "s3", "s4", "C", "G", "KD"])
     def _adam_kernel(p0, g0, m0, v0, n0, a0, c0, p1, g1, m1, v1, n1, a1, c1,
                      p2, g2, m2, v2, n2, a2, c2, p3, g3, m3, v3, n3, a3, c3,
-                     p4, g4, m4, v4, n4, a4, c4, s1, s2, s3, s4, b1, b2, eps, bc2_sqrt, basis, vsh, C, G,
-                     KD: tl.constexpr,
+                     p4, g4, m4, v4, n4, a4, c4, s1, s2, s3, s4, b1, b2, eps, bc2_sqrt, basis, vsh, C, G, KD,
                      R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr, R4: tl.constexpr,
                      F0: tl.constexpr, F1: tl.constexpr, F2: tl.constexpr, F3: tl.constexpr, F4: tl.constexpr,
                      BLOCK: tl.constexpr):

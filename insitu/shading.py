@@ -204,8 +204,8 @@ def _forward_triton(means, coeffs, campos, degree, *, save):
     if N:
         basis, shifted, dmat = saved if save else (out, out, out)
         _sh_forward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(), out,
-                                              basis, shifted, dmat, N, C, K=K, DEG=degree, KP=triton.next_power_of_2(kd),
-                                              SAVE=save, BLOCK=_BLOCK, num_warps=_WARPS)
+                                              basis, shifted, dmat, N, C, kd, K=K, SAVE=save, BLOCK=_BLOCK,
+                                              num_warps=_WARPS)
     return out, saved
 
 
@@ -214,7 +214,7 @@ def _backward_triton(means, campos, degree, v_colors, basis, shifted, dmat):
     v_sh, v_means = means.new_empty(C, N, 3), means.new_empty(N, 3)
     if N:
         _sh_backward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), campos.contiguous(), v_colors, shifted, dmat,
-                                               v_sh, v_means, N, C, DEG=degree, BLOCK=_BLOCK, num_warps=_WARPS)
+                                               v_sh, v_means, N, C, BLOCK=_BLOCK, num_warps=_WARPS)
     return basis, v_sh, v_means
 
 
@@ -282,14 +282,15 @@ if triton is not None:
         inv = 1.0 / tl.maximum(r, 1e-12)                # F.normalize's eps
         return dx * inv, dy * inv, dz * inv, inv
 
-    @triton.jit(do_not_specialize=["N", "C"])
-    def _sh_forward(means_ptr, coeffs_ptr, campos_ptr, out_ptr, basis_ptr, shifted_ptr, dmat_ptr, N, C,
-                    K: tl.constexpr, DEG: tl.constexpr, KP: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
-        """The colours of this program's Gaussians in every camera. The coefficients are read once,
-        as a ``[BLOCK, KP, 4]`` tile (bands x channels, coalesced); per camera the basis and its
-        derivatives are ``[BLOCK, KP]`` tiles, and the colour and its derivatives their contractions
+    @triton.jit(do_not_specialize=["N", "C", "KD"])
+    def _sh_forward(means_ptr, coeffs_ptr, campos_ptr, out_ptr, basis_ptr, shifted_ptr, dmat_ptr, N, C, KD,
+                    K: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
+        """The colours of this program's Gaussians in every camera, from the first ``KD`` basis functions
+        (a run-time value: one compiled kernel serves every degree). The coefficients are read once,
+        as a ``[BLOCK, 16, 4]`` tile (bands x channels, coalesced); per camera the basis and its
+        derivatives are ``[BLOCK, 16]`` tiles, and the colour and its derivatives their contractions
         with the coefficients."""
-        KD: tl.constexpr = (DEG + 1) * (DEG + 1)
+        KP: tl.constexpr = 16
         n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = n < N
         kk = tl.arange(0, KP)[None, :]                                   # [1, KP]
@@ -305,7 +306,7 @@ if triton is not None:
             bx = tl.zeros([BLOCK, KP], dtype=tl.float32)
             by = tl.zeros([BLOCK, KP], dtype=tl.float32)
             bz = tl.zeros([BLOCK, KP], dtype=tl.float32)
-            for k in tl.static_range(KD):
+            for k in tl.static_range(KP):                               # the coefficients above KD are 0
                 t, tx, ty, tz = _term(k, x, y, z)
                 b = tl.where(kk == k, t[:, None], b)
                 if SAVE:
@@ -326,7 +327,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _sh_backward(means_ptr, campos_ptr, vcol_ptr, shifted_ptr, dmat_ptr, vsh_ptr, vmeans_ptr, N, C,
-                     DEG: tl.constexpr, BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr):
         """Per camera: the colour's gradient through the clamp (stored, for the coefficients), and the
         direction's gradient from the saved derivatives, summed over the cameras into the means'."""
         n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -347,21 +348,20 @@ if triton is not None:
             tl.store(vsh_ptr + cn * 3, vr, mask=mask)
             tl.store(vsh_ptr + cn * 3 + 1, vg, mask=mask)
             tl.store(vsh_ptr + cn * 3 + 2, vb, mask=mask)
-            if DEG > 0:
-                x, y, z, inv = _direction(means_ptr, campos_ptr, n, mask, c)
-                d = dmat_ptr + n + (c * 9) * stride
-                ux = (vr * tl.load(d, mask=mask, other=0.0) + vg * tl.load(d + stride, mask=mask, other=0.0)
-                      + vb * tl.load(d + 2 * stride, mask=mask, other=0.0))
-                uy = (vr * tl.load(d + 3 * stride, mask=mask, other=0.0)
-                      + vg * tl.load(d + 4 * stride, mask=mask, other=0.0)
-                      + vb * tl.load(d + 5 * stride, mask=mask, other=0.0))
-                uz = (vr * tl.load(d + 6 * stride, mask=mask, other=0.0)
-                      + vg * tl.load(d + 7 * stride, mask=mask, other=0.0)
-                      + vb * tl.load(d + 8 * stride, mask=mask, other=0.0))
-                dot = ux * x + uy * y + uz * z              # onto the sphere: (I - d d^T) / |dir|
-                gx += (ux - dot * x) * inv
-                gy += (uy - dot * y) * inv
-                gz += (uz - dot * z) * inv
+            x, y, z, inv = _direction(means_ptr, campos_ptr, n, mask, c)
+            d = dmat_ptr + n + (c * 9) * stride
+            ux = (vr * tl.load(d, mask=mask, other=0.0) + vg * tl.load(d + stride, mask=mask, other=0.0)
+                  + vb * tl.load(d + 2 * stride, mask=mask, other=0.0))
+            uy = (vr * tl.load(d + 3 * stride, mask=mask, other=0.0)
+                  + vg * tl.load(d + 4 * stride, mask=mask, other=0.0)
+                  + vb * tl.load(d + 5 * stride, mask=mask, other=0.0))
+            uz = (vr * tl.load(d + 6 * stride, mask=mask, other=0.0)
+                  + vg * tl.load(d + 7 * stride, mask=mask, other=0.0)
+                  + vb * tl.load(d + 8 * stride, mask=mask, other=0.0))
+            dot = ux * x + uy * y + uz * z              # onto the sphere: (I - d d^T) / |dir|
+            gx += (ux - dot * x) * inv
+            gy += (uy - dot * y) * inv
+            gz += (uz - dot * z) * inv
         tl.store(vmeans_ptr + n * 3, gx, mask=mask)
         tl.store(vmeans_ptr + n * 3 + 1, gy, mask=mask)
         tl.store(vmeans_ptr + n * 3 + 2, gz, mask=mask)
