@@ -6,9 +6,8 @@ Prints one JSON line, milliseconds (median, triton.testing.do_bench) of:
 - ``gsplat``: gsplat's ``spherical_harmonics`` forward + backward (the coefficients' gradient
   ``[N, 16, 3]`` written out), then ShardAdam's step with that gradient;
 - ``ours``: ``insitu.shading.sh_colors`` forward + backward with the gradient deferred, then ShardAdam's
-  step forming it from its factors; per forward kernel (``insitu.shading._FORWARD``: "tile", the
-  coefficients as one [block, 16, 4] tile, or "rows", one Gaussian per lane), block size and warp
-  count of the SH kernels (``_BLOCK``, ``_WARPS``);
+  step forming it from its factors; per block size and warp count of the SH kernels
+  (``insitu.shading._BLOCK``, ``_WARPS``);
 - the forward alone of each (no gradient: what an evaluation runs).
 """
 from __future__ import annotations
@@ -60,15 +59,14 @@ def main() -> None:
     with torch.no_grad():
         out["gsplat_forward_ms"] = bench(lambda: spherical_harmonics(
             3, params["means"][None] - campos[:, None], params["colors"][None].expand(C, *params["colors"].shape)))
-    chosen = (shading._FORWARD, shading._BLOCK, shading._WARPS)
-    for variant, block, warps in [("tile", 32, 4), ("tile", 32, 2), ("tile", 64, 4), ("rows", 64, 2),
-                                  ("rows", 128, 4), ("rows", 128, 2), ("rows", 256, 4), ("rows", 256, 8)]:
-        shading._FORWARD, shading._BLOCK, shading._WARPS = variant, block, warps
-        out[f"ours_sh_and_adam_ms {variant} {block}/{warps}"] = bench(our_step)
+    chosen = (shading._BLOCK, shading._WARPS)
+    for block, warps in [(32, 4), (32, 2), (16, 2), (64, 4), (64, 8)]:
+        shading._BLOCK, shading._WARPS = block, warps
+        out[f"ours_sh_and_adam_ms {block}/{warps}"] = bench(our_step)
         with torch.no_grad():
-            out[f"ours_forward_ms {variant} {block}/{warps}"] = bench(lambda: shading.sh_colors(
+            out[f"ours_forward_ms {block}/{warps}"] = bench(lambda: shading.sh_colors(
                 params["means"], params["colors"], campos, 3))
-    shading._FORWARD, shading._BLOCK, shading._WARPS = chosen
+    shading._BLOCK, shading._WARPS = chosen
     print(json.dumps(out), flush=True)
 
 

@@ -43,16 +43,9 @@ def main() -> None:
     ap.add_argument("--sh-degree", type=int, default=3)
     ap.add_argument("--transfer", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--sh-kernel", default=None, metavar="VARIANT/BLOCK/WARPS",
-                    help="the SH forward kernel, e.g. rows/128/4 (insitu.shading._FORWARD, _BLOCK, _WARPS)")
     ap.add_argument("--profile", type=int, default=0,
                     help="then N more steps under torch.profiler: device time per step and its largest kernels")
     args = ap.parse_args()
-    if args.sh_kernel:
-        import insitu.shading as shading
-
-        variant, block, warps = args.sh_kernel.split("/")
-        shading._FORWARD, shading._BLOCK, shading._WARPS = variant, int(block), int(warps)
 
     comm = init_comm(device=args.device)
     cfg = load_config(None, {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,

@@ -364,7 +364,10 @@ def _yaml(text: str, where: str) -> Any:
     return value
 
 
-GAUSSIAN_BYTES = 4 * 4 * 59            # float32 parameters (SH degree 3), gradients and two Adam moments
+GAUSSIAN_BYTES = 4 * (3 * 59 + 11)     # float32 parameters (SH degree 3), two Adam moments, the 11 non-SH gradients
+SH_VIEW_BYTES = 4 * (16 + 9 + 3 + 3 + 3 + 3)  # per Gaussian and view of a batch: the SH colours' basis, derivatives,
+                                        # colour, value before the clamp and two gradients (insitu.shading)
+SH_GRADIENT_BYTES = 4 * 48             # the SH coefficients' gradient, written out where replicas all-reduce it
 RAY_BYTES = 300                         # ray casting, per ray marched at once (groundtruth.raycast)
 CHUNK_RAYS = 1 << 22                    # rays marched at once
 
@@ -378,8 +381,10 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     rendering:    one batch of views rendered, composited and differentiated (float32);
     loss:         the SSIM kernels' planes for one batch (float32: 15 moments and 9 saved derivatives per
                   pixel of the rank's band and its halo, or of the whole views);
-    gaussians:    the rank's share of the initial Gaussians (all of them, replicated) with gradients and optimiser state
-                  (the budget is only reached with ``seeds.fill``; without it, by the surface's vertices).
+    gaussians:    the rank's share of the initial Gaussians (all of them, replicated) with optimiser state, gradients
+                  and the SH colours' per-view factors of a batch (the SH gradient stays factored, except in the
+                  replicated layout); the budget is only reached with ``seeds.fill``, without it by the surface's
+                  vertices.
     """
     vc, res = cfg.views, cfg.views.resolution
     pixels = res * res
@@ -392,7 +397,8 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
         "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
         "loss": cfg.train.batch * (pixels if replicated or ranks == 1 else band + 10 * res) * (15 + 9) * 4,
-        "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0) * GAUSSIAN_BYTES,
+        "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0)
+        * (GAUSSIAN_BYTES + cfg.train.batch * SH_VIEW_BYTES + (SH_GRADIENT_BYTES if replicated else 0)),
     }
 
 

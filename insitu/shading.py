@@ -190,7 +190,7 @@ def _backward_torch(means, coeffs, campos, degree, v_colors):
     return basis.detach(), v_sh, v_dirs.sum(0)
 
 
-_FORWARD, _BLOCK, _WARPS = "rows", 128, 4          # forward kernel, Gaussians per program, warps
+_BLOCK, _WARPS = 32, 4          # Gaussians per program: the fastest of bench_shading.py (run 29)
 
 
 def _forward_triton(means, coeffs, campos, degree, *, save):
@@ -203,10 +203,9 @@ def _forward_triton(means, coeffs, campos, degree, *, save):
     saved = (means.new_empty(C, N, kd), means.new_empty(C, 3, N), means.new_empty(C, 9, N)) if save else None
     if N:
         basis, shifted, dmat = saved if save else (out, out, out)
-        kernel = _sh_forward_rows if _FORWARD == "rows" else _sh_forward
-        kernel[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(), out,
-                                         basis, shifted, dmat, N, C, kd, K=K, SAVE=save, BLOCK=_BLOCK,
-                                         num_warps=_WARPS)
+        _sh_forward[(triton.cdiv(N, _BLOCK),)](means.contiguous(), coeffs.contiguous(), campos.contiguous(), out,
+                                              basis, shifted, dmat, N, C, kd, K=K, SAVE=save, BLOCK=_BLOCK,
+                                              num_warps=_WARPS)
     return out, saved
 
 
@@ -325,73 +324,6 @@ if triton is not None:
                 tl.store(dmat_ptr + d, tl.sum(coeffs * bx[:, :, None], axis=1), mask=cmask)
                 tl.store(dmat_ptr + d + 3 * stride[:, None], tl.sum(coeffs * by[:, :, None], axis=1), mask=cmask)
                 tl.store(dmat_ptr + d + 6 * stride[:, None], tl.sum(coeffs * bz[:, :, None], axis=1), mask=cmask)
-
-    @triton.jit(do_not_specialize=["N", "C", "KD"])
-    def _sh_forward_rows(means_ptr, coeffs_ptr, campos_ptr, out_ptr, basis_ptr, shifted_ptr, dmat_ptr, N, C, KD,
-                         K: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
-        """As :func:`_sh_forward`, one Gaussian per lane: its coefficients are read one by one (the
-        lanes of a warp read neighbouring Gaussians), the sums are the lane's own (no reduction across
-        lanes); offsets are 32-bit from the program's first Gaussian."""
-        first = tl.program_id(0).to(tl.int64) * BLOCK
-        i = tl.arange(0, BLOCK)
-        n = first + i
-        mask = n < N
-        coeffs = coeffs_ptr + first * (K * 3)
-        n64 = first * 0 + N                                     # N, in int64
-        for c in range(C):
-            x, y, z, _ = _direction(means_ptr, campos_ptr, n, mask, c)
-            r = tl.zeros([BLOCK], dtype=tl.float32)
-            g = tl.zeros([BLOCK], dtype=tl.float32)
-            b = tl.zeros([BLOCK], dtype=tl.float32)
-            dxr = tl.zeros([BLOCK], dtype=tl.float32)
-            dxg = tl.zeros([BLOCK], dtype=tl.float32)
-            dxb = tl.zeros([BLOCK], dtype=tl.float32)
-            dyr = tl.zeros([BLOCK], dtype=tl.float32)
-            dyg = tl.zeros([BLOCK], dtype=tl.float32)
-            dyb = tl.zeros([BLOCK], dtype=tl.float32)
-            dzr = tl.zeros([BLOCK], dtype=tl.float32)
-            dzg = tl.zeros([BLOCK], dtype=tl.float32)
-            dzb = tl.zeros([BLOCK], dtype=tl.float32)
-            row = first + n64 * c                                # camera c's first Gaussian (int64)
-            for k in tl.static_range(16):
-                live = mask & (i * 0 + k < KD)
-                t, tx, ty, tz = _term(k, x, y, z)
-                cr = tl.load(coeffs + i * (K * 3) + k * 3, mask=live, other=0.0)
-                cg = tl.load(coeffs + i * (K * 3) + k * 3 + 1, mask=live, other=0.0)
-                cb = tl.load(coeffs + i * (K * 3) + k * 3 + 2, mask=live, other=0.0)
-                r += t * cr
-                g += t * cg
-                b += t * cb
-                if SAVE:
-                    tl.store(basis_ptr + row * KD + i * KD + k, t, mask=live)
-                    dxr += tx * cr
-                    dxg += tx * cg
-                    dxb += tx * cb
-                    dyr += ty * cr
-                    dyg += ty * cg
-                    dyb += ty * cb
-                    dzr += tz * cr
-                    dzg += tz * cg
-                    dzb += tz * cb
-            o = out_ptr + row * 3 + i * 3
-            tl.store(o, tl.maximum(r + 0.5, 0.0), mask=mask)
-            tl.store(o + 1, tl.maximum(g + 0.5, 0.0), mask=mask)
-            tl.store(o + 2, tl.maximum(b + 0.5, 0.0), mask=mask)
-            if SAVE:
-                sp = shifted_ptr + (c * 3) * n64 + first + i         # planar [C, 3, N] and [C, 9, N]
-                tl.store(sp, r + 0.5, mask=mask)
-                tl.store(sp + n64, g + 0.5, mask=mask)
-                tl.store(sp + 2 * n64, b + 0.5, mask=mask)
-                d = dmat_ptr + (c * 9) * n64 + first + i
-                tl.store(d, dxr, mask=mask)
-                tl.store(d + n64, dxg, mask=mask)
-                tl.store(d + 2 * n64, dxb, mask=mask)
-                tl.store(d + 3 * n64, dyr, mask=mask)
-                tl.store(d + 4 * n64, dyg, mask=mask)
-                tl.store(d + 5 * n64, dyb, mask=mask)
-                tl.store(d + 6 * n64, dzr, mask=mask)
-                tl.store(d + 7 * n64, dzg, mask=mask)
-                tl.store(d + 8 * n64, dzb, mask=mask)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _sh_backward(means_ptr, campos_ptr, vcol_ptr, shifted_ptr, dmat_ptr, vsh_ptr, vmeans_ptr, N, C,

@@ -105,7 +105,10 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
     replicated, one = memory_estimate(cfg, ranks=2), memory_estimate(cfg, ranks=1)
     assert sort_last["ground_truth"] == 10 * 50 * 100 * 4 * 2                 # a band of every view (RGBA)
     assert replicated["ground_truth"] == 10 * (50 + 100) * 100 * 4 * 2        # the band, then the whole views
-    assert replicated["gaussians"] == one["gaussians"] == 2 * sort_last["gaussians"]
+    assert one["gaussians"] == 2 * sort_last["gaussians"]
+    assert replicated["gaussians"] == one["gaussians"] + 1000 * 48 * 4       # the SH gradient written out
     assert sort_last["loss"] == (50 + 10) * 100 * 24 * 4                       # SSIM planes: band and halo
     assert replicated["loss"] == one["loss"] == 100 * 100 * 24 * 4            # the whole view
     assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds), ranks=1)   # one rank: no replicas
+    cfg.train.batch = 3                                                       # the SH factors of every view
+    assert memory_estimate(cfg, ranks=1)["gaussians"] == one["gaussians"] + 2 * 1000 * 37 * 4
