@@ -85,6 +85,11 @@ class ShardAdam:
         for name, v in self.views.items():
             f = None if deferred is None else deferred.pop(v.param)
             if f is not None:
+                (C, G, KD), p = f[0].shape, v.param
+                if p.ndim != 3 or p.shape[2] != 3 or G != p.shape[0] or KD > p.shape[1] or f[1].shape != (C, G, 3):
+                    raise ValueError(f"ShardAdam: {name}: expected the factors of [N, K, 3] coefficients, basis "
+                                     f"[C, N, <= K] and v_sh [C, N, 3], got {tuple(p.shape)}, {tuple(f[0].shape)}, "
+                                     f"{tuple(f[1].shape)}")
                 factors[name] = f
         live = [(v, factors.get(k)) for k, v in self.views.items()
                 if (v.param.grad is not None or k in factors) and v.param.numel() > 0]

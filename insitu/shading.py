@@ -142,7 +142,8 @@ class _SHColors(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means, coeffs, campos, degree, sink):
         ctx.save_for_backward(means, coeffs, campos)
-        ctx.degree, ctx.sink, ctx.saved = degree, sink, None
+        # only a leaf's gradient is deferred: one computed from the parameter (a copy, a view) must reach it
+        ctx.degree, ctx.sink, ctx.saved = degree, sink if coeffs.is_leaf else None, None
         if _use_triton(means):
             out, ctx.saved = _forward_triton(means, coeffs, campos, degree,
                                              save=ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
@@ -153,7 +154,7 @@ class _SHColors(torch.autograd.Function):
     def backward(ctx, v_colors):
         means, coeffs, campos = ctx.saved_tensors
         if ctx.saved is not None:
-            basis, v_sh, v_means = _backward_triton(means, campos, ctx.degree, v_colors.contiguous(), *ctx.saved)
+            basis, v_sh, v_means = _backward_triton(means, campos, v_colors.contiguous(), *ctx.saved)
         else:
             basis, v_sh, v_means = _backward_torch(means, coeffs, campos, ctx.degree, v_colors)
         v_coeffs = None
@@ -209,7 +210,7 @@ def _forward_triton(means, coeffs, campos, degree, *, save):
     return out, saved
 
 
-def _backward_triton(means, campos, degree, v_colors, basis, shifted, dmat):
+def _backward_triton(means, campos, v_colors, basis, shifted, dmat):
     C, N = campos.shape[0], means.shape[0]
     v_sh, v_means = means.new_empty(C, N, 3), means.new_empty(N, 3)
     if N:

@@ -62,6 +62,24 @@ def test_deferred_gradient_is_kept_factored_and_equals_the_dense_one():
     assert sh.pop(coeffs) is None                     # taken once
 
 
+def test_a_gradient_computed_from_the_parameter_is_not_deferred():
+    means, coeffs, campos, v = _inputs()
+    ref = torch.autograd.grad((_reference(means, coeffs, campos, 3) * v).sum(), coeffs)[0]
+    with deferred_sh_gradients() as sh:
+        out = sh_colors(means, coeffs * 1.0, campos, 3)   # not the parameter: its gradient must reach it
+    (out * v).sum().backward()
+    assert sh.factors == []
+    torch.testing.assert_close(coeffs.grad, ref)
+
+
+def test_shard_adam_refuses_factors_of_another_shape():
+    params = {"colors": torch.nn.Parameter(torch.zeros(4, 16, 3))}
+    opt = ShardAdam(params, {"colors": (1e-2, 1e-3)})
+    sh = DeferredGradients([(params["colors"], torch.ones(1, 5, 16), torch.ones(1, 5, 3))])
+    with pytest.raises(ValueError, match=r"colors: expected the factors of \[N, K, 3\] coefficients"):
+        opt.step(sh)
+
+
 def test_deferred_gradients_of_two_passes_join_and_accumulate_into_grad():
     means, coeffs, campos, v = _inputs()
     with deferred_sh_gradients() as sh:
@@ -146,7 +164,7 @@ def test_triton_sh_kernels_match_the_torch_path_and_gsplat(degree):
     with torch.no_grad():                             # the evaluation's variant saves nothing
         torch.testing.assert_close(sh_colors(means, coeffs, campos, degree), out)
     out2, saved = shading._forward_triton(means, coeffs, campos, degree, save=True)
-    basis, v_sh, v_means = shading._backward_triton(means, campos, degree, v, *saved)
+    basis, v_sh, v_means = shading._backward_triton(means, campos, v, *saved)
     rb, rv, rm = shading._backward_torch(means, coeffs, campos, degree, v)
     torch.testing.assert_close(basis, rb, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v_sh, rv)
