@@ -154,6 +154,33 @@ def read_raw(path: str | Path, dims: tuple[int, int, int] | None = None,
     return np.fromfile(path, dtype=dtype).reshape(nz, ny, nx)
 
 
+def iso_distance(block: Block, isos, points: np.ndarray) -> np.ndarray:
+    """World distance ``[M]`` from each point ``points: [M, 3]`` (world x, y, z) to the nearest of the
+    isosurfaces ``block.data == iso`` for ``iso`` in ``isos``, to first order: ``|f - iso| / |grad f|``,
+    with ``f`` trilinear in the block's samples and its gradient the central difference of that over
+    half a cell. ``inf`` for a point outside the block's samples (ghost layers included) or where the
+    gradient vanishes."""
+    from scipy.ndimage import map_coordinates
+
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    spacing = np.asarray(block.spacing, dtype=np.float64)
+    ijk = (points - np.asarray(block.origin)) / spacing - np.asarray(block.start)     # local (i, j, k)
+    nz, ny, nx = block.data.shape
+    inside = np.all((ijk >= 0) & (ijk <= np.array([nx - 1, ny - 1, nz - 1])), axis=1)
+
+    def f(offset):
+        return map_coordinates(block.data, (ijk + offset)[:, ::-1].T, order=1, mode="nearest", output=np.float64)
+
+    h = 0.5
+    grad = np.stack([(f(h * e) - f(-h * e)) / (2 * h * spacing[a]) for a, e in enumerate(np.eye(3))], axis=1)
+    norm = np.linalg.norm(grad, axis=1)
+    value = f(np.zeros(3))
+    gap = np.min([np.abs(value - float(iso)) for iso in np.atleast_1d(isos)], axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(inside & (norm > 0), gap / norm, np.inf)
+    return out
+
+
 def downsample(array: np.ndarray, factor: int) -> np.ndarray:
     """Box-filter downsampling by an integer factor per axis (trailing samples dropped)."""
     if factor == 1:

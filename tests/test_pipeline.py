@@ -341,9 +341,12 @@ def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
     cfg = tiny_config()
     old_seeds = extract_seeds(whole_block(sphere_field(24)), [5.0])
     old = init_gaussians(old_seeds, 10**6, sh_degree=cfg.train.sh_degree)   # a Gaussian on every vertex, radius 5
-    for radius, kept in ((5.3, 1.0), (7.0, 0.0)):                      # the sphere grew by 0.3 or by 2 cells
-        new_seeds = extract_seeds(whole_block(sphere_field(24)), [radius])
-        shard, new = warm_shard(old, new_seeds, 10**6, cfg, 1.0, torch.device("cpu"))
+    # the sphere grew by 0.3, 0.7 or 2 cells: Gaussians 0.7 cells off (kept by a 1-cell rule) are stale
+    for radius, kept in ((5.3, 1.0), (5.7, 0.0), (7.0, 0.0)):
+        cfg.input.iso = [radius]
+        new_block = whole_block(sphere_field(24))
+        new_seeds = extract_seeds(new_block, [radius])
+        shard, new = warm_shard(old, new_seeds, 10**6, cfg, new_block, torch.device("cpu"))
         on_old = np.abs(np.linalg.norm(shard.means.numpy() - 11.5, axis=1) - 5.0) < 0.05
         assert np.array_equal(new.numpy(), ~on_old)                     # the new seeds, marked for colouring
         assert on_old.sum() == pytest.approx(kept * len(old), abs=0.01 * len(old))
@@ -390,7 +393,8 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     before, after = sphere - 5.0, np.minimum(sphere - 5.0, blob)
     old = init_gaussians(extract_seeds(whole_block(before), [0.0]), 10**6, sh_degree=cfg.train.sh_degree)
     old.sh0[:, 0, 1] = 2.0                                              # trained colours: a marker
-    shard, new = warm_shard(old, extract_seeds(whole_block(after), [0.0]), 10**6, cfg, 1.0, torch.device("cpu"))
+    shard, new = warm_shard(old, extract_seeds(whole_block(after), [0.0]), 10**6, cfg, whole_block(after),
+                            torch.device("cpu"))
     assert 0 < new.sum() < len(shard)
     scene = make_scene(whole_block(after, fields={"ramp": ramp}), cfg, comm)
     out = init_colors(shard, scene, cfg, comm, only=new)

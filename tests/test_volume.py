@@ -86,3 +86,29 @@ def test_halo_exchange_fills_ghosts_of_a_simulation_split(ranks):
     proc = run_mpi(ranks, "halo_worker.py", timeout=120)
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.count(": ok") == ranks
+
+
+def test_iso_distance_is_the_distance_to_the_isosurface():
+    from insitu.volume import Block, iso_distance
+
+    n = 24
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
+    c = (n - 1) / 2
+    field = 2.0 * np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)     # twice the distance from the centre
+    # a block of the global grid (start 4 in x, 2 in y and z), spacing 0.5, origin (1, 2, 3)
+    block = Block(field[2:, 2:, 4:], (4, 2, 2), (n, n, n), (4, 2, 2), (n - 1, n - 1, n - 1),
+                  (1.0, 2.0, 3.0), (0.5, 0.5, 0.5))
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(200, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    r = rng.uniform(3.0, 7.0, size=(200, 1))                                # cells from the centre
+    ijk = c + r * d
+    ijk = ijk[np.all(ijk >= 4.5, axis=1)]                                    # inside the block's samples
+    world = np.array([1.0, 2.0, 3.0]) + 0.5 * ijk
+    got = iso_distance(block, [10.0, 40.0], world)                           # spheres of radius 5 and 20 cells
+    want = 0.5 * np.abs(np.linalg.norm(ijk - c, axis=1) - 5.0)                 # world units: 0.5 per cell
+    np.testing.assert_allclose(got, want, atol=0.5 * 0.15)                  # to first order: within 0.15 cells
+    outside = np.array([1.0, 2.0, 3.0]) + 0.5 * np.array([[1.0, c, c], [c, c, n + 1.0]])
+    assert np.all(np.isinf(iso_distance(block, [10.0], outside)))
+    flat = Block(np.ones((4, 4, 4), np.uint8), (0, 0, 0), (4, 4, 4), (0, 0, 0), (3, 3, 3))
+    assert np.all(np.isinf(iso_distance(flat, [0.5], np.full((2, 3), 1.5))))   # no gradient: no surface near
