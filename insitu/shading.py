@@ -223,7 +223,9 @@ if triton is not None:
     @triton.jit
     def _term(k: tl.constexpr, x, y, z):
         """Basis function ``k`` at the unit direction (x, y, z) and its partial derivatives in x, y, z
-        (the direction's components taken as independent; the caller projects onto the sphere)."""
+        (the direction's components taken as independent; the caller projects onto the sphere). The
+        numbers are SH_C0..SH_C3 above, written out: Triton's interpreter does not multiply a global
+        ``tl.constexpr`` by a tensor; the GPU tests check the kernels against ``sh_basis`` and gsplat."""
         zero = 0.0 * x
         if k == 0:
             return zero + 0.28209479177387814, zero, zero, zero

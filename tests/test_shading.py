@@ -115,8 +115,6 @@ def _adam_pair(device, dtype=torch.float64):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_shard_adam_takes_the_factored_gradient_as_the_written_out_one(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     dtype = torch.float64 if device == "cpu" else torch.float32
     pa, pb, lrs = _adam_pair(device, dtype)
     a, b = ShardAdam(pa, lrs), ShardAdam(pb, lrs)
@@ -149,8 +147,6 @@ def test_pop_joins_factors_of_different_degrees():
 @pytest.mark.gpu
 @pytest.mark.parametrize("degree", [0, 1, 2, 3])
 def test_triton_sh_kernels_match_the_torch_path_and_gsplat(degree):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     from gsplat.cuda._wrapper import spherical_harmonics
 
     from insitu import shading
