@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .volume import Block
+from .volume import Block, unit_colors, unit_field
 
 try:                                    # Triton ships with CUDA builds of torch
     import triton
@@ -212,8 +212,8 @@ def _check_inputs(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
             raise ValueError(f"color_range: expected (lo, hi), the global range of {color_field!r}, "
                              f"got {color_range!r}")
         c_lo, c_hi = (float(v) for v in color_range)
-        if not (math.isfinite(c_lo) and math.isfinite(c_hi) and c_hi > c_lo):
-            raise ValueError(f"color_range: expected finite lo < hi, got {color_range!r}")
+        if not (math.isfinite(c_lo) and math.isfinite(c_hi) and c_hi >= c_lo):
+            raise ValueError(f"color_range: expected finite lo <= hi, got {color_range!r}")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {sorted(COLORMAPS)}, got {colormap!r}")
     return sorted(set(isos))
@@ -235,7 +235,8 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         iso: one iso value or several; a ray stops at the first crossing of any of them.
         color: surface RGB in [0, 1] when no ``color_field`` is given.
         color_field: name of a field in ``block.fields`` that colours the surface through
-            ``colormap``, normalised by ``color_range`` (required then: the global (lo, hi)).
+            ``colormap``, normalised by ``color_range`` (required then: the global (lo, hi); a
+            constant field, lo == hi, is the colour map's middle colour).
         colormap: a name in ``COLORMAPS``.
         supersample: rays per pixel along each axis (regular sub-pixel grid).
         step: march step in voxels (units of the smallest spacing), in (0, MACRO].
@@ -282,9 +283,11 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
         backend = "triton" if device.type == "cuda" and triton is not None else "torch"
     if backend == "triton" and triton is None:
         raise ValueError("backend: 'triton' needs the triton package (it ships with CUDA builds of torch)")
-    isos = torch.tensor(isos_list, dtype=torch.float32, device=device)
-    field = _prepare_field(block.data, isos, device)
-    color_volume = _as_volume(block.fields[color_field], device) if color_field is not None else None
+    data, unit_isos = unit_field(block.data, isos_list)         # any magnitude: the same surface at unit size
+    isos = torch.tensor(unit_isos, dtype=torch.float32, device=device)
+    field = _prepare_field(data, isos, device)
+    color_volume = (_as_volume(unit_colors(block.fields[color_field], *color_range), device)
+                    if color_field is not None else None)
     start = np.asarray(block.start, dtype=np.float64)
     scene = _Scene(
         field=field,
@@ -300,7 +303,7 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
         refine=int(refine),
         color=torch.tensor(color, dtype=torch.float32, device=device),
         color_volume=color_volume,
-        color_range=tuple(map(float, color_range)) if color_field is not None else (0.0, 1.0),
+        color_range=(0.0, 1.0),                 # the colour field comes mapped to [0, 1] (unit_colors)
         colormap=colormap,
     )
     all_cams = _Cameras.make(viewmats.to(device=device, dtype=torch.float32),

@@ -151,10 +151,13 @@ def block_decomposition(comm, block: Block) -> Decomposition:
 
 
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
+    """The field's global range, after checking that every iso value makes a surface: a sample equal
+    to an iso value counts as above it, so an iso value in ``(min, max]`` does."""
     vmin, vmax = global_range(comm, block.data)
     for v in iso:
-        if not vmin < v < vmax:
-            raise InputError(f"iso value {v} is outside the field's range [{vmin:g}, {vmax:g}]: no surface to extract")
+        if not vmin < v <= vmax:
+            raise InputError(f"iso value {v:.10g} is outside the field's range ({vmin:.10g}, {vmax:.10g}]: "
+                             f"no surface to extract (a sample equal to the iso value counts as above it)")
     return vmin, vmax
 
 

@@ -15,7 +15,10 @@ import torch
 from skimage.measure import marching_cubes
 
 from .gaussians import Gaussians, rgb_to_sh0
-from .volume import Block
+from .volume import Block, unit_field
+
+# what a sample equal to the iso value becomes: above it, by less than any float32 difference of samples
+_ABOVE = np.float32(1e-30)
 
 
 @dataclass
@@ -56,19 +59,26 @@ def owned_samples(block: Block) -> tuple[np.ndarray, np.ndarray]:
 def extract_seeds(block: Block, iso: float | list[float]) -> Seeds:
     """Marching cubes (scikit-image) at each iso value over the block's owned cells.
 
-    A block whose owned cells do not cross an iso value gives no seeds (not an error:
-    the caller checks that the surface exists somewhere in the global field).
+    A sample equal to an iso value counts as above it (as in the ray caster, ``f >= iso``), so a
+    surface through samples, a plane of them on the boundary between two blocks included, is the
+    crossing next to them and lies in exactly one block's cells: every rank count gives the same
+    seeds. The field is brought to unit size around the iso value first
+    (:func:`insitu.volume.unit_field`), so any magnitude or offset that float64 holds gives the
+    surface of the same field at unit scale. A block whose owned cells do not cross an iso value
+    gives no seeds (not an error: the caller checks that the surface exists somewhere in the
+    global field).
     """
     values = [float(v) for v in np.atleast_1d(iso)]
     sub, start = owned_samples(block)
     parts = []
     if min(sub.shape) >= 2:
-        sub = np.asarray(sub, dtype=np.float32)
-        vmin, vmax = float(sub.min()), float(sub.max())
         for level in values:
-            if not vmin < level < vmax:
+            unit, (zero,) = unit_field(sub, [level])
+            unit = np.asarray(unit, np.float32) - np.float32(zero)
+            unit[unit == 0] = _ABOVE                # on the iso value: above it
+            if not unit.min() < 0 < unit.max():
                 continue
-            verts, faces, normals, _ = marching_cubes(sub, level=level, allow_degenerate=False)
+            verts, faces, normals, _ = marching_cubes(unit, level=0.0, allow_degenerate=False)
             if len(faces) == 0:
                 continue
             ijk = verts[:, ::-1] + start                    # (z, y, x) local -> (x, y, z) global index

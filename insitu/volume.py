@@ -173,12 +173,56 @@ def iso_distance(block: Block, isos, points: np.ndarray) -> np.ndarray:
 
     h = 0.5
     grad = np.stack([(f(h * e) - f(-h * e)) / (2 * h * spacing[a]) for a, e in enumerate(np.eye(3))], axis=1)
-    norm = np.linalg.norm(grad, axis=1)
+    big = np.abs(grad).max(axis=1, keepdims=True)       # scaled first: no square underflows or overflows
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm = np.where(big[:, 0] > 0, big[:, 0] * np.linalg.norm(grad / np.where(big > 0, big, 1.0), axis=1), 0.0)
     value = f(np.zeros(3))
     gap = np.min([np.abs(value - float(iso)) for iso in np.atleast_1d(isos)], axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(inside & (norm > 0), gap / norm, np.inf)
     return out
+
+
+# Integer samples that float32 holds exactly, whose gradients cannot overflow it: used as they are.
+_EXACT_IN_FLOAT32 = (np.uint8, np.int8, np.uint16, np.int16)
+
+
+def unit_field(data: np.ndarray, isos) -> tuple[np.ndarray, list[float]]:
+    """``data: [nz, ny, nx]`` and its iso values mapped by one affine map ``f -> (f - shift) / scale`` so
+    that the samples lie within [-1, 1] around the iso values, as float32; returns ``(field, isos)``.
+
+    The map keeps every isosurface where it is and every gradient's direction, so surfaces, normals and
+    shading do not change; what it removes is the magnitude: a density of 1e-24 (cgs units) squared in
+    a float32 gradient norm underflows to 0, one of 1e24 overflows, and a float64 field of 1e6 plus a
+    small variation loses that variation when cast to float32. The shift is taken in float64, before
+    the cast. Small integer types (uint8, int8, uint16, int16) are returned unchanged (float32 holds
+    them exactly), with their iso values as given.
+    """
+    values = [float(v) for v in np.atleast_1d(isos)]
+    data = np.asarray(data)
+    if data.dtype.type in _EXACT_IN_FLOAT32:
+        return data, values
+    shift = 0.5 * (min(values) + max(values))
+    lo, hi = float(np.min(data)), float(np.max(data))
+    scale = max(hi - shift, shift - lo, max(values) - shift)
+    if not np.isfinite(scale) or scale <= 0:
+        scale = 1.0
+    out = np.empty(data.shape, np.float32)
+    rows = max(1, (1 << 24) // max(1, data[0].size))        # float64 temporaries of about 128 MB
+    for k in range(0, data.shape[0], rows):
+        out[k:k + rows] = (np.asarray(data[k:k + rows], np.float64) - shift) / scale
+    return out, [float(np.float32((v - shift) / scale)) for v in values]
+
+
+def unit_colors(values: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """A colour field ``values`` mapped to [0, 1] by its global range ``lo..hi`` (in float64, then
+    float32). A constant field (``lo == hi``) maps to 0.5: one colour, the middle of the colour map."""
+    lo, hi = float(lo), float(hi)
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi >= lo):
+        raise ValueError(f"color range: expected finite lo <= hi, got ({lo}, {hi})")
+    if hi == lo:
+        return np.full(np.shape(values), 0.5, np.float32)
+    return ((np.asarray(values, np.float64) - lo) / (hi - lo)).clip(0.0, 1.0).astype(np.float32)
 
 
 def downsample(array: np.ndarray, factor: int) -> np.ndarray:

@@ -163,7 +163,7 @@ def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_ca
         assert r["trained"] == [1, 2]
         assert len(r["errors"]) == 1 and r["errors"][0]["step"] == 1           # from the next execute, once
         assert "training step 0 failed" in r["errors"][0]["message"]
-        assert "outside the field's range [0, 0]" in r["errors"][0]["message"]
+        assert "outside the field's range (0, 0]" in r["errors"][0]["message"]
         assert [r["status"][s][0] for s in ("0", "1", "2")] == ["failed", "trained", "trained"]
     rows = read_csv(Path(r0["out"]) / "metrics.csv")
     assert [(row["step"], row["status"]) for row in rows] == [("0", "failed"), ("1", "trained"), ("2", "trained")]

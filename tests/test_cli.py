@@ -114,7 +114,7 @@ BAD = {
     "raw size": (["run", "{d}/short_12x12x12_uint8.raw", "--iso", "1"],
                  r"short_12x12x12_uint8\.raw: file has 100 bytes, expected 1728"),
     "iso range": (["run", "{d}/ball_12x12x12_uint8.raw", "--iso", "300"],
-                  r"iso value 300(\.0)? is outside the field's range \[[0-9.]+, [0-9.]+\]"),
+                  r"iso value 300(\.0)? is outside the field's range \([0-9.]+, [0-9.]+\]"),
     "unknown key": (["run", "{d}/ball_12x12x12_uint8.raw", "--iso", "160", "--config", "{d}/unknown_key.yaml"],
                     r"train: unknown key\(s\) iterationz"),
     "wrong type": (["run", "{d}/ball_12x12x12_uint8.raw", "--iso", "160", "--config", "{d}/wrong_type.yaml"],

@@ -218,3 +218,20 @@ def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):
     xs = model.means[:, 0].numpy()
     assert xs.min() < 11.5 < xs.max() and xs.min() > 0 and xs.max() < 23, (xs.min(), xs.max())
     assert (step / "views" / "view_000.png").is_file()
+
+
+def test_a_surface_on_the_boundary_between_the_ranks_blocks_is_seeded_once(tmp_path):
+    """f = x index with iso 7 on a 16^3 grid: two ranks cut it at the plane of samples x = 7, where
+    the surface lies; they seed it as one rank does (it used to vanish: 0 seeds, then a traceback)."""
+    z, y, x = np.mgrid[0:16, 0:16, 0:16].astype(np.float32)
+    field = tmp_path / "plane.npy"
+    np.save(field, x)
+    counts = []
+    for ranks in (1, 2):
+        out_dir = tmp_path / f"out{ranks}"
+        out = launch(ranks, "-m", "insitu", "run", str(field), "--iso", "7", "--views", "8", "--resolution", "24",
+                     "--iterations", "5", "--budget", "1000", "--device", "cpu", "--backend", "torch", "--quiet",
+                     "--out", str(out_dir), "--set", "views.supersample=1", "--set", "output.images=1", timeout=120)
+        assert out.returncode == 0, out.stdout
+        counts.append(json.loads((out_dir / "step_000000" / "metrics.json").read_text())["gaussians_initial"])
+    assert counts[0] == counts[1] >= 256, counts

@@ -246,7 +246,7 @@ def test_bad_inputs_raise_clear_errors():
         (dict(color=(1.0, 0.5)), "color: expected 3 values"),
         (dict(color_field="pressure", color_range=(0, 1)), r"no field 'pressure'.*available: \['temperature'\]"),
         (dict(color_field="temperature"), "color_range: expected"),
-        (dict(color_field="temperature", color_range=(1.0, 1.0)), "lo < hi"),
+        (dict(color_field="temperature", color_range=(2.0, 1.0)), "lo <= hi"),
         (dict(color_field="temperature", color_range=(0, 1), colormap="jet"), "colormap"),
         (dict(chunk_rays=0), "chunk_rays"),
     ]
@@ -331,3 +331,31 @@ def test_triton_kernel_matches_the_torch_path_on_blocks(rank):
     assert torch.equal(torch.isinf(fast[1]), torch.isinf(ref[1]))
     hit = torch.isfinite(ref[1])
     assert float((fast[1][hit] - ref[1][hit]).abs().max()) < 1e-3
+
+
+@pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e60, 0.0), (1e-60, 0.0), (1e-3, 1e6)])
+def test_any_field_magnitude_draws_the_unit_field_image(scale, offset):
+    """The same surface at any magnitude and offset float64 holds: the image of the unit field
+    (a float32 gradient norm of 1e-24 underflowed, one of 1e24 overflowed, and 1e6 + 1e-3 f lost f)."""
+    unit = sphere_block((24, 24, 24), (11.3, 12.1, 10.7))
+    viewmat, K = camera((11.3, 12.1, 10.7), (0.3, -0.5, 0.8), 80.0, 90.0, 25)
+    want, want_depth = raycast(unit, viewmat, K, 25, 25, 7.0)
+    scaled = whole_block(offset + scale * unit.data.astype(np.float64))
+    got, depth = raycast(scaled, viewmat, K, 25, 25, offset + scale * 7.0)
+    assert float(want[..., 3].sum()) > 50
+    assert (got - want).abs().max() < 2e-3
+    finite = torch.isfinite(want_depth)
+    assert torch.equal(finite, torch.isfinite(depth))
+    assert (depth[finite] - want_depth[finite]).abs().max() < 1e-3
+
+
+def test_a_constant_color_field_is_the_middle_colour_of_the_map():
+    block = sphere_block()
+    centre = (19.3, 20.1, 18.7)
+    viewmat, K = camera(centre, (0.2, 0.9, -0.3), 200.0, 200.0, 17)
+    block.fields = {"temperature": np.full_like(block.data, 300.0)}
+    mapped, _ = raycast(block, viewmat, K, 17, 17, 12.0, color_field="temperature", color_range=(300.0, 300.0))
+    middle = tuple(apply_colormap(torch.tensor([0.5]))[0].tolist())
+    solid, _ = raycast(block, viewmat, K, 17, 17, 12.0, color=middle)
+    assert float(solid[..., 3].sum()) > 10
+    assert torch.allclose(mapped, solid, atol=1e-5)

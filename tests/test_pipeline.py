@@ -282,7 +282,7 @@ def test_iso_outside_the_range_is_refused_before_anything_is_written(comm, tmp_p
     writer = StepWriter(out)
     cfg = tiny_config()
     cfg.input.iso = [5.0, 99.0]
-    text = re.escape(f"[{field.min():g}, {field.max():g}]")
+    text = re.escape(f"({field.min():.10g}, {field.max():.10g}]")
     with pytest.raises(InputError, match=rf"iso value 99(\.0)? is outside the field's range {text}"):
         run_step(whole_block(field), cfg, comm, writer=writer)
     assert files_under(out) == []
@@ -403,3 +403,25 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     assert torch.allclose(out.sh0[new], cold.sh0[new])
     moved = (out.sh0[new] - shard.sh0[new]).abs().amax(dim=(1, 2)) > 1e-3
     assert moved.float().mean() > 0.9, moved.float().mean()
+
+
+@pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e-3, 1e6)])
+def test_a_field_of_any_magnitude_trains_the_model_of_the_unit_field(comm, scale, offset):
+    """Densities of 1e-24 (cgs units), 1e24, or a small variation on a large offset (float64): the
+    same seeds, ground truth and model as the field at unit scale."""
+    cfg = tiny_config()
+    want = compute_step(whole_block(sphere_field()), cfg, comm)
+    cfg.input.iso = [offset + scale * 5.0]
+    got = compute_step(whole_block(offset + scale * sphere_field().astype(np.float64)), cfg, comm)
+    assert got.metrics["gaussians_initial"] == want.metrics["gaussians_initial"] > 50
+    assert abs(got.metrics["psnr_initial"] - want.metrics["psnr_initial"]) < 0.05
+    assert abs(got.metrics["psnr"] - want.metrics["psnr"]) < 0.2
+
+
+def test_a_surface_on_the_boundary_between_two_blocks_is_seeded_and_trained(comm):
+    """f = x with iso 7: the plane of samples x = 7 is where a split of the grid in two cuts it."""
+    z, y, x = np.mgrid[0:16, 0:16, 0:16].astype(np.float32)
+    cfg = tiny_config()
+    cfg.input.iso = [7.0]
+    result = compute_step(whole_block(x), cfg, comm)
+    assert result.metrics["gaussians"] > 50 and result.metrics["psnr"] > 10

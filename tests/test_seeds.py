@@ -106,3 +106,47 @@ def test_fill_on_the_device_samples_the_surface(device):
         assert len(g) == len(cpu) and g.means.device.type == "cuda"
         for name in ("log_scales", "opacity_logits", "sh0", "shN"):
             torch.testing.assert_close(getattr(g, name).cpu(), getattr(cpu, name), atol=1e-6, rtol=1e-5)
+
+
+def plane_field(n=16, bump=False):
+    """f = x index: the surface f = 7 is the plane of samples x = 7 (with ``bump``, a dent in it)."""
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
+    if bump:
+        x = x + 2.5 * np.exp(-((y - 7.3) ** 2 + (z - 8.1) ** 2) / 8.0)
+    return x
+
+
+@pytest.mark.parametrize("bump", [False, True])
+def test_a_surface_through_samples_on_a_block_boundary_is_seeded_exactly_once(bump):
+    """A sample equal to the iso value counts as above it: the plane x = 7, which the splits of 2 and
+    4 ranks cut along, is the crossing next to it, in the cells of one block only."""
+    f = plane_field(bump=bump)
+    whole = extract_seeds(whole_block(f), 7.0)
+    assert len(whole) > 200
+
+    def triangles(s):
+        return sorted(tuple(sorted(map(tuple, t))) for t in np.round(s.points[s.faces], 5).tolist())
+
+    for size in (2, 3, 4):
+        parts = [extract_seeds(cut_block(f, r, size), 7.0) for r in range(size)]
+        assert sorted(sum((triangles(p) for p in parts), [])) == triangles(whole), size
+        assert abs(sum(p.total_area for p in parts) - whole.total_area) < 1e-6 * whole.total_area
+
+
+@pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e60, 0.0), (1e-3, 1e6)])
+def test_any_field_magnitude_gives_the_seeds_of_the_unit_field(scale, offset):
+    f = sphere_field()
+    want = extract_seeds(whole_block(f), 7.0)
+    got = extract_seeds(whole_block(offset + scale * f), offset + scale * 7.0)
+    assert len(got) == len(want) > 100
+    np.testing.assert_allclose(got.points, want.points, atol=1e-4)
+    np.testing.assert_allclose(got.normals, want.normals, atol=1e-4)
+
+
+def test_an_iso_value_equal_to_the_maximum_makes_a_surface_around_it():
+    """f reaches its maximum 0 on a ball of radius 4: the iso value 0 is that ball's surface."""
+    f = np.minimum(4.0 - sphere_field(), 0.0)
+    s = extract_seeds(whole_block(f), 0.0)
+    assert len(s) > 50
+    radius = np.linalg.norm(s.points - 11.5, axis=1)
+    assert 3.0 < radius.min() and radius.max() < 4.5

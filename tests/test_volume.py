@@ -112,3 +112,27 @@ def test_iso_distance_is_the_distance_to_the_isosurface():
     assert np.all(np.isinf(iso_distance(block, [10.0], outside)))
     flat = Block(np.ones((4, 4, 4), np.uint8), (0, 0, 0), (4, 4, 4), (0, 0, 0), (3, 3, 3))
     assert np.all(np.isinf(iso_distance(flat, [0.5], np.full((2, 3), 1.5))))   # no gradient: no surface near
+
+
+def test_unit_field_keeps_surfaces_and_brings_values_near_one():
+    from insitu.volume import unit_field
+
+    f = np.linspace(-3, 5, 2 * 3 * 4).reshape(2, 3, 4)
+    for scale, offset in ((1e-24, 0.0), (1e24, 0.0), (1e-3, 1e6), (1.0, 0.0)):
+        out, isos = unit_field(offset + scale * f, [offset + scale * 1.0, offset + scale * 2.0])
+        assert out.dtype == np.float32 and np.abs(out).max() <= 1.0 + 1e-6
+        np.testing.assert_allclose(out, (f - 1.5) / 4.5, atol=1e-6)
+        np.testing.assert_allclose(isos, [-0.5 / 4.5, 0.5 / 4.5], atol=1e-6)
+    u8 = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    out, isos = unit_field(u8, [7])
+    assert out is u8 and isos == [7.0]              # exact in float32: uploaded as it is
+
+
+def test_unit_colors_maps_the_range_and_a_constant_field_to_the_middle():
+    from insitu.volume import unit_colors
+
+    np.testing.assert_allclose(unit_colors(np.array([1e6, 1e6 + 1e-3, 1e6 + 2e-3]), 1e6, 1e6 + 2e-3), [0, 0.5, 1],
+                               atol=1e-6)
+    np.testing.assert_array_equal(unit_colors(np.full(4, 300.0), 300.0, 300.0), np.full(4, 0.5, np.float32))
+    with pytest.raises(ValueError, match="lo <= hi"):
+        unit_colors(np.zeros(2), 1.0, 0.0)
