@@ -67,6 +67,9 @@ class ViewConfig:
     resolution: int = constrained(256, POSITIVE)
     fov_deg: float = constrained(40.0, POSITIVE)
     test_every: int = constrained(8, POSITIVE)  # every k-th view is held out for evaluation
+    closeups: int = constrained(0, NON_NEGATIVE)  # training views closer than the orbit, at surface points
+    closeup_factors: list[float] = field(default_factory=lambda: [2.0, 3.0])  # how many times closer
+    held_out: int = constrained(16, NON_NEGATIVE)  # views of each held-out set off the orbit (near2, near3, off)
     supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
     background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
@@ -77,7 +80,10 @@ class ViewConfig:
 class TrainConfig:
     iterations: int = constrained(3000, POSITIVE)  # the position learning rate decays over them
     batch: int = constrained(1, POSITIVE)  # views per optimiser step
-    sh_degree: int = constrained(3, NON_NEGATIVE)  # reached gradually: one band every sh_increase_every
+    color_model: str = constrained("lit", choices=("lit", "sh"))  # lit: a base colour and normal per Gaussian,
+                                        # shaded per view with the ground truth's light | sh: spherical harmonics
+    sh_degree: int = constrained(3, NON_NEGATIVE)  # sh: reached gradually, one band every sh_increase_every;
+                                        # lit: the degree of the SH colours fitted for model.ply
     sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations
     lr_means: float = constrained(1.6e-4, POSITIVE)  # times the scene extent
     lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE)
@@ -244,6 +250,9 @@ def validate(cfg: Config) -> Config:
                           f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
+    if not cfg.views.closeup_factors or not all(f >= 1 for f in cfg.views.closeup_factors):
+        raise ConfigError(f"views.closeup_factors: expected one or more factors >= 1 (how many times closer than "
+                          f"the orbit), got {cfg.views.closeup_factors}")
     if cfg.views.fov_deg >= 180:
         raise ConfigError(f"views.fov_deg: expected a value in (0, 180), got {cfg.views.fov_deg}")
     for key in ("background", "surface_color"):

@@ -9,8 +9,9 @@ view and averaged over views.
 
 :meth:`QualityAccumulator.add_rgba` takes premultiplied RGBA instead and adds two figures that
 the background cannot flatter: ``psnr_foreground``, the PSNR over the pixels where the ground
-truth or the render has coverage (alpha above 1/255, what an 8-bit image shows), and
-``psnr_white``, render and ground truth both composited on white.
+truth or the render has coverage (alpha above 1/255, what an 8-bit image shows), pooled over
+the views, ``ssim_foreground``, the SSIM map's mean over those pixels, and ``psnr_white``,
+render and ground truth both composited on white.
 
 PSNR of a view that equals its ground truth exactly is ``inf`` (what torchmetrics returns; no
 cap is applied, so a mean that contains such a view is ``inf`` too).
@@ -25,6 +26,7 @@ views and gives the mean (:meth:`QualityAccumulator.result`).
 from __future__ import annotations
 
 import importlib
+import math
 import importlib.util
 import os
 import threading
@@ -54,8 +56,9 @@ class Quality:
     ssim: float
     lpips: float | None
     views: int
-    psnr_foreground: float | None = None    # over covered pixels only (add_rgba)
+    psnr_foreground: float | None = None    # over covered pixels only, pooled over the views (add_rgba)
     psnr_white: float | None = None         # on a white background (add_rgba)
+    ssim_foreground: float | None = None    # the SSIM map's mean over covered pixels, pooled (add_rgba)
 
 
 @dataclass
@@ -143,6 +146,19 @@ def _per_view_ssim(pred: Tensor, gt: Tensor) -> Tensor:
     )
 
 
+def _per_view_ssim_map(pred: Tensor, gt: Tensor) -> tuple[Tensor, Tensor]:
+    """[C, 3, H, W] pair -> ([C] SSIM of each view, [C, 3, H, W] its map, reflect-padded as torchmetrics
+    pads it)."""
+    ssim, full = structural_similarity_index_measure(
+        pred, gt, gaussian_kernel=True, sigma=SSIM_SIGMA, kernel_size=SSIM_KERNEL, data_range=1.0, reduction="none",
+        return_full_image=True)
+    return ssim, full
+
+
+def _psnr_of(mse: float) -> float:
+    return float("inf") if mse == 0 else 10.0 * math.log10(1.0 / mse)
+
+
 class QualityAccumulator:
     """Adds batches of views and gives the mean quality over all views added.
 
@@ -165,7 +181,7 @@ class QualityAccumulator:
         self._ssim = 0.0
         self._lpips = 0.0
         self.views = 0
-        self._fg, self._fg_views, self._white, self._rgba_views = 0.0, 0, 0.0, 0
+        self._fg_err, self._fg_pixels, self._fg_ssim, self._white, self._rgba_views = 0.0, 0.0, 0.0, 0.0, 0
 
     def add(self, pred: Tensor, gt: Tensor) -> None:
         """Add views ``pred: [C, H, W, 3]`` rendered and ``gt: [C, H, W, 3]`` ground truth, in [0, 1]."""
@@ -174,19 +190,20 @@ class QualityAccumulator:
             return
         self._add_channels_first(_channels_first(pred), _channels_first(gt))
 
-    def _add_channels_first(self, p: Tensor, g: Tensor) -> None:
-        """``p, g: [C, 3, H, W]`` in [0, 1]: add their PSNR, SSIM (and LPIPS)."""
+    def _add_channels_first(self, p: Tensor, g: Tensor, ssim: Tensor | None = None) -> None:
+        """``p, g: [C, 3, H, W]`` in [0, 1]: add their PSNR, SSIM (``ssim``: [C], when computed) and LPIPS."""
         self._psnr += _per_view_psnr(p, g).double().sum()        # sums stay on the device until result()
-        self._ssim += _per_view_ssim(p, g).double().sum()
+        self._ssim += (_per_view_ssim(p, g) if ssim is None else ssim).double().sum()
         self._lpips += self._lpips_sum(p, g) if self._use_lpips else 0.0
         self.views += p.shape[0]
 
     def add_rgba(self, pred: Tensor, gt: Tensor, background: Tensor) -> None:
         """Add views given as premultiplied RGBA ``pred, gt: [C, H, W, 4]``, judged on ``background [3]``.
 
-        PSNR, SSIM and LPIPS are those of :meth:`add` on ``background``; besides, the PSNR over the
-        pixels where either image has alpha > 1/255 (a view without any is left out of that
-        mean), and the PSNR on white.
+        PSNR, SSIM and LPIPS are those of :meth:`add` on ``background``; besides, over the pixels
+        where either image has alpha > 1/255 (the foreground: what the background cannot flatter),
+        the PSNR of their squared error and the mean of the SSIM map, both pooled over all views
+        (each covered pixel counts once, whatever view it is in), and the PSNR on white.
         """
         for name, t in (("pred", pred), ("gt", gt)):
             if not isinstance(t, Tensor) or t.ndim != 4 or t.shape[-1] != 4:
@@ -197,13 +214,12 @@ class QualityAccumulator:
         bg = torch.as_tensor(background, dtype=torch.float32, device=pred.device).reshape(3)
         on = lambda x, b: (x[..., :3] + (1 - x[..., 3:]) * b).clamp(0.0, 1.0)   # noqa: E731
         p, g = _channels_first(on(pred, bg)), _channels_first(on(gt, bg))
-        self._add_channels_first(p, g)
+        ssim, ssim_map = _per_view_ssim_map(p, g)
+        self._add_channels_first(p, g, ssim)
         mask = ((pred[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255))[:, None].expand_as(p)    # [C, 3, H, W]
-        err = ((p - g) ** 2 * mask).sum(dim=(1, 2, 3)).double()
-        n = mask.sum(dim=(1, 2, 3)).double()
-        seen = n > 0
-        self._fg += torch.where(seen, 10 * torch.log10(n / err), 0.0).sum()
-        self._fg_views += seen.sum()
+        self._fg_err += ((p - g) ** 2 * mask).double().sum()
+        self._fg_pixels += mask.double().sum()
+        self._fg_ssim += (ssim_map * mask).double().sum()
         white = torch.ones(3, device=pred.device)
         self._white += _per_view_psnr(_channels_first(on(pred, white)), _channels_first(on(gt, white))).double().sum()
         self._rgba_views += pred.shape[0]
@@ -231,11 +247,14 @@ class QualityAccumulator:
         if self.views == 0:
             nan = float("nan")
             return Quality(nan, nan, nan if self._use_lpips else None, 0)
-        n, fg_views = self.views, int(self._fg_views)            # the one wait for the device
+        n, fg_pixels = self.views, float(self._fg_pixels)         # the one wait for the device
+        fg = fg_pixels > 0
         return Quality(float(self._psnr) / n, float(self._ssim) / n, self._lpips / n if self._use_lpips else None, n,
-                       psnr_foreground=(float(self._fg) / fg_views if fg_views else
+                       psnr_foreground=(_psnr_of(float(self._fg_err) / fg_pixels) if fg else
                                         float("nan") if self._rgba_views else None),
-                       psnr_white=float(self._white) / self._rgba_views if self._rgba_views else None)
+                       psnr_white=float(self._white) / self._rgba_views if self._rgba_views else None,
+                       ssim_foreground=(float(self._fg_ssim) / fg_pixels if fg else
+                                        float("nan") if self._rgba_views else None))
 
 
 def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Quality:

@@ -22,14 +22,15 @@ from torch import Tensor
 from .compositing import band_rows, composite_full, gather_bands, over, visibility_order
 from .config import Config
 from .decomposition import Decomposition, decompose
-from .gaussians import Gaussians
+from .gaussians import Gaussians, rgb_to_sh0
 from .groundtruth import raycast_views
 from .progress import note, progress_bar
-from .seeds import Seeds, extract_seeds, init_gaussians
+from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, render_bands
-from .views import Views, orbit_views
+from .appearance import BlockSamples, ColorModel, base_colors
+from .views import HELD_OUT, Views, step_views
 from .errors import InputError
-from .volume import Block, check_field, iso_distance
+from .volume import Block, check_field, iso_distance, unit_field
 
 
 @dataclass
@@ -128,7 +129,7 @@ def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
 def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg: Config, comm) -> Tensor:
     """One optimiser step on views ``ids`` against ``bg`` ([B, 3] or [3]); collective. Returns this rank's loss."""
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
-                                    sh_degree=trainer.sh_degree, backend=cfg.train.backend,
+                                    colors=trainer.colors, backend=cfg.train.backend,
                                     transfer=cfg.parallel.transfer)
     gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
@@ -177,7 +178,7 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
     from scipy.spatial import cKDTree
 
     fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                           thickness=cfg.seeds.thickness, sh_degree=cfg.train.sh_degree, seed=cfg.train.seed,
+                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed,
                            device=device)
     if len(warm) == 0 or len(seeds) == 0:
         return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
@@ -193,6 +194,28 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
     mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
                       torch.ones(len(new), dtype=torch.bool, device=device)])
     return Gaussians.cat([old, new]), mask
+
+
+def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,
+              only: Tensor | None = None) -> Gaussians:
+    """The lit colour model's seeds: each disc turned to the ground truth's normal at its centre and
+    given the ground truth's base colour there (:class:`insitu.appearance.BlockSamples`,
+    :func:`insitu.appearance.base_colors`), so that it starts shaded as the surface it stands for.
+    ``only``: [N] bool, the Gaussians to set (a warm start's new seeds); default all. Local."""
+    if len(shard) == 0:
+        return shard
+    device = shard.means.device
+    unit, _ = unit_field(block.data, cfg.input.iso)
+    samples = BlockSamples(torch.from_numpy(np.ascontiguousarray(unit)).to(device), origin=block.origin,
+                           spacing=block.spacing, start=block.start)
+    pick = torch.ones(len(shard), dtype=torch.bool, device=device) if only is None else only.to(device)
+    means = shard.means[pick]
+    quats, sh0 = shard.quats.clone(), shard.sh0.clone()
+    quats[pick] = normal_to_quat_torch(samples.normals(means)).to(quats.dtype)
+    base = base_colors(block, means, color=cfg.views.surface_color, color_field=cfg.input.color_var,
+                       color_range=color_range, colormap=cfg.views.colormap)
+    sh0[pick] = rgb_to_sh0(base)[:, None, :].to(sh0.dtype)
+    return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
 def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
@@ -239,16 +262,29 @@ def replicate(shard: Gaussians, scene: Scene, comm) -> tuple[Gaussians, Scene]:
     return model, Scene(views, order, gt, (0, views.height), scene.background)
 
 
+def surface_targets(comm, seeds: Seeds, per_rank: int = 256, seed: int = 0) -> np.ndarray:
+    """``[M, 3]`` points on the whole surface, the same on every rank (collective): up to ``per_rank``
+    of each rank's seeds, drawn with ``seed``, in rank order. Close-up cameras look at them."""
+    rng = np.random.default_rng(seed + comm.rank)
+    mine = seeds.points[rng.choice(len(seeds), size=min(per_rank, len(seeds)), replace=False)] if len(seeds) else \
+        np.zeros((0, 3), np.float32)
+    return np.concatenate(comm.mpi.allgather(np.asarray(mine, np.float64)))
+
+
 def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
-               decomposition: Decomposition | None = None) -> Scene:
-    """Views around the global bounds and this rank's GT band of every view (ray-cast, composited).
+               decomposition: Decomposition | None = None, targets: np.ndarray | None = None) -> Scene:
+    """The step's views (:func:`insitu.views.step_views`: the orbit, close-ups at the surface points
+    ``targets: [M, 3]`` and the held-out sets off the orbit) and this rank's GT band of every view
+    (ray-cast, composited).
 
     decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
     """
     device = comm.device
     lo, hi = block.global_box
     vc = cfg.views
-    views = orbit_views(lo, hi, vc.count, vc.resolution, vc.fov_deg, vc.test_every).to(device)
+    views = step_views(lo, hi, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,
+                       test_every=vc.test_every, closeups=vc.closeups, closeup_factors=vc.closeup_factors,
+                       held_out=vc.held_out, targets=targets).to(device)
     dec = decomposition if decomposition is not None else block_decomposition(comm, block)
     order = view_order(views, block, dec)
     background = torch.tensor(vc.background, dtype=torch.float32, device=device)
@@ -303,20 +339,21 @@ def view_groups(ids: list[int], width: int, height: int, pixels: int = 1 << 23) 
 
 
 @torch.no_grad()
-def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0):
-    """PSNR/SSIM(/LPIPS), PSNR over the covered pixels and PSNR on white of the sort-last composite
-    over the held-out views (in groups of views, :func:`view_groups`); rank 0 also gets (gt, pred)
-    of the first few."""
+def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
+             role: str = "test"):
+    """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
+    composite over the held-out views of ``role`` (a name in :data:`insitu.views.ROLES`; in groups of
+    views, :func:`view_groups`); rank 0 also gets (gt, pred) of the first few."""
     from .metrics import QualityAccumulator
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     black = torch.zeros_like(scene.background)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
+    for group in view_groups(views.ids(role).tolist(), views.width, views.height):
         ids = torch.tensor(group, device=comm.device)
         pred, info = render_bands(params, views, ids, scene.order, comm, background=black,
-                                  sh_degree=sh_degree, backend=backend)
+                                  colors=colors, backend=backend)
         full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
         full_gt = gather_bands(scene.gt[ids].float(), comm)
         if comm.rank == 0:
@@ -359,11 +396,12 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
 
 
 def target_reached(q, tc) -> bool:
-    """True when a quality target is set and every target that is set is met."""
+    """True when a quality target is set and every target that is set is met, on the foreground (the
+    covered pixels: a black background would flatter a full-image figure)."""
     if tc.psnr_target is None and tc.ssim_target is None:
         return False
-    return ((tc.psnr_target is None or q.psnr >= tc.psnr_target)
-            and (tc.ssim_target is None or q.ssim >= tc.ssim_target))
+    return ((tc.psnr_target is None or q.psnr_foreground >= tc.psnr_target)
+            and (tc.ssim_target is None or q.ssim_foreground >= tc.ssim_target))
 
 
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
@@ -375,11 +413,19 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     return result
 
 
+def ply_colors(gaussians: Gaussians | None, cfg: Config) -> Gaussians | None:
+    """What ``model.ply`` holds of a shard: SH colours of degree ``train.sh_degree``, fitted to a lit
+    model's appearance (:meth:`insitu.appearance.ColorModel.as_sh`), an SH model's as trained."""
+    if gaussians is None:
+        return None
+    return ColorModel(cfg.train.color_model).as_sh(gaussians, cfg.train.sh_degree)
+
+
 def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
     offset in one file, then rank 0 the rest of the step (:class:`insitu.export.StepWriter`)."""
     t_write = _time.perf_counter()
-    writer.write_model(result.step, result.gaussians, comm)
+    writer.write_model(result.step, ply_colors(result.gaussians, cfg), comm)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:
@@ -410,6 +456,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
     decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
+    lit = tc.color_model == "lit"
+    color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     preload_evaluation()                            # the input is good: the step will train and evaluate
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)
@@ -423,21 +471,25 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, block, device)
         else:
             shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                                   thickness=cfg.seeds.thickness, sh_degree=tc.sh_degree, seed=tc.seed + comm.rank,
-                                   fill=cfg.seeds.fill, device=device)
+                                   thickness=cfg.seeds.thickness, sh_degree=0 if lit else tc.sh_degree,
+                                   seed=tc.seed + comm.rank, fill=cfg.seeds.fill, device=device)
+        if lit:                                  # normals and base colours: the ground truth's at each seed
+            shard = lit_seeds(shard, block, cfg, color_range, only=fresh)
     n0 = comm.mpi.allreduce(len(shard))
     t_seed = _time.perf_counter()
     show = tc.progress and comm.rank == 0
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({t_seed - t0:.1f} s)", show)
-    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition)
+    targets = surface_targets(comm, seeds, seed=tc.seed) if cfg.views.closeups or cfg.views.held_out else None
+    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=targets)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_scene = _time.perf_counter()
-    shard = init_colors(shard, scene, cfg, comm, only=fresh)
+    if not lit:                                  # SH colours from the ground-truth images
+        shard = init_colors(shard, scene, cfg, comm, only=fresh)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_color = _time.perf_counter()
-    if cfg.seeds.color_init != "constant":
+    if cfg.seeds.color_init != "constant" and not lit:
         note(f"step {step} colours from the ground truth ({t_color - t_scene:.1f} s)", show)
     glo, ghi = block.global_box
     extent = 0.5 * float(np.linalg.norm(ghi - glo))
@@ -484,16 +536,17 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     t_gt = _time.perf_counter()
     evaluations = []                            # seconds of each evaluation inside the training time
 
-    def scored(sh_degree: int):
+    def scored(colors: ColorModel):
         if device.type == "cuda":
             torch.cuda.synchronize(device)      # the queued iterations are training time, not evaluation
         t = _time.perf_counter()
-        q, _ = evaluated(sh_degree=sh_degree)
+        q, _ = evaluated(colors=colors)
         evaluations.append(_time.perf_counter() - t)    # evaluate ends reading its figures: the device is done
         return q
 
-    q0 = scored(trainer.sh_degree)
-    history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "gaussians": n0, "seconds": 0.0}]
+    q0 = scored(trainer.colors)
+    history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "psnr_foreground": q0.psnr_foreground,
+                "ssim_foreground": q0.ssim_foreground, "gaussians": n0, "seconds": 0.0}]
     note(f"step {step} initial model: PSNR {q0.psnr:.2f} dB ({evaluations[0]:.1f} s)", show)
     bar = progress_bar(iters, f"step {step} train", show)
     show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
@@ -509,8 +562,9 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=whole(len(trainer)))
         bar.update(1)
         if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
-            q = scored(trainer.sh_degree_trained)
-            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "gaussians": whole(len(trainer)),
+            q = scored(trainer.colors_trained)
+            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "psnr_foreground": q.psnr_foreground,
+                            "ssim_foreground": q.ssim_foreground, "gaussians": whole(len(trainer)),
                             "seconds": _time.perf_counter() - t_gt})
             if target_reached(q, tc):
                 reached = it + 1
@@ -519,7 +573,9 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t_train = _time.perf_counter()
-    q, images = evaluated(sh_degree=trainer.sh_degree_trained, keep_images=cfg.output.images)
+    q, images = evaluated(colors=trainer.colors_trained, keep_images=cfg.output.images)
+    closer = {role: evaluated(colors=trainer.colors_trained, role=role)[0]      # the views the orbit never had
+              for role in HELD_OUT[1:] if len(scene.views.ids(role))}
     gaussians = trainer.gaussians()
     if replicated:                          # back to shards: each rank keeps the Gaussians in its block
         owner = decomposition.owners(gaussians.means.detach().cpu().numpy(), block.origin, block.spacing)
@@ -534,13 +590,19 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if cfg.output.ply_metrics:
         merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
         if replicated:                      # the whole images are on every rank: rank 0 draws alone
-            qm = comm.mpi.bcast(on_rank0(lambda: model_quality(merged, scene, run, backend=tc.backend)), root=0)
+            qm = comm.mpi.bcast(on_rank0(lambda: model_quality(ply_colors(merged, cfg), scene, run,
+                                                                backend=tc.backend)), root=0)
         else:
-            qm = model_quality(merged, scene, comm, backend=tc.backend)
+            qm = model_quality(ply_colors(merged, cfg) if comm.rank == 0 else None, scene, comm, backend=tc.backend)
     metrics = {
         "step": step, "time": time, "ranks": comm.size, "device": device.type,
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
         "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
+        "ssim_foreground": q.ssim_foreground, "psnr_foreground_initial": q0.psnr_foreground,
+        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
+        **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
+           for key in ("psnr", "psnr_foreground", "ssim_foreground")},
+        "color_model": tc.color_model,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": n0, "gaussians": total,
@@ -556,5 +618,6 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                                                            op=MPI.MAX)
     metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, images=images, cameras=scene.views.to("cpu"))
+                      model=merged, images=images,
+                      cameras=scene.views.to("cpu").subset(torch.arange(cfg.views.count)))    # the orbit's
 

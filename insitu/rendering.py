@@ -76,7 +76,7 @@ def rasterize(
     quats: Tensor,      # [N, 4]
     scales: Tensor,     # [N, 3]
     opacities: Tensor,  # [N]
-    colors: Tensor,     # [N, 3] or [N, K, 3]
+    colors: Tensor,     # [N, 3], [C, N, 3] or [N, K, 3]
     viewmats: Tensor,   # [C, 4, 4]
     Ks: Tensor,         # [C, 3, 3]
     width: int,
@@ -98,7 +98,7 @@ def rasterize(
         scales: [N, 3] standard deviations along the local axes (activated).
         opacities: [N] opacities in [0, 1] (activated).
         colors: [N, K, 3] SH coefficients when ``sh_degree`` is set
-            (K >= (sh_degree + 1) ** 2), else [N, 3] RGB.
+            (K >= (sh_degree + 1) ** 2), else RGB: [N, 3], or [C, N, 3] per camera.
         viewmats: [C, 4, 4] world-to-camera matrices (OpenCV axes).
         Ks: [C, 3, 3] pinhole intrinsics in pixels.
         width, height: image size in pixels.
@@ -166,10 +166,11 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
             raise ValueError(f"rasterize: {name}: expected shape [{want}] = {[N, *tail]} "
                              f"(N from means), got {list(t.shape)}")
     if sh_degree is None:
-        if tuple(colors.shape) != (N, 3):
-            hint = " (3-D colours are SH coefficients: pass sh_degree)" if colors.dim() == 3 else ""
-            raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} when "
-                             f"sh_degree is None, got {list(colors.shape)}{hint}")
+        C = viewmats.shape[0] if viewmats.dim() == 3 else -1
+        if tuple(colors.shape) not in ((N, 3), (C, N, 3)):
+            hint = " (SH coefficients [N, K, 3] need sh_degree)" if colors.dim() == 3 else ""
+            raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} or per camera "
+                             f"[C, N, 3] = {[C, N, 3]} when sh_degree is None, got {list(colors.shape)}{hint}")
     else:
         if (isinstance(sh_degree, bool) or not isinstance(sh_degree, int)
                 or not 0 <= sh_degree <= MAX_SH_DEGREE):
@@ -495,7 +496,7 @@ def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, widt
         means2d.retain_grad()
 
     if sh_degree is None:
-        rgb = colors[None].expand(C, N, 3)                               # [C, N, 3]
+        rgb = colors if colors.dim() == 3 else colors[None].expand(C, N, 3)     # [C, N, 3]
     else:
         dirs = means[None, :, :] - _camera_centres(viewmats)[:, None, :]  # [C, N, 3]
         rgb = eval_sh(sh_degree, dirs, colors[None].expand(C, *colors.shape))

@@ -165,7 +165,7 @@ def sample_surface_torch(seeds: Seeds, count: int, seed: int = 0, device=None) -
     return out_p, out_n
 
 
-def _normal_to_quat_torch(n: torch.Tensor) -> torch.Tensor:
+def normal_to_quat_torch(n: torch.Tensor) -> torch.Tensor:
     """:func:`normal_to_quat` for a tensor ``n: [M, 3]`` (unit normals) -> [M, 4] (w, x, y, z)."""
     cos = n[:, 2].clamp(-1.0, 1.0)
     q = torch.stack([1.0 + cos, -n[:, 1], n[:, 0], torch.zeros_like(cos)], 1)   # (1 + cos, z x n)
@@ -237,7 +237,7 @@ def _filled_on_device(seeds: Seeds, budget: int, color, opacity: float, thicknes
     rgb = torch.tensor(color, dtype=torch.float32, device=device).expand(budget, 3)
     K = (sh_degree + 1) ** 2
     return Gaussians(
-        means=points, log_scales=log_scales, quats=_normal_to_quat_torch(normals),
+        means=points, log_scales=log_scales, quats=normal_to_quat_torch(normals),
         opacity_logits=torch.full((budget,), math.log(opacity / (1 - opacity)), device=device),
         sh0=rgb_to_sh0(rgb).reshape(budget, 1, 3).contiguous(),
         shN=torch.zeros(budget, K - 1, 3, device=device),

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .adam import ShardAdam
+from .appearance import ColorModel
 from .compositing import composite, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
@@ -48,22 +49,29 @@ def from_params(params: dict[str, Tensor]) -> Gaussians:
 
 
 def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
-                 background: Tensor, sh_degree: int, backend: str = "auto",
+                 background: Tensor, colors: ColorModel | None, backend: str = "auto",
                  transfer: str = "float32") -> tuple[Tensor, dict]:
     """Render this rank's shard for views ``ids`` and composite across ranks.
 
     params: the shard (gsplat names, pre-activation).
     order:  [N_views, P] visibility keys of every rank for every view.
     background: [3] or [B, 3] (one per view) colour behind the model.
+    colors: how ``params["colors"]`` ([N, K, 3]) give the colours seen from the views
+            (:class:`insitu.appearance.ColorModel`); None: they are plain RGB, [N, 3].
     Returns ``pred [B, h_band, W, 3]`` (this rank's row band, background applied) and
     the rasterizer's info (``means2d`` for densification) plus ``alpha [B, h_band, W, 1]``,
     the band's composited alpha. ``transfer`` is the dtype the colour bands travel in
     between ranks.
     """
+    viewmats = views.viewmats[ids]
+    if colors is None:
+        rgb, sh_degree = params["colors"], None
+    else:
+        rgb, sh_degree = colors.colors(params["means"], params["quats"], params["colors"],
+                                       views.positions[ids])
     rgb, alpha, info = rasterize(
         params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
-        params["colors"], views.viewmats[ids], views.Ks[ids], views.width, views.height,
-        sh_degree=sh_degree, backend=backend)
+        rgb, viewmats, views.Ks[ids], views.width, views.height, sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
     if comm.size > 1:               # one rank holds the whole image: nothing to composite
@@ -101,7 +109,7 @@ def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: T
     num, den = torch.zeros(n, 3, device=device, dtype=dtype), torch.zeros(n, device=device, dtype=dtype)
     black = torch.zeros(3, device=device, dtype=dtype)
     for chunk in torch.as_tensor(ids, device=device).split(max(int(batch), 1)):
-        pred, _ = render_bands(params, views, chunk, order, comm, background=black, sh_degree=None,
+        pred, _ = render_bands(params, views, chunk, order, comm, background=black, colors=None,
                                backend=backend)
         target = gt[chunk.to(gt.device)].to(device=device, dtype=dtype)
         (pred * target[..., :3]).sum().backward(retain_graph=True)      # every rank: the collectives
@@ -325,6 +333,16 @@ class Trainer:
 
     def _sh_degree_at(self, iteration: int) -> int:
         return min(self.sh_degree_max, self.sh_degree_start + iteration // self.cfg.sh_increase_every)
+
+    @property
+    def colors(self) -> ColorModel:
+        """The colour model the next iteration trains (SH: at the schedule's degree)."""
+        return ColorModel(self.cfg.color_model, self.sh_degree)
+
+    @property
+    def colors_trained(self) -> ColorModel:
+        """The colour model the last iteration trained: the one to render with."""
+        return ColorModel(self.cfg.color_model, self.sh_degree_trained)
 
     def gaussians(self) -> Gaussians:
         return from_params(self.params)

@@ -14,6 +14,13 @@ import torch
 from torch import Tensor
 
 
+# What a view is for: training, the held-out orbit views, and the held-out views a viewer's user takes
+# and the orbit never has: 2x closer (looking at the centre), 3x closer (looking at points on the
+# surface) and at the orbit's distance off its lattice (the poles included).
+ROLES = ("train", "test", "near2", "near3", "off")
+HELD_OUT = ROLES[1:]
+
+
 @dataclass
 class Views:
     """A set of cameras looking at the data.
@@ -21,25 +28,39 @@ class Views:
     viewmats: [N, 4, 4] world-to-camera matrices.
     Ks:       [N, 3, 3] intrinsics.
     width, height: image size in pixels.
-    test:     [N] bool, True for held-out views.
+    role:     [N] what each view is for, an index into ``ROLES`` (a bool tensor is taken as
+              ``test``: True for the held-out orbit views, False for training).
     """
 
     viewmats: Tensor
     Ks: Tensor
     width: int
     height: int
-    test: Tensor
+    role: Tensor
+
+    def __post_init__(self):
+        if self.role.dtype == torch.bool:
+            self.role = self.role.to(torch.int8)
 
     def __len__(self) -> int:
         return self.viewmats.shape[0]
 
     @property
+    def test(self) -> Tensor:
+        """[N] bool, the held-out orbit views."""
+        return self.role == ROLES.index("test")
+
+    def ids(self, role: str) -> Tensor:
+        """The views of ``role`` (a name in ``ROLES``)."""
+        return torch.nonzero(self.role == ROLES.index(role)).flatten()
+
+    @property
     def train_ids(self) -> Tensor:
-        return torch.nonzero(~self.test).flatten()
+        return self.ids("train")
 
     @property
     def test_ids(self) -> Tensor:
-        return torch.nonzero(self.test).flatten()
+        return self.ids("test")
 
     @property
     def positions(self) -> Tensor:
@@ -49,10 +70,18 @@ class Views:
         return (-R.transpose(1, 2) @ t)[..., 0]
 
     def subset(self, ids: Tensor) -> "Views":
-        return Views(self.viewmats[ids], self.Ks[ids], self.width, self.height, self.test[ids])
+        return Views(self.viewmats[ids], self.Ks[ids], self.width, self.height, self.role[ids])
 
     def to(self, device) -> "Views":
-        return Views(self.viewmats.to(device), self.Ks.to(device), self.width, self.height, self.test.to(device))
+        return Views(self.viewmats.to(device), self.Ks.to(device), self.width, self.height, self.role.to(device))
+
+    @staticmethod
+    def cat(parts: list["Views"]) -> "Views":
+        """The views of ``parts`` (one image size) one after the other."""
+        if len({(p.width, p.height) for p in parts}) != 1:
+            raise ValueError(f"Views.cat: expected one image size, got {[(p.width, p.height) for p in parts]}")
+        return Views(torch.cat([p.viewmats for p in parts]), torch.cat([p.Ks for p in parts]), parts[0].width,
+                     parts[0].height, torch.cat([p.role for p in parts]))
 
 
 def fibonacci_sphere(n: int) -> np.ndarray:
@@ -81,31 +110,120 @@ def look_at(eye: np.ndarray, target: np.ndarray, up=(0.0, 0.0, 1.0)) -> np.ndarr
     return m
 
 
+def orbit_distance(lo, hi, fov_deg: float, margin: float = 1.05) -> tuple[np.ndarray, float]:
+    """(centre [3], distance): where the orbit cameras look and how far from it they stand, so that
+    the bounding sphere of the box ``lo``..``hi`` fills the field of view."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    radius = 0.5 * float(np.linalg.norm(hi - lo))
+    return 0.5 * (lo + hi), margin * radius / math.sin(math.radians(fov_deg) / 2)
+
+
+def _intrinsics(count: int, resolution: int, fov_deg: float) -> np.ndarray:
+    f = 0.5 * resolution / math.tan(math.radians(fov_deg) / 2)
+    K = np.array([[f, 0.0, resolution / 2], [0.0, f, resolution / 2], [0.0, 0.0, 1.0]])
+    return np.broadcast_to(K, (count, 3, 3)).copy()
+
+
+def _views(eyes: np.ndarray, targets: np.ndarray, resolution: int, fov_deg: float, role: np.ndarray) -> Views:
+    viewmats = np.stack([look_at(e, t) for e, t in zip(eyes, targets)]) if len(eyes) else np.zeros((0, 4, 4))
+    return Views(torch.tensor(viewmats, dtype=torch.float32),
+                 torch.tensor(_intrinsics(len(eyes), resolution, fov_deg), dtype=torch.float32),
+                 resolution, resolution, torch.as_tensor(role, dtype=torch.int8))
+
+
+def _check(count: int, resolution: int, fov_deg: float, *, allow_zero: bool = False) -> None:
+    if count < (0 if allow_zero else 1):
+        raise ValueError(f"views: expected a view count > {-1 if allow_zero else 0}, got {count}")
+    if resolution <= 0:
+        raise ValueError(f"views: expected a resolution > 0, got {resolution}")
+    if not 0 < fov_deg < 180:
+        raise ValueError(f"views: expected a field of view in (0, 180) degrees, got {fov_deg}")
+
+
 def orbit_views(lo, hi, count: int, resolution: int, fov_deg: float = 40.0,
                 test_every: int = 8, margin: float = 1.05) -> Views:
     """``count`` cameras on a Fibonacci sphere around the box ``lo``..``hi`` (world, [3] each).
 
     Every camera looks at the box centre from a distance at which the box's bounding
-    sphere fills the field of view; every ``test_every``-th view is held out.
+    sphere fills the field of view; every ``test_every``-th view is held out (role ``test``).
     """
-    if count <= 0:
-        raise ValueError(f"views: expected a view count > 0, got {count}")
-    if resolution <= 0:
-        raise ValueError(f"views: expected a resolution > 0, got {resolution}")
-    if not 0 < fov_deg < 180:
-        raise ValueError(f"views: expected a field of view in (0, 180) degrees, got {fov_deg}")
-    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
-    centre = 0.5 * (lo + hi)
-    radius = 0.5 * float(np.linalg.norm(hi - lo))
-    half = math.radians(fov_deg) / 2
-    distance = margin * radius / math.sin(half)
+    _check(count, resolution, fov_deg)
+    centre, distance = orbit_distance(lo, hi, fov_deg, margin)
     dirs = fibonacci_sphere(count)
-    viewmats = np.stack([look_at(centre + distance * d, centre) for d in dirs])
-    f = 0.5 * resolution / math.tan(half)
-    K = np.array([[f, 0.0, resolution / 2], [0.0, f, resolution / 2], [0.0, 0.0, 1.0]])
-    Ks = np.broadcast_to(K, (count, 3, 3)).copy()
-    test = np.zeros(count, dtype=bool)
+    role = np.zeros(count, dtype=np.int8)
     if count > 1:
-        test[::test_every] = True
-    return Views(torch.tensor(viewmats, dtype=torch.float32), torch.tensor(Ks, dtype=torch.float32),
-                 resolution, resolution, torch.from_numpy(test))
+        role[::test_every] = ROLES.index("test")
+    return _views(centre + distance * dirs, np.broadcast_to(centre, dirs.shape), resolution, fov_deg, role)
+
+
+def random_directions(count: int, rng: np.random.Generator) -> np.ndarray:
+    """[count, 3] unit vectors drawn uniformly on the sphere."""
+    d = rng.normal(size=(count, 3))
+    return d / np.linalg.norm(d, axis=1, keepdims=True)
+
+
+def near_views(lo, hi, count: int, resolution: int, fov_deg: float = 40.0, *, closer: float,
+               points: np.ndarray | None = None, role: str = "train", seed: int = 0) -> Views:
+    """``count`` cameras ``closer`` times closer than the orbit, from directions drawn at random
+    (off the orbit's lattice), as a viewer's user zooms in.
+
+    points: None: every camera looks at the box centre from ``distance / closer``; else ``[M, 3]``
+            points on the surface (the same on every rank): each camera looks at one of them from
+            ``distance / closer`` along its direction, the point drawn among the quarter of the
+            points that lie furthest out on the camera's side (what a user zooming in on the
+            surface from outside looks at).
+    role: a name in ``ROLES``; seed: the draws' seed (the same cameras for the same arguments).
+    """
+    _check(count, resolution, fov_deg, allow_zero=True)
+    if not closer >= 1:
+        raise ValueError(f"views: expected cameras at least as close as the orbit (closer >= 1), got {closer}")
+    centre, distance = orbit_distance(lo, hi, fov_deg)
+    rng = np.random.default_rng(seed)
+    dirs = random_directions(count, rng)
+    if points is None or len(points) == 0:
+        targets = np.broadcast_to(centre, dirs.shape)
+    else:
+        p = np.asarray(points, np.float64).reshape(-1, 3)
+        out = (p - centre) @ dirs.T                                          # [M, count]
+        top = max(1, len(p) // 4)
+        pick = np.argpartition(-out, top - 1, axis=0)[:top]                 # [top, count] furthest out
+        targets = p[pick[rng.integers(0, top, size=count), np.arange(count)]]
+    eyes = targets + (distance / closer) * dirs
+    return _views(eyes, targets, resolution, fov_deg, np.full(count, ROLES.index(role), np.int8))
+
+
+def off_orbit_views(lo, hi, count: int, resolution: int, fov_deg: float = 40.0, *, seed: int = 0) -> Views:
+    """``count`` held-out cameras (role ``off``) at the orbit's distance, looking at the centre from
+    directions off its lattice: half of them within 25 degrees of a pole, half anywhere."""
+    _check(count, resolution, fov_deg, allow_zero=True)
+    centre, distance = orbit_distance(lo, hi, fov_deg)
+    rng = np.random.default_rng(seed)
+    dirs = random_directions(count, rng)
+    polar = np.arange(count) % 2 == 0
+    cap = rng.uniform(math.cos(math.radians(25)), 1.0, size=count) * np.where(rng.random(count) < 0.5, -1, 1)
+    ring = np.sqrt(np.maximum(0.0, 1 - cap ** 2))
+    phi = rng.uniform(0, 2 * math.pi, size=count)
+    dirs[polar] = np.stack([ring * np.cos(phi), ring * np.sin(phi), cap], 1)[polar]
+    return _views(centre + distance * dirs, np.broadcast_to(centre, dirs.shape), resolution, fov_deg,
+                  np.full(count, ROLES.index("off"), np.int8))
+
+
+def step_views(lo, hi, *, count: int, resolution: int, fov_deg: float = 40.0, test_every: int = 8,
+               closeups: int = 0, closeup_factors=(2.0, 3.0), held_out: int = 0,
+               targets: np.ndarray | None = None) -> Views:
+    """Every camera of a step, one after the other: the orbit (training and ``test`` views), then
+    ``closeups`` training views closer than the orbit (spread over ``closeup_factors``, each looking at
+    one of the surface points ``targets: [M, 3]``), then ``held_out`` views of each held-out set a viewer's
+    user takes: ``near2`` (2x closer, at the centre), ``near3`` (3x closer, at surface points) and ``off``
+    (the orbit's distance, off its lattice). The draws are seeded: the same cameras on every rank."""
+    parts = [orbit_views(lo, hi, count, resolution, fov_deg, test_every)]
+    factors = [float(f) for f in closeup_factors]
+    for i, closer in enumerate(factors):
+        n = closeups // len(factors) + (1 if i < closeups % len(factors) else 0)
+        parts.append(near_views(lo, hi, n, resolution, fov_deg, closer=closer, points=targets, role="train",
+                                seed=1000 + i))
+    if held_out:
+        parts += [near_views(lo, hi, held_out, resolution, fov_deg, closer=2.0, role="near2", seed=1),
+                  near_views(lo, hi, held_out, resolution, fov_deg, closer=3.0, points=targets, role="near3", seed=2),
+                  off_orbit_views(lo, hi, held_out, resolution, fov_deg, seed=3)]
+    return Views.cat(parts)

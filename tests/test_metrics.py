@@ -226,7 +226,27 @@ def test_add_rgba_on_a_background_equals_add_on_the_composited_images():
     ref = image_quality(on(pred, bg), on(gt, bg), lpips=False)
     assert (q.psnr, q.ssim) == pytest.approx((ref.psnr, ref.ssim), rel=1e-6)
     assert q.psnr_white == pytest.approx(psnr(on(pred, torch.ones(3)), on(gt, torch.ones(3))), rel=1e-6)
-    assert q.psnr_foreground == pytest.approx(q.psnr, rel=1e-6)     # everything is covered here
+    # everything is covered here: the foreground is the whole images, its error pooled over both views
+    mse = float(((on(pred, bg) - on(gt, bg)) ** 2).mean())
+    assert q.psnr_foreground == pytest.approx(10 * math.log10(1 / mse), rel=1e-6)
+    assert q.ssim_foreground == pytest.approx(q.ssim, rel=1e-5)     # same-size views: the mean of their means
+
+
+def test_the_foreground_is_pooled_over_views_not_averaged_per_view():
+    """One view nearly exact and one poor do not average to a flattering figure: each covered pixel
+    counts once, so the foreground PSNR is that of the pooled squared error."""
+    gt = torch.zeros(2, 12, 12, 4)
+    gt[:, 3:9, 3:9] = torch.tensor([0.5, 0.5, 0.5, 1.0])
+    pred = gt.clone()
+    pred[0, 3:9, 3:9, :3] += 0.001
+    pred[1, 3:9, 3:9, :3] += 0.1
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(pred, gt, torch.zeros(3))
+    q = acc.result()
+    pooled = 10 * math.log10(1 / ((0.001 ** 2 + 0.1 ** 2) / 2))
+    assert q.psnr_foreground == pytest.approx(pooled, rel=1e-4)
+    assert pooled < (60.0 + 20.0) / 2 - 15                          # the per-view mean would say 40 dB
+    assert 0 < q.ssim_foreground < 1
 
 
 def test_a_view_without_coverage_is_left_out_of_the_foreground_mean():

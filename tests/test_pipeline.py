@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA
+from insitu.appearance import ColorModel
 from insitu.config import Config
 from insitu.decomposition import cut_block
 from insitu.export import StepWriter
@@ -43,6 +44,7 @@ def tiny_config(**train) -> Config:
     cfg = Config()
     cfg.input.iso = [5.0]
     cfg.views.count, cfg.views.resolution, cfg.views.supersample = 10, 32, 1
+    cfg.views.held_out = 2
     cfg.seeds.budget = 200
     cfg.output.images = 2
     t = cfg.train
@@ -70,7 +72,7 @@ def test_bonsai_training_gains_6_db_over_the_initial_model(comm):
     cfg.views.count, cfg.views.resolution, cfg.views.supersample = 40, 64, 2
     cfg.seeds.budget, cfg.seeds.opacity, cfg.seeds.color_init = 3000, 0.8, "constant"
     t = cfg.train
-    t.iterations, t.sh_degree, t.sh_increase_every = 500, 1, 100
+    t.color_model, t.iterations, t.sh_degree, t.sh_increase_every = "sh", 500, 1, 100
     t.densify_from, t.densify_every, t.densify_until, t.opacity_reset_every = 100, 100, 400, 0
     t.max_gaussians, t.backend, t.progress = 6000, "torch", False
     t0 = time.perf_counter()
@@ -128,13 +130,15 @@ def test_run_step_writes_every_output(comm, tmp_path):
             float(rows[0][key]) == pytest.approx(m[key]), key
 
 
-def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(comm, tmp_path):
+@pytest.mark.parametrize("color_model", ["sh", "lit"])
+def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(comm, tmp_path, color_model):
     """model.ply read back with plyfile and drawn with one global sort on the same held-out views gives
-    metrics.json's ply_psnr / ply_ssim; on one rank that is the composite's own figure."""
+    metrics.json's ply_psnr / ply_ssim; on one rank with SH colours that is the composite's own figure,
+    with the lit colour model that of the SH colours fitted to it (a standard PLY holds SH only)."""
     from conftest import plyfile_gaussians
     from insitu.pipeline import make_scene, model_quality
 
-    cfg = tiny_config()
+    cfg = tiny_config(color_model=color_model)
     block = whole_block(sphere_field())
     m = run_step(block, cfg, comm, step=1, writer=StepWriter(tmp_path)).metrics
     saved = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
@@ -142,7 +146,12 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
                       backend="torch")
     assert q.views == m["test_views"] == 2
     assert (saved["ply_psnr"], saved["ply_ssim"]) == pytest.approx((q.psnr, q.ssim), abs=1e-5)
-    assert (m["ply_psnr"], m["ply_ssim"]) == pytest.approx((m["psnr"], m["ssim"]), abs=1e-3)
+    assert saved["ply_psnr_foreground"] == pytest.approx(q.psnr_foreground, abs=1e-5)
+    if color_model == "sh":
+        assert (m["ply_psnr"], m["ply_ssim"]) == pytest.approx((m["psnr"], m["ssim"]), abs=1e-3)
+    else:
+        assert plyfile_gaussians(tmp_path / "step_000001" / "model.ply").sh_degree == cfg.train.sh_degree
+        assert abs(m["ply_psnr"] - m["psnr"]) < 3.0
 
 
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
@@ -205,14 +214,15 @@ def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(c
     assert pipeline.view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
     assert pipeline.view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
     assert pipeline.view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
-    together, images = pipeline.evaluate(params, scene, comm, sh_degree=1, backend="torch", keep_images=3)
+    sh1 = ColorModel("sh", 1)
+    together, images = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
     model = pipeline.model_quality(g, scene, comm, backend="torch")
     monkeypatch.setattr(pipeline, "view_groups", lambda ids, w, h: [[i] for i in ids])
-    alone, images_alone = pipeline.evaluate(params, scene, comm, sh_degree=1, backend="torch", keep_images=3)
+    alone, images_alone = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
     model_alone = pipeline.model_quality(g, scene, comm, backend="torch")
     for a, b in ((together, alone), (model, model_alone)):
         assert a.views == b.views == 8
-        for k in ("psnr", "ssim", "psnr_foreground", "psnr_white"):
+        for k in ("psnr", "ssim", "psnr_foreground", "psnr_white", "ssim_foreground"):
             assert getattr(a, k) == pytest.approx(getattr(b, k), rel=1e-6), k
     assert [n for n, _, _ in images] == [n for n, _, _ in images_alone] and len(images) == 3
     for (_, gt, pred), (_, gt1, pred1) in zip(images, images_alone):
@@ -319,7 +329,7 @@ def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_compute
 
 def test_warm_start_from_the_previous_step(comm):
     cfg = tiny_config(densify_from=2, densify_every=4, densify_until=9, grad_threshold=0.0,
-                      sh_degree=3, sh_increase_every=8, iterations=16)
+                      sh_degree=3, sh_increase_every=8, iterations=16, color_model="sh")
     first = run_step(whole_block(sphere_field()), cfg, comm, step=0)
     assert first.metrics["gaussians"] > cfg.seeds.budget                # densified past the budget
     assert first.sh_degree == first.metrics["sh_degree"] == 1           # iterations 8-15 trained band 1
@@ -365,18 +375,23 @@ def coloured_sphere(n: int = 16) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_seed_colours_come_from_the_ground_truth(comm):
-    """A sphere coloured by a ramp: seeds coloured from 8 training views start far closer to the
-    held-out ground truth than the constant colour does."""
+    """A sphere coloured by a ramp: SH seeds coloured from 8 training views start far closer to the
+    held-out ground truth than the constant colour does; lit seeds, shaded from the field's own normals
+    and colours, closer still."""
     field, ramp = coloured_sphere()
     psnr = {}
     for mode in ("constant", "gt"):
-        cfg = tiny_config(iterations=0)
+        cfg = tiny_config(iterations=0, color_model="sh")
         cfg.input.color_var = "ramp"
         cfg.seeds.color_init, cfg.seeds.color_views = mode, 8
         m = run_step(whole_block(field, fields={"ramp": ramp}), cfg, comm).metrics
         psnr[mode] = m["psnr_initial"]
         assert (m["color_init_seconds"] > 0) == (mode == "gt")
     assert psnr["gt"] > psnr["constant"] + 6.0, psnr
+    cfg = tiny_config(iterations=0, color_model="lit")
+    cfg.input.color_var = "ramp"
+    m = run_step(whole_block(field, fields={"ramp": ramp}), cfg, comm).metrics
+    assert m["color_init_seconds"] == 0 and m["psnr_initial"] > psnr["gt"] + 1.0, (m["psnr_initial"], psnr)
 
 
 def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
@@ -385,7 +400,7 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     from insitu.pipeline import init_colors, make_scene, warm_shard
     from insitu.seeds import extract_seeds, init_gaussians
 
-    cfg = tiny_config()
+    cfg = tiny_config(color_model="sh")
     cfg.input.iso, cfg.input.color_var, cfg.seeds.color_views = [0.0], "ramp", 8
     sphere, ramp = coloured_sphere(28)                                  # centre 13.5
     z, y, x = np.mgrid[0:28, 0:28, 0:28].astype(np.float32)
@@ -403,6 +418,27 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     assert torch.allclose(out.sh0[new], cold.sh0[new])
     moved = (out.sh0[new] - shard.sh0[new]).abs().amax(dim=(1, 2)) > 1e-3
     assert moved.float().mean() > 0.9, moved.float().mean()
+
+
+def test_a_lit_warm_start_shades_its_new_seeds_from_the_field_and_keeps_the_trained_ones():
+    """lit_seeds with ``only``: the new seeds get the field's normal and mapped colour, the kept
+    Gaussians keep their trained rotation and base colour."""
+    from insitu.appearance import quat_normals
+    from insitu.pipeline import lit_seeds
+    from insitu.seeds import extract_seeds, init_gaussians
+
+    cfg = tiny_config()
+    cfg.input.color_var = "ramp"
+    field, ramp = coloured_sphere()
+    block = whole_block(field, fields={"ramp": ramp})
+    shard = init_gaussians(extract_seeds(block, 5.0), 10**6)
+    shard.quats[:] = torch.tensor([0.0, 1.0, 0.0, 0.0])                # "trained": a marker
+    new = torch.arange(len(shard)) % 3 == 0
+    out = lit_seeds(shard, block, cfg, (0.0, 15.0), only=new)
+    assert torch.equal(out.quats[~new], shard.quats[~new]) and torch.equal(out.sh0[~new], shard.sh0[~new])
+    radial = torch.nn.functional.normalize(out.means[new] - 7.5, dim=1)
+    assert float((quat_normals(out.quats[new]) * radial).sum(1).abs().min()) > 0.98
+    assert float(out.sh0[new].std(0).max()) > 0.1                       # the ramp's colours, not one colour
 
 
 @pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e-3, 1e6)])

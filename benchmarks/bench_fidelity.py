@@ -1,0 +1,78 @@
+"""Fidelity where a user looks: variants of one volume's training, side by side in one process.
+
+Every variant is one ``pipeline.compute_step`` of the same volume (one rank) with the base settings
+plus its own ``--set`` overrides, and reports the foreground figures of the held-out orbit views,
+of the views 2x and 3x closer and off the orbit's lattice, of ``model.ply`` (SH colours), the
+iterations, Gaussians and seconds. The first variant pays for compiling the kernels (its
+``total_s`` is cold where the cache is empty); later ones run warm.
+
+    python benchmarks/bench_fidelity.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
+        --variant "sh=train.color_model=sh" --variant "lit=" --variant "lit_close=views.closeups=112"
+
+Prints one JSON object per variant (a line each) and writes them all to ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.parallel import init_comm, shutdown  # noqa: E402
+from insitu.pipeline import compute_step  # noqa: E402
+from insitu.volume import downsample, read_raw, whole_block  # noqa: E402
+
+KEYS = ("psnr", "psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",
+        "psnr_foreground_off", "ply_psnr", "ply_psnr_foreground", "psnr_foreground_initial", "iterations",
+        "target_reached_at", "gaussians_initial", "gaussians", "seeds_seconds", "ground_truth_seconds",
+        "train_seconds", "evaluation_seconds", "total_seconds", "peak_gpu_memory_gb")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="a raw volume NAME_XxYxZ_DTYPE.raw")
+    ap.add_argument("--iso", type=float, required=True)
+    ap.add_argument("--downsample", type=int, default=1)
+    ap.add_argument("--resolution", type=int, default=1024)
+    ap.add_argument("--views", type=int, default=448)
+    ap.add_argument("--iterations", type=int, default=4000)
+    ap.add_argument("--budget", type=int, default=500_000)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a base setting for every variant")
+    ap.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,KEY=VALUE",
+                    help="a variant: its name, then its settings separated by commas (none: the base)")
+    ap.add_argument("--json", help="write the variants' figures here")
+    args = ap.parse_args()
+    volume = downsample(read_raw(args.data), args.downsample)
+    base = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
+            "train.iterations": args.iterations, "seeds.budget": args.budget, "train.progress": False,
+            "parallel.device": args.device}
+    base.update(dict(parse_override(s) for s in args.set))
+    comm = init_comm(device=args.device)
+    rows = []
+    try:
+        for spec in args.variant:
+            name, _, settings = spec.partition("=")
+            overrides = dict(base)
+            overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
+            cfg = load_config(None, overrides)
+            t0 = time.perf_counter()
+            m = compute_step(whole_block(volume), cfg, comm).metrics
+            row = {"variant": name, "settings": settings, "wall_s": round(time.perf_counter() - t0, 2),
+                   **{k: m.get(k) for k in KEYS}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"data": Path(args.data).name, "iso": args.iso,
+                                                   "resolution": args.resolution, "views": args.views,
+                                                   "base": base, "variants": rows}, indent=1))
+        shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
