@@ -114,7 +114,7 @@ def main() -> None:
     out["chunks"] = chunks
 
     t = sync(comm)
-    pipeline.evaluate(trainer.params, scene, comm, sh_degree=trainer.sh_degree, backend=tc.backend)
+    pipeline.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
     out["evaluate_s"] = round(sync(comm) - t, 3)
 
     steady = dataclasses.replace(tc, densify_from=10**9, opacity_reset_every=0)

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from insitu.appearance import ColorModel
 from insitu.config import load_config
 from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
@@ -102,7 +103,7 @@ def main() -> None:
         if (step + 1) % args.eval_every == 0:
             joined = {k: params[k] for k in ("means", "scales", "quats", "opacities")}
             joined["colors"] = torch.cat([params["sh0"], params["shN"]], 1)
-            q, _ = evaluate(joined, scene, comm, sh_degree=min(step // 1000, 3), backend="auto")
+            q, _ = evaluate(joined, scene, comm, colors=ColorModel("sh", min(step // 1000, 3)), backend="auto")
             history.append({"iteration": step + 1, "psnr": q.psnr, "ssim": q.ssim,
                             "gaussians": len(params["means"]), "seconds": time.perf_counter() - t_train})
             print(json.dumps({"evaluation": history[-1]}), flush=True)

@@ -75,7 +75,7 @@ def main() -> None:
     def one_step(i: int) -> float:
         ids = ids_all[torch.arange(i * args.batch, (i + 1) * args.batch) % len(ids_all)].to(comm.device)
         render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=scene.background,  # noqa: E731
-                                        sh_degree=trainer.sh_degree, backend="auto",
+                                        colors=trainer.colors, backend="auto",
                                         transfer=args.transfer)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)

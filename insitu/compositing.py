@@ -25,8 +25,9 @@ accumulated back to front (``Q = p_next + (1 - A_next) * Q``), so nothing is div
 unconditionally on every rank, so all ranks always traverse the same collectives.
 
 Traffic per rank and call, in values (``comm.traffic`` counts the bytes): the P - 1
-bands of 4 channels sent to (and received from) the other ranks, ``4 (P - 1) * B * h * W``
-with ``h = ceil(H / P)``, i.e. about ``4 B H W`` forward and the same backward, whatever P.
+bands of 4 channels (D + 1 for D channels) sent to (and received from) the other ranks,
+``4 (P - 1) * B * h * W`` with ``h = ceil(H / P)``, i.e. about ``4 B H W`` forward and the same
+backward, whatever P.
 The colour channels may travel in a narrower ``transfer_dtype``; alphas and gradients
 travel at the input dtype.
 
@@ -99,8 +100,8 @@ def front_to_back(order: Tensor) -> Tensor:
 
 
 def _check(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, transfer_dtype) -> None:
-    if rgb.ndim != 4 or rgb.shape[-1] != 3:
-        raise ValueError(f"rgb: expected shape [B, H, W, 3], got {tuple(rgb.shape)}")
+    if rgb.ndim != 4 or rgb.shape[-1] < 1:
+        raise ValueError(f"rgb: expected shape [B, H, W, D] (D >= 1 channels), got {tuple(rgb.shape)}")
     if alpha.shape != rgb.shape[:-1] + (1,):
         raise ValueError(f"alpha: expected shape {tuple(rgb.shape[:-1]) + (1,)} to match rgb, "
                          f"got {tuple(alpha.shape)}")
@@ -120,22 +121,22 @@ def _by_depth(stack: Tensor, perm: Tensor) -> Tensor:
 
 
 def _forward(rgb: Tensor, alpha: Tensor, perm: Tensor, comm: Comm, transfer_dtype):
-    """-> (band [B, hb, W, 4], layers [P, B, h, W, 4] of this band by depth, T [P, B, h, W, 1])."""
+    """-> (band [B, hb, W, D + 1], layers [P, B, h, W, D + 1] of this band by depth, T [P, B, h, W, 1])."""
     P, rank = comm.size, comm.rank
-    B, H, W, _ = rgb.shape
+    B, H, W, D = rgb.shape
     h = -(-H // P)
-    layer = torch.cat([rgb, alpha], dim=-1)                 # [B, H, W, 4]
+    layer = torch.cat([rgb, alpha], dim=-1)                 # [B, H, W, D + 1]
     if h * P != H:
         layer = torch.nn.functional.pad(layer, (0, 0, 0, 0, 0, h * P - H))
-    chunks = layer.view(B, P, h, W, 4).transpose(0, 1)      # [P, B, h, W, 4]: band q for rank q
+    chunks = layer.view(B, P, h, W, D + 1).transpose(0, 1)  # [P, B, h, W, D + 1]: band q for rank q
     if transfer_dtype is not None and transfer_dtype != chunks.dtype:
-        colour = comm.all_to_all(chunks[..., :3].to(transfer_dtype)).to(rgb.dtype)
-        layers = torch.cat([colour, comm.all_to_all(chunks[..., 3:])], dim=-1)
+        colour = comm.all_to_all(chunks[..., :D].to(transfer_dtype)).to(rgb.dtype)
+        layers = torch.cat([colour, comm.all_to_all(chunks[..., D:])], dim=-1)
     else:
-        layers = comm.all_to_all(chunks)                    # [P, B, h, W, 4]: every rank's layer of my band
+        layers = comm.all_to_all(chunks)                    # [P, B, h, W, D + 1]: every rank's layer of my band
     layers = _by_depth(layers, perm)
-    trans = torch.cat([torch.ones_like(layers[:1, ..., 3:]),          # T: exclusive product, front to back
-                       torch.cumprod(1 - layers[:-1, ..., 3:], dim=0)], dim=0)
+    trans = torch.cat([torch.ones_like(layers[:1, ..., D:]),          # T: exclusive product, front to back
+                       torch.cumprod(1 - layers[:-1, ..., D:], dim=0)], dim=0)
     band = (trans * layers).sum(0)                          # [B, h, W, 4]
     start, stop = band_rows(H, P)[rank]
     return band[:, :stop - start], layers, trans
@@ -155,7 +156,8 @@ class _Composite(torch.autograd.Function):
         comm: Comm = ctx.comm
         perm, layers, trans = ctx.saved_tensors
         P, H = comm.size, ctx.height
-        _, B, h, W, _ = layers.shape
+        _, B, h, W, D1 = layers.shape
+        D = D1 - 1
         G = grad_band.to(layers.dtype)
         if G.shape[1] != h:
             G = torch.nn.functional.pad(G, (0, 0, 0, 0, 0, h - G.shape[1]))
@@ -163,27 +165,28 @@ class _Composite(torch.autograd.Function):
         # Q_m = sum over layers behind m of p * prod of (1 - A) strictly between, back to front
         q = torch.zeros_like(trans)
         for m in range(P - 2, -1, -1):
-            q[m] = p[m + 1] + (1 - layers[m + 1, ..., 3:]) * q[m + 1]
-        by_depth = trans * torch.cat([G[..., :3].expand(P, -1, -1, -1, -1), G[..., 3:] - q], dim=-1)
+            q[m] = p[m + 1] + (1 - layers[m + 1, ..., D:]) * q[m + 1]
+        by_depth = trans * torch.cat([G[..., :D].expand(P, -1, -1, -1, -1), G[..., D:] - q], dim=-1)
         by_rank = torch.empty_like(by_depth)
         by_rank[perm.t(), torch.arange(B, device=perm.device)] = by_depth
-        grads = comm.all_to_all(by_rank)                    # [P, B, h, W, 4]: my layer's gradient, band by band
-        grad = grads.transpose(0, 1).reshape(B, P * h, W, 4)[:, :H]
-        return grad[..., :3], grad[..., 3:], None, None, None
+        grads = comm.all_to_all(by_rank)                    # [P, B, h, W, D + 1]: my layer's gradient, band by band
+        grad = grads.transpose(0, 1).reshape(B, P * h, W, D1)[:, :H]
+        return grad[..., :D], grad[..., D:], None, None, None
 
 
 def composite(rgb: Tensor, alpha: Tensor, order: Tensor, comm: Comm, *,
               transfer_dtype: torch.dtype | None = None) -> Tensor:
     """Composite every rank's layer front to back; return this rank's row band. Collective.
 
-    rgb:   [B, H, W, 3] premultiplied colour of this rank's shard, on ``comm.device``.
+    rgb:   [B, H, W, D] premultiplied colour (or any D premultiplied channels, e.g. the lit model's
+           base colour and normal) of this rank's shard, on ``comm.device``.
     alpha: [B, H, W, 1] its alpha, in [0, 1].
     order: [B, P] visibility keys of the ranks (smaller = nearer, ties by rank), the same
            on every rank (:func:`visibility_order`).
     transfer_dtype: dtype the colour channels travel in between ranks (e.g. ``torch.bfloat16``);
            default the input dtype. Alphas and gradients always travel at the input dtype.
 
-    Returns [B, hb, W, 4] premultiplied RGBA of rows ``band_rows(H, P)[rank]``,
+    Returns [B, hb, W, D + 1] the premultiplied channels and alpha of rows ``band_rows(H, P)[rank]``,
     differentiable with respect to ``rgb`` and ``alpha``. One rank: ``cat(rgb, alpha)``.
     """
     _check(rgb, alpha, order, comm, transfer_dtype)

@@ -80,8 +80,9 @@ class ViewConfig:
 class TrainConfig:
     iterations: int = constrained(3000, POSITIVE)  # the position learning rate decays over them
     batch: int = constrained(1, POSITIVE)  # views per optimiser step
-    color_model: str = constrained("lit", choices=("lit", "sh"))  # lit: a base colour and normal per Gaussian,
-                                        # shaded per view with the ground truth's light | sh: spherical harmonics
+    color_model: str = constrained("lit", choices=("lit", "lit_gaussian", "sh"))  # lit: a base colour and normal
+                                        # per Gaussian, shaded per pixel with the ground truth's light |
+                                        # lit_gaussian: the same, one colour per Gaussian | sh: spherical harmonics
     sh_degree: int = constrained(3, NON_NEGATIVE)  # sh: reached gradually, one band every sh_increase_every;
                                         # lit: the degree of the SH colours fitted for model.ply
     sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations
@@ -99,6 +100,10 @@ class TrainConfig:
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)
     grad_threshold: float = constrained(2e-4, POSITIVE)
+    densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
+                                        # error exceeds this many times the mean of all (0: off)
+    densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine
+    densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)
     max_gaussians: int = constrained(5_000_000, POSITIVE)

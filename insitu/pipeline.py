@@ -26,7 +26,7 @@ from .gaussians import Gaussians, rgb_to_sh0
 from .groundtruth import raycast_views
 from .progress import note, progress_bar
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, render_bands
+from .training import Trainer, colors_from_images, footprint_errors, render_bands
 from .appearance import BlockSamples, ColorModel, base_colors
 from .views import HELD_OUT, Views, step_views
 from .errors import InputError
@@ -131,9 +131,11 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
                                     transfer=cfg.parallel.transfer)
+    footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
+                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer)
     gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
-                        gt_alpha=gt_alpha)
+                        gt_alpha=gt_alpha, footprints=footprints)
 
 
 def global_range(comm, array: np.ndarray) -> tuple[float, float]:
@@ -456,7 +458,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
     decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
-    lit = tc.color_model == "lit"
+    lit = tc.color_model != "sh"                 # a lit model: base colours and normals from the field
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     preload_evaluation()                            # the input is good: the step will train and evaluate
     with comm.phase("seeds"):

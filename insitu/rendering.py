@@ -76,7 +76,7 @@ def rasterize(
     quats: Tensor,      # [N, 4]
     scales: Tensor,     # [N, 3]
     opacities: Tensor,  # [N]
-    colors: Tensor,     # [N, 3], [C, N, 3] or [N, K, 3]
+    colors: Tensor,     # [N, 3], [C, N, D] or [N, K, 3]
     viewmats: Tensor,   # [C, 4, 4]
     Ks: Tensor,         # [C, 3, 3]
     width: int,
@@ -98,7 +98,8 @@ def rasterize(
         scales: [N, 3] standard deviations along the local axes (activated).
         opacities: [N] opacities in [0, 1] (activated).
         colors: [N, K, 3] SH coefficients when ``sh_degree`` is set
-            (K >= (sh_degree + 1) ** 2), else RGB: [N, 3], or [C, N, 3] per camera.
+            (K >= (sh_degree + 1) ** 2), else RGB: [N, 3], or [C, N, D] channels per camera
+            (D = 3: RGB; any D: blended like colours, e.g. the lit model's base colour and normal).
         viewmats: [C, 4, 4] world-to-camera matrices (OpenCV axes).
         Ks: [C, 3, 3] pinhole intrinsics in pixels.
         width, height: image size in pixels.
@@ -113,7 +114,7 @@ def rasterize(
             Gaussians with pixels directly and does not use tiles).
 
     Returns:
-        render: [C, H, W, 3] premultiplied colour ``sum_i w_i c_i`` (no background).
+        render: [C, H, W, 3] (or D) premultiplied colour ``sum_i w_i c_i`` (no background).
         alpha: [C, H, W, 1] accumulated opacity ``sum_i w_i``.
         info: ``means2d`` [C, N, 2] projected centres in pixels (its ``.grad`` is filled by
             backward), ``radii`` [C, N] int32 pixel radius,
@@ -167,10 +168,12 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
                              f"(N from means), got {list(t.shape)}")
     if sh_degree is None:
         C = viewmats.shape[0] if viewmats.dim() == 3 else -1
-        if tuple(colors.shape) not in ((N, 3), (C, N, 3)):
+        if not (tuple(colors.shape) == (N, 3) or colors.dim() == 3 and tuple(colors.shape[:2]) == (C, N)
+                and colors.shape[2] >= 1):
             hint = " (SH coefficients [N, K, 3] need sh_degree)" if colors.dim() == 3 else ""
-            raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} or per camera "
-                             f"[C, N, 3] = {[C, N, 3]} when sh_degree is None, got {list(colors.shape)}{hint}")
+            raise ValueError(f"rasterize: colors: expected RGB of shape [N, 3] = {[N, 3]} or D channels per "
+                             f"camera [C, N, D] = {[C, N, 'D']} when sh_degree is None, got "
+                             f"{list(colors.shape)}{hint}")
     else:
         if (isinstance(sh_degree, bool) or not isinstance(sh_degree, int)
                 or not 0 <= sh_degree <= MAX_SH_DEGREE):
@@ -446,7 +449,7 @@ def _chunks(counts: Tensor, budget: int) -> list[tuple[int, int]]:
 def _composite(packed: Tensor, proj: _Projected, width: int, height: int, budget: int) -> Tensor:
     """Front-to-back alpha compositing of every camera's image; returns [C * H * W, 4].
 
-    packed: [C * N, 10] rows (mean2d, conic, log opacity, r, g, b, 1). Gaussians are taken
+    packed: [C * N, 7 + D] rows (mean2d, conic, log opacity, D colour channels, 1). Gaussians are taken
     in depth runs of at most ``budget`` box pixels; the log transmittance of every pixel
     is carried from run to run, and pixels that are done are skipped by later runs.
     """
@@ -455,7 +458,7 @@ def _composite(packed: Tensor, proj: _Projected, width: int, height: int, budget
     device, dtype = packed.device, packed.dtype
     order, boxes = _pixel_boxes(proj, width, height)
     # An empty image stays on the autograd graph, so backward and means2d.grad still work.
-    image = torch.zeros(n_pixels, 4, device=device, dtype=dtype) + 0.0 * packed.sum()
+    image = torch.zeros(n_pixels, packed.shape[1] - 6, device=device, dtype=dtype) + 0.0 * packed.sum()
     # Log transmittance per pixel, float64: sums over many pairs keep their precision.
     log_t = torch.zeros(n_pixels, device=device, dtype=torch.float64)
     done = torch.zeros(n_pixels, device=device, dtype=torch.bool)
@@ -465,7 +468,7 @@ def _composite(packed: Tensor, proj: _Projected, width: int, height: int, budget
                        N, width, height)
         if pairs.gauss.numel() == 0:
             continue
-        rows = packed.index_select(0, pairs.gauss)                       # [M, 10]
+        rows = packed.index_select(0, pairs.gauss)                       # [M, 7 + D]
         alpha = torch.exp(_falloff(rows, pairs.px, pairs.py)).clamp(max=ALPHA_MAX)
         # Within a pixel: a running sum of log(1 - alpha), restarted at every pixel.
         log_1ma = torch.log1p(-alpha).double()
@@ -502,12 +505,12 @@ def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, widt
         rgb = eval_sh(sh_degree, dirs, colors[None].expand(C, *colors.shape))
         rgb = torch.clamp_min(rgb + 0.5, 0.0)
     log_op = torch.log(opacities.clamp(min=1e-30))[None, :, None].expand(C, N, 1)
-    # One row per (camera, Gaussian): mean2d (2), conic (3), log opacity, r, g, b, 1.
+    # One row per (camera, Gaussian): mean2d (2), conic (3), log opacity, the D colour channels, 1.
     packed = torch.cat([means2d, proj.conics, log_op, rgb, torch.ones_like(log_op)], dim=-1)
-    packed = packed.reshape(C * N, 10)
+    packed = packed.reshape(C * N, packed.shape[-1])
 
-    image = _composite(packed, proj, width, height, _PAIR_BUDGET).reshape(C, height, width, 4)
+    image = _composite(packed, proj, width, height, _PAIR_BUDGET).reshape(C, height, width, -1)
     info = {"means2d": means2d, "radii": proj.radii.max(dim=-1).values, "depths": proj.depths,
             "conics": proj.conics, "backend": "torch", "width": width, "height": height,
             "n_cameras": C}
-    return image[..., :3], image[..., 3:], info
+    return image[..., :-1], image[..., -1:], info

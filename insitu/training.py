@@ -20,13 +20,13 @@ from torch import Tensor
 
 from .adam import ShardAdam
 from .appearance import ColorModel
-from .compositing import composite, over
+from .compositing import band_rows, composite, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
 from .shading import deferred_sh_gradients
 from .ssim import ssim_map
-from .views import Views
+from .views import Views, pixel_directions
 
 PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats", "opacities": "opacity_logits"}
 
@@ -74,10 +74,14 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         rgb, viewmats, views.Ks[ids], views.width, views.height, sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
+    rows = (0, views.height)
     if comm.size > 1:               # one rank holds the whole image: nothing to composite
         rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
                          transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
-        rgb, alpha = rgba[..., :3], rgba[..., 3:]
+        rgb, alpha = rgba[..., :-1], rgba[..., -1:]
+        rows = band_rows(views.height, comm.size)[comm.rank]
+    if colors is not None and colors.deferred:      # shaded per pixel, after compositing
+        rgb = colors.shade(rgb, alpha, pixel_directions(viewmats, views.Ks[ids], views.width, rows))
     info["alpha"] = alpha
     return over(rgb, alpha, background), info
 
@@ -128,6 +132,36 @@ def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: T
     sh0[seen] = rgb_to_sh0(rgb)[:, None, :].to(sh0.dtype)
     return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
                      sh0, gaussians.shN)
+
+
+def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, error: Tensor, *,
+                     backend: str = "auto", transfer: str = "float32") -> Tensor:
+    """``[N, 2]`` for each Gaussian of this rank's shard: the per-pixel ``error`` ([B, h, W, 1], this rank's
+    band of views ``ids``) summed over the pixels it shows in, weighted by its blending weight in the
+    composited render, and that weight summed; collective over ``comm``.
+
+    The composited render is linear in the Gaussians' colours, so both sums are gradients: of the render
+    of two channels of ones, against ``(error, 1)`` per pixel. The geometry is held fixed (nothing else
+    gets a gradient), the weights include the transmittance through the other ranks' layers, and a pixel
+    of another rank's band reaches the Gaussian through the compositing's backward: the sums are the
+    one-rank sums on any number of ranks.
+    """
+    n = params["means"].shape[0]
+    ones = torch.ones(len(ids), n, 2, device=params["means"].device, dtype=params["means"].dtype,
+                      requires_grad=True)
+    with torch.enable_grad():
+        ch, alpha, _ = rasterize(params["means"].detach(), params["quats"].detach(),
+                                 torch.exp(params["scales"].detach()), torch.sigmoid(params["opacities"].detach()),
+                                 ones, views.viewmats[ids], views.Ks[ids], views.width, views.height,
+                                 sh_degree=None, backend=backend)
+        if not ch.requires_grad:       # an empty shard: backward must still reach the collectives
+            ch = ch.detach().requires_grad_()
+        if comm.size > 1:
+            ch = composite(ch, alpha.detach(), order[ids.to(order.device)], comm,
+                           transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))[..., :-1]
+        guide = torch.cat([error.to(ch.dtype), torch.ones_like(error, dtype=ch.dtype)], dim=-1)
+        grad = torch.autograd.grad(ch, ones, guide, allow_unused=True)[0]
+    return grad.sum(0) if grad is not None else ones.new_zeros(n, 2)
 
 
 def _halo_partners(bands: list[tuple[int, int]], rank: int, height: int) -> tuple[list[bool], list[bool]]:
@@ -261,12 +295,20 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
 
 @dataclass
 class DensifyState:
+    """Per-Gaussian statistics between two refines: ``grad2d``, ``count`` (the screen-space gradient
+    criterion), ``error``, ``weight`` (the footprint error criterion, :func:`footprint_errors`), all [N]."""
+
     grad2d: Tensor
     count: Tensor
+    error: Tensor
+    weight: Tensor
 
     @staticmethod
     def zeros(n: int, device) -> "DensifyState":
-        return DensifyState(torch.zeros(n, device=device), torch.zeros(n, device=device))
+        return DensifyState(*(torch.zeros(n, device=device) for _ in range(4)))
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return {"grad2d": self.grad2d, "count": self.count, "error": self.error, "weight": self.weight}
 
 
 @dataclass
@@ -355,12 +397,17 @@ class Trainer:
             group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
 
     def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
-             height: int, comm=None, gt_alpha: Tensor | None = None) -> Tensor:
+             height: int, comm=None, gt_alpha: Tensor | None = None,
+             footprints: Callable[[dict, Tensor], Tensor] | None = None) -> Tensor:
         """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band,
         rows ``rows`` of images of ``height`` rows (:func:`band_loss`; collective over ``comm``).
         gt_alpha: [B, h, W, 1] the band's ground-truth alpha; with ``cfg.alpha_weight > 0`` the loss
         adds that weight times the mean absolute difference of the rendered alpha (``info["alpha"]``)
         from it over the whole images.
+        footprints: ``footprints(params, error [B, h, W, 1]) -> [N, 2]`` each Gaussian's blending weight
+        times the band's per-pixel error, and its weight, summed over its pixels
+        (:func:`footprint_errors` on the same views; collective): the footprint error criterion of
+        densification (``cfg.densify_error``), gathered every ``cfg.densify_error_every`` iterations.
 
         Returns this rank's share of the loss, a 0-dim tensor on the device (reading it waits
         for the GPU, so callers read it only when they show it).
@@ -373,13 +420,21 @@ class Trainer:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
-        seen = self._visible_gradients(info) if self._refines_ahead() else None
+        ahead = self._refines_ahead()
+        seen = self._visible_gradients(info) if ahead else None
+        errors = None
+        if ahead and footprints is not None and self.cfg.densify_error > 0 \
+                and self.iteration % self.cfg.densify_error_every == 0:
+            errors = footprints(self.params, (pred.detach() - gt).abs().mean(-1, keepdim=True))
         if self.replicas is not None:
             sh.accumulate(self.params["colors"])    # the all-reduce sums gradients written out
-            seen = self._all_reduce(seen)
+            seen, errors = self._all_reduce(seen, errors)
         if seen is not None:
             self.state.grad2d += seen[0]
             self.state.count += seen[1]
+        if errors is not None:
+            self.state.error += errors[:, 0]
+            self.state.weight += errors[:, 1]
         self.adam.step(sh)
         self.adam.zero_grad()
         self.iteration += 1
@@ -406,17 +461,19 @@ class Trainer:
         return (norm * visible).sum(0), visible.sum(0).to(norm.dtype)
 
     @torch.no_grad()
-    def _all_reduce(self, seen: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """Average the parameters' gradients and sum the densification statistics over the replicas,
-        in one all-reduce. Every replica then holds the same values, so their steps (and their
-        densification) stay identical."""
+    def _all_reduce(self, seen: tuple[Tensor, Tensor] | None,
+                    errors: Tensor | None = None) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
+        """Average the parameters' gradients and sum the densification statistics (``seen``, and the
+        footprint ``errors: [N, 2]`` when given) over the replicas, in one all-reduce. Every replica then
+        holds the same values, so their steps (and their densification) stay identical."""
         import torch.distributed as dist
 
         n = len(self)
         if seen is None:
             seen = (torch.zeros(n, device=self.device), torch.zeros(n, device=self.device))
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [seen[0], seen[1]])
+        extra = [errors.t().reshape(-1)] if errors is not None else []
+        flat = torch.cat([g.reshape(-1) for g in grads] + [seen[0], seen[1]] + extra)
         self.replicas.traffic.add(2 * flat.numel() * flat.element_size() * (self.replicas.size - 1)
                                   / self.replicas.size)
         dist.all_reduce(flat, group=self.replicas.group)
@@ -424,7 +481,29 @@ class Trainer:
         for p, g in zip(self.params.values(), grads):
             p.grad = flat[offset:offset + g.numel()].view_as(g).div_(P)
             offset += g.numel()
-        return flat[offset:offset + n], flat[offset + n:offset + 2 * n]
+        seen = (flat[offset:offset + n], flat[offset + n:offset + 2 * n])
+        return seen, (flat[offset + 2 * n:].view(2, n).t() if errors is not None else None)
+
+    def _worst_footprints(self, state: dict[str, Tensor]) -> Tensor:
+        """[N] bool: the Gaussians whose footprints hold the most error, to be grown: those whose mean
+        per-pixel error over their blending weight exceeds ``cfg.densify_error`` times the mean of all
+        (among the ones seen over at least a pixel's worth of weight), at most the
+        ``cfg.densify_error_fraction`` of the shard with the largest."""
+        n = len(self)
+        pick = torch.zeros(n, dtype=torch.bool, device=self.device)
+        if self.cfg.densify_error <= 0 or n == 0:
+            return pick
+        err, weight = state["error"], state["weight"]
+        seen = weight > 1.0
+        mean = err / weight.clamp(min=1e-12)
+        overall = err[seen].sum() / weight[seen].sum().clamp(min=1e-12)
+        worst = seen & (mean > self.cfg.densify_error * overall)
+        k = int(self.cfg.densify_error_fraction * n)
+        if k < 1:
+            return pick
+        top = torch.topk(torch.where(worst, mean, -1.0), k=min(k, n)).indices
+        pick[top] = True
+        return pick & worst
 
     @torch.no_grad()
     def _densify(self) -> None:
@@ -438,11 +517,11 @@ class Trainer:
             return
         from gsplat.strategy.ops import duplicate, remove, reset_opa, split
 
-        state = {"grad2d": self.state.grad2d, "count": self.state.count}   # gsplat's ops keep it in step
+        state = self.state.as_dict()            # gsplat's ops keep every tensor of it in step
         if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = torch.exp(self.params["scales"]).max(dim=-1).values > 0.01 * self.extent
-            high = grads > cfg.grad_threshold
+            high = (grads > cfg.grad_threshold) | self._worst_footprints(state)
             room = max(self.max_gaussians - len(self), 0)
             clone, grow = high & ~big, high & big
             if int(clone.sum() + grow.sum()) > room:    # keep the cap: grow the strongest first
@@ -465,8 +544,8 @@ class Trainer:
                 low |= torch.exp(self.params["scales"]).max(dim=-1).values > 0.1 * self.extent
             if low.any() and int(low.sum()) < len(self):
                 remove(self.params, self.optimizers, state, low)
-            state["grad2d"].zero_()
-            state["count"].zero_()
+            for v in state.values():
+                v.zero_()
         if reset:
             reset_opa(self.params, self.optimizers, state, value=cfg.prune_opacity * 2.0)
-        self.state = DensifyState(state["grad2d"], state["count"])
+        self.state = DensifyState(**state)

@@ -99,7 +99,7 @@ def test_one_rank_is_identity_with_gradients():
 def test_composite_validates_inputs():
     comm = init_comm(device="cpu")
     rgb, alpha, order = torch.rand(2, 5, 4, 3), torch.rand(2, 5, 4, 1), torch.zeros(2, 1)
-    with pytest.raises(ValueError, match=r"rgb: expected shape \[B, H, W, 3\], got \(2, 5, 4\)"):
+    with pytest.raises(ValueError, match=r"rgb: expected shape \[B, H, W, D\] \(D >= 1 channels\), got \(2, 5, 4\)"):
         composite(rgb[..., 0], alpha, order, comm)
     with pytest.raises(ValueError, match=r"alpha: expected shape \(2, 5, 4, 1\)"):
         composite(rgb, alpha[:, :4], order, comm)

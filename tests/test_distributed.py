@@ -66,13 +66,17 @@ def test_loss_and_gradients_do_not_depend_on_the_number_of_ranks(ranks):
     rows): the ranks' losses sum to the one-rank loss and the gradients match within 1e-5;
     through render_bands on an uneven 3-rank (or 2-rank; 4 with an empty block) split ordered by
     the real block edges, the images equal the one-rank render where an even split's order would
-    be wrong, and loss and every Gaussian's gradients match the one-rank values within 1e-5."""
+    be wrong, and loss and every Gaussian's gradients match the one-rank values within 1e-5, for SH
+    colours and for the lit model shaded per pixel after compositing; each Gaussian's footprint error
+    sums match the one-rank sums."""
     out = run_worker(ranks, "dist_loss.py", timeout=240)
     assert all_ok(out, ranks), out.stdout
     if ranks == 5:                                          # 11 rows: bands of 3, 3, 3, 2 and an empty one
         assert "exchange 11 x 12, bands [(0, 3), (3, 6), (6, 9), (9, 11), (11, 11)]" in out.stdout, out.stdout
     else:
-        assert "render: images max abs diff" in out.stdout, out.stdout
+        for model in ("sh", "lit"):                         # SH colours, and the lit model shaded per pixel
+            assert f"render ({model}): images max abs diff" in out.stdout, out.stdout
+        assert "footprints: max relative diff" in out.stdout, out.stdout
 
 
 def test_ground_truth_matches_one_rank():

@@ -234,7 +234,7 @@ def test_alpha_stays_in_range_and_opaque_stack_saturates(budget, monkeypatch):
     (dict(scales=torch.zeros(4)), r"scales: expected shape \[N, 3\] = \[4, 3\] .*got \[4\]"),
     (dict(opacities=torch.zeros(4, 1)), r"opacities: expected shape \[N\] = \[4\] .*got \[4, 1\]"),
     (dict(colors=torch.zeros(4, 4)), r"colors: expected RGB of shape \[N, 3\] = \[4, 3\].*got \[4, 4\]"),
-    (dict(colors=torch.zeros(4, 1, 3)), r"got \[4, 1, 3\] \(3-D colours are SH coefficients: pass sh_degree\)"),
+    (dict(colors=torch.zeros(4, 1, 3)), r"got \[4, 1, 3\] \(SH coefficients \[N, K, 3\] need sh_degree\)"),
     (dict(colors=torch.zeros(4, 1, 3), sh_degree=1), r"K >= 4 for sh_degree 1, got \[4, 1, 3\]"),
     (dict(colors=torch.zeros(4, 16, 3), sh_degree=4), r"sh_degree: expected None or an int in 0..3, got 4"),
     (dict(viewmats=torch.zeros(2, 3, 4)), r"viewmats: expected shape \[C, 4, 4\], got \[2, 3, 4\]"),

@@ -14,7 +14,8 @@ from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import make_scene
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.ssim import ssim_map
-from insitu.training import Trainer, band_loss, render_bands
+from insitu.appearance import ColorModel
+from insitu.training import Trainer, band_loss, footprint_errors, render_bands
 from insitu.volume import whole_block
 
 N = 16          # samples per axis of the test field
@@ -54,7 +55,8 @@ def shard(block):
 
 def train_config(**kw) -> TrainConfig:
     """Densification and opacity resets off unless asked for; the torch rasterizer."""
-    base = dict(densify_from=10**6, densify_until=10**7, opacity_reset_every=0, backend="torch", progress=False)
+    base = dict(densify_from=10**6, densify_until=10**7, opacity_reset_every=0, backend="torch", progress=False,
+                color_model="sh")
     base.update(kw)
     return TrainConfig(**base)
 
@@ -69,7 +71,7 @@ def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_g
                    total_iterations=total)
 
 
-def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) -> float:
+def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None, footprints: bool = False) -> float:
     """One Trainer step on the next ``batch`` training views; ``seen`` records the means lr used."""
     train = scene.views.train_ids
     B = trainer.cfg.batch
@@ -79,10 +81,12 @@ def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) ->
         if seen is not None:
             seen.append(trainer.optimizers["means"].param_groups[0]["lr"])
         return render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
-                            sh_degree=trainer.sh_degree, backend="torch")
+                            colors=trainer.colors, backend="torch")
 
+    count = (lambda p, e: footprint_errors(p, scene.views, ids, scene.order, comm, e, backend="torch")) \
+        if footprints else None
     return float(trainer.step(render, scene.gt_on(ids, scene.background), rows=scene.rows, height=scene.views.height,
-                              comm=comm))
+                              comm=comm, footprints=count))
 
 
 def assert_optimizers_consistent(trainer: Trainer) -> None:
@@ -401,7 +405,7 @@ def test_visible_gradients_are_the_visible_views_pixel_gradient_norms(shard, blo
     train = scene.views.train_ids
     ids = train[:3]
     pred, info = render_bands(trainer.params, scene.views, ids, scene.order, comm, background=scene.background,
-                              sh_degree=0, backend="torch")
+                              colors=ColorModel("sh", 0), backend="torch")
     pred.square().sum().backward()
     info["radii"] = info["radii"].clone()
     info["radii"][0, ::2] = 0                                       # culled in the first view: not counted
@@ -440,7 +444,7 @@ def test_alpha_term_pulls_the_opacities_towards_the_ground_truth_alpha(shard, bl
     for w in (0.0, 0.5):
         trainer = make_trainer(shard, block, train_config(alpha_weight=w, lr_opacities=0.05))
         render = lambda p: render_bands(p, scene.views, ids, scene.order, comm,  # noqa: E731
-                                        background=scene.background, sh_degree=0, backend="torch")
+                                        background=scene.background, colors=ColorModel("sh", 0), backend="torch")
         gt = scene.gt_on(ids, scene.background)
         zero = torch.zeros(*gt.shape[:-1], 1)
         with torch.no_grad():
@@ -467,3 +471,38 @@ def test_batches_cover_each_epoch_once_with_the_same_draws_every_time(scene):
         assert bg_a.shape == (2, 3) and 0 <= bg_a.min() and bg_a.max() <= 1
     fixed = next(batches(scene, train_config(random_background=False)))[1]
     assert torch.equal(fixed, scene.background)
+
+
+def test_footprint_errors_sum_blending_weights_and_their_error(shard, scene, comm):
+    """Per pixel the Gaussians' blending weights sum to its alpha: so the weights summed over every
+    Gaussian are the alpha summed over the images, and with the error map e the sums are alpha * e."""
+    from insitu.training import to_params
+
+    params = to_params(shard)
+    ids = scene.views.train_ids[:3]
+    pred, info = render_bands(params, scene.views, ids, scene.order, comm, background=scene.background,
+                              colors=None if params["colors"].dim() == 2 else ColorModel("sh", 0), backend="torch")
+    alpha = info["alpha"].detach()
+    error = torch.rand(alpha.shape, generator=torch.Generator().manual_seed(3))
+    sums = footprint_errors(params, scene.views, ids, scene.order, comm, error, backend="torch")
+    assert sums.shape == (len(shard), 2) and float(sums[:, 1].min()) >= 0
+    assert float(sums[:, 1].sum()) == pytest.approx(float(alpha.sum()), rel=1e-4)
+    assert float(sums[:, 0].sum()) == pytest.approx(float((alpha * error).sum()), rel=1e-4)
+    ones = footprint_errors(params, scene.views, ids, scene.order, comm, torch.ones_like(error), backend="torch")
+    torch.testing.assert_close(ones[:, 0], ones[:, 1])
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.2])
+def test_footprint_error_grows_the_gaussians_whose_pixels_hold_the_most_error(shard, block, scene, comm, ratio):
+    """With the gradient criterion out of reach (threshold 1e9), only the footprint error criterion grows
+    the shard: at most its fraction per refine, and nothing with ``densify_error: 0``."""
+    cfg = densify_config(grad_threshold=1e9, densify_error=ratio, densify_error_fraction=0.1, densify_error_every=1)
+    trainer = make_trainer(shard, block, cfg, extent=1e4)
+    n0 = len(trainer)
+    for it in range(3):
+        step(trainer, scene, comm, it, footprints=True)
+    grown = len(trainer) - n0
+    if ratio == 0:
+        assert grown == 0
+    else:
+        assert 0 < grown <= 3 * int(0.1 * len(trainer)) + 1, grown

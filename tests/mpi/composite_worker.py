@@ -11,8 +11,8 @@ from insitu.compositing import band_rows, composite, composite_full, gather_band
 from insitu.parallel import init_comm, shutdown
 
 
-def layers(P, B, H, W, seed, dtype=torch.float64):
-    """Every rank's layer, the same on all ranks: Gaussian-like blobs, some alphas exactly 1."""
+def layers(P, B, H, W, seed, dtype=torch.float64, D=3):
+    """Every rank's layer of D channels, the same on all ranks: Gaussian-like blobs, some alphas exactly 1."""
     g = torch.Generator().manual_seed(seed)
     y, x = torch.meshgrid(torch.arange(H, dtype=dtype), torch.arange(W, dtype=dtype), indexing="ij")
     alpha = torch.zeros(P, B, H, W, 1, dtype=dtype)
@@ -23,13 +23,13 @@ def layers(P, B, H, W, seed, dtype=torch.float64):
         alpha[..., 0] += a * torch.exp(-((y - c[:, :, 0]) ** 2 + (x - c[:, :, 1]) ** 2) / (2 * s * s))
     alpha = alpha.clamp(0, 0.999)
     alpha[torch.rand(alpha.shape, generator=g, dtype=dtype) < 0.1] = 1.0
-    rgb = torch.rand(P, B, H, W, 3, generator=g, dtype=dtype) * alpha
+    rgb = torch.rand(P, B, H, W, D, generator=g, dtype=dtype) * alpha
     order = torch.randint(0, 3, (B, P), generator=g).to(dtype)      # ties on purpose
     return rgb, alpha, order
 
 
 def serial(rgb, alpha, order):
-    """Front-to-back over all layers (ties by rank), plain autograd: [B, H, W, 4]."""
+    """Front-to-back over all layers (ties by rank), plain autograd: [B, H, W, D + 1]."""
     P, B = rgb.shape[:2]
     out = []
     for b in range(B):
@@ -53,12 +53,13 @@ def main(device):
     comm = init_comm(device=device, timeout_s=60)
     dev = comm.device
     P, r = comm.size, comm.rank
-    for (B, H, W) in [(3, 7, 5), (2, 3, 4)]:          # H not a multiple of P; H < P gives empty bands
-        rgb_all, alpha_all, order = layers(P, B, H, W, seed=17 + H)
+    # H not a multiple of P; H < P gives empty bands; D = 6: the lit model's base colour and normal
+    for (B, H, W, D) in [(3, 7, 5, 3), (2, 3, 4, 3), (2, 5, 4, 6)]:
+        rgb_all, alpha_all, order = layers(P, B, H, W, seed=17 + H, D=D)
         ref_rgb = rgb_all.clone().requires_grad_(True)
         ref_alpha = alpha_all.clone().requires_grad_(True)
         full = serial(ref_rgb, ref_alpha, order)
-        weight = torch.randn(B, H, W, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        weight = torch.randn(B, H, W, D + 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
         (full * weight).sum().backward()
 
         rgb = rgb_all[r].to(dev).requires_grad_(True)
@@ -68,7 +69,7 @@ def main(device):
         a, b = band_rows(H, P)[r]
         check("forward band", band, full.detach()[:, a:b], 1e-10)
         h = -(-H // P)
-        want_fwd = 8 * (P - 1) * B * h * W * 4          # band layers to the P - 1 other ranks, float64
+        want_fwd = 8 * (P - 1) * B * h * W * (D + 1)    # band layers to the P - 1 other ranks, float64
         if P > 1 and not (comm.traffic.calls == 1 and comm.traffic.bytes == want_fwd):
             print(f"FAIL traffic: {comm.traffic}, expected {want_fwd} bytes in 1 call", flush=True)
             sys.exit(1)

@@ -20,18 +20,20 @@ render:   one sphere of Gaussians per block of an uneven split along x (cells cu
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
+from insitu.appearance import ColorModel
 from insitu.compositing import band_rows, gather_bands, visibility_order
 from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import band_loss, colors_from_images, render_bands, to_params
+from insitu.training import band_loss, colors_from_images, footprint_errors, render_bands, to_params
 from insitu.views import Views, look_at, orbit_views
 from insitu.volume import Block
 
@@ -105,17 +107,17 @@ def views() -> Views:
                  torch.zeros(4, dtype=torch.bool))
 
 
-def render_loss(params, vs, order, comm, gt, bg):
+def render_loss(params, vs, order, comm, gt, bg, colors=ColorModel("sh", 1)):
     """(gathered image, this rank's loss) of all views; gradients land in ``params``."""
     ids = torch.arange(len(vs))
-    pred, _ = render_bands(params, vs, ids, order, comm, background=bg, sh_degree=1, backend="torch")
+    pred, _ = render_bands(params, vs, ids, order, comm, background=bg, colors=colors, backend="torch")
     r0, r1 = band_rows(vs.height, comm.size)[comm.rank]
     loss = band_loss(pred, gt[:, r0:r1], ssim_weight=0.2, rows=(r0, r1), height=vs.height, comm=comm)
     loss.backward()
     return gather_bands(pred.detach(), comm), loss.item()
 
 
-def render(comm, one) -> None:
+def render(comm, one, colors) -> None:
     P, rank = comm.size, comm.rank
     field = spheres_field()
     block = slab_block(field, CUTS[P], rank)
@@ -135,20 +137,22 @@ def render(comm, one) -> None:
     gen = torch.Generator().manual_seed(5)
     gt = torch.rand(len(vs), vs.height, vs.width, 3, generator=gen, dtype=torch.float64)
     bg = torch.rand(len(vs), 3, generator=gen, dtype=torch.float64)
+    if colors.kind == "lit":                 # base colours and rotations of the lit model: K = 1
+        g = replace(g, shN=g.shN[:, :0])
     params = to_params(g.select(torch.from_numpy(mine)))
     order = view_order(vs, block, dec)
-    images, loss = render_loss(params, vs, order, comm, gt, bg)
+    images, loss = render_loss(params, vs, order, comm, gt, bg, colors)
     total = comm.mpi.allreduce(loss)
     grads = {k: p.grad.numpy() if p.grad is not None else np.zeros(p.shape) for k, p in params.items()}
     gathered = comm.mpi.gather((np.flatnonzero(mine), grads), root=0)
     even = visibility_order(vs.positions, dec.dims, torch.zeros(3), torch.full((3,), 48.0),
                             torch.as_tensor(dec.coords))
-    wrong, _ = render_loss(to_params(g.select(torch.from_numpy(mine))), vs, even, comm, gt, bg)
+    wrong, _ = render_loss(to_params(g.select(torch.from_numpy(mine))), vs, even, comm, gt, bg, colors)
     if rank == 0:
         whole = slab_block(field, CUTS[1], 0)
         ref_params = to_params(g)
         ref, ref_loss = render_loss(ref_params, vs, view_order(vs, whole, block_decomposition(one, whole)), one,
-                                    gt, bg)
+                                    gt, bg, colors)
         err = (images - ref).abs().max().item()
         if err > 1e-10:
             fail(f"images differ from the one-rank render: max abs diff {err:.3g}")
@@ -168,10 +172,35 @@ def render(comm, one) -> None:
             if rel > TOL or not scale > 0:
                 fail(f"gradient of {name}: relative error {rel:.3g} (max |grad| {scale:.3g})")
             worst = max(worst, rel)
-        print(f"render: images max abs diff {err:.3g} (even-split order: {miss:.3g}); loss {total:.9f} vs "
+        print(f"render ({colors.kind}): images max abs diff {err:.3g} (even-split order: {miss:.3g}); loss {total:.9f} vs "
               f"{ref_loss:.9f}; gradients max relative error {worst:.3g}; Gaussians per rank "
               f"{[len(i) for i, _ in gathered]}", flush=True)
-    colours(comm, one, g, mine, vs, order, block)
+    if colors.kind == "sh":
+        colours(comm, one, g, mine, vs, order, block)
+        footprints(comm, one, g, mine, vs, order)
+
+
+def footprints(comm, one, g, mine, vs, order) -> None:
+    """``footprint_errors`` on P ranks (each its band of a random error map) equals the one-rank sums."""
+    gen = torch.Generator().manual_seed(11)
+    error = torch.rand(len(vs), vs.height, vs.width, 1, generator=gen, dtype=torch.float64)
+    ids = torch.arange(len(vs))
+    r0, r1 = band_rows(vs.height, comm.size)[comm.rank]
+    got = footprint_errors(to_params(g.select(torch.from_numpy(mine))), vs, ids, order, comm,
+                           error[:, r0:r1].contiguous(), backend="torch")
+    gathered = comm.mpi.gather((np.flatnonzero(mine), got.numpy()), root=0)
+    if comm.rank != 0:
+        return
+    whole = slab_block(spheres_field(), CUTS[1], 0)
+    ref = footprint_errors(to_params(g), vs, ids, view_order(vs, whole, block_decomposition(one, whole)), one,
+                           error, backend="torch").numpy()
+    full = np.zeros_like(ref)
+    for idx, part in gathered:
+        full[idx] = part
+    err = np.abs(full - ref).max() / max(np.abs(ref).max(), 1e-300)
+    if err > TOL or not (ref[:, 1] > 0).sum() > 0.5 * len(ref):
+        fail(f"footprint errors: max relative diff to one rank {err:.3g}, {(ref[:, 1] > 0).sum()} seen")
+    print(f"footprints: max relative diff {err:.3g} to one rank", flush=True)
 
 
 def colours(comm, one, g, mine, vs, order, block) -> None:
@@ -208,7 +237,8 @@ def main():
     one = init_comm(MPI.COMM_SELF, device="cpu")
     exchange(comm, one)
     if comm.size in CUTS:
-        render(comm, one)
+        for colors in (ColorModel("sh", 1), ColorModel("lit")):
+            render(comm, one, colors)
     comm.mpi.Barrier()
     shutdown(one)
     shutdown(comm)

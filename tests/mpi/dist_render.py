@@ -16,6 +16,7 @@ import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
+from insitu.appearance import ColorModel
 from insitu.compositing import band_rows, gather_bands
 from insitu.decomposition import block_extent, cut_block, split_dims
 from insitu.parallel import init_comm, shutdown
@@ -63,7 +64,7 @@ def render(params, views, block, comm, weight):
     order = view_order(views, block, block_decomposition(comm, block))
     ids = torch.arange(len(views))
     bg = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
-    pred, _ = render_bands(params, views, ids, order, comm, background=bg, sh_degree=1, backend="torch")
+    pred, _ = render_bands(params, views, ids, order, comm, background=bg, colors=ColorModel("sh", 1), backend="torch")
     a, b = band_rows(views.height, comm.size)[comm.rank]
     (pred * weight[:, a:b]).sum().backward()
     return gather_bands(pred.detach(), comm)
