@@ -4,15 +4,14 @@
 band 0 is ``(rgb - 0.5) / SH_C0``):
 
 - ``"lit"`` (the default): ``K = 1``, each Gaussian's *base* colour, and its normal, the local z
-  axis of its rotation (a seed is a disc whose thin axis is the surface normal). The model is
-  shaded as the ground truth is, with the ground truth's own light (:mod:`insitu.lighting`, a
-  headlight: the shading follows the view direction), and *per pixel* (deferred shading): the
-  rasterizer blends the Gaussians' base colours and normals (each normal turned towards the
-  camera, the surface being two-sided) like any colour, ``[C, N, 6]`` channels, and every pixel is
-  then shaded from its blended normal and base colour, along its own view ray
-  (:meth:`ColorModel.shade`). So the headlight's ``cos ** 32`` highlight and the ``|cos|`` of a
-  surface seen from both sides are exact at every pixel, not one value per Gaussian, which three
-  SH bands could not hold and a Gaussian's single colour blurs (BENCHMARKS.md, run 33).
+  axis of its rotation (a seed is a disc whose thin axis is the surface normal). Every camera
+  sees it shaded with the ground truth's own light (:mod:`insitu.lighting`, a headlight: the
+  shading follows the view direction), so the model holds the view-dependent shading exactly
+  where three SH bands could not (the headlight's ``cos ** 32`` and the ``|cos|`` of a surface
+  seen from both sides). The colours reach the rasterizer per camera, ``[C, N, 3]``. Shading each
+  pixel instead, from the blended normals and base colours (deferred shading), trained 3 dB worse
+  on the bonsai (BENCHMARKS.md, run 33): with opaque discs a pixel's blended normal is mostly the
+  front disc's anyway, and where discs mix, the mixed normal shades worse than the mixed colours.
 - ``"sh"``: spherical harmonics along the view direction, one more band every
   ``train.sh_increase_every`` iterations up to ``train.sh_degree`` (the reference 3DGS model).
 
@@ -36,15 +35,14 @@ from .shading import MAX_SH_DEGREE, sh_basis
 from .views import fibonacci_sphere
 from .volume import Block, unit_colors
 
-COLOR_MODELS = ("lit", "lit_gaussian", "sh")
+COLOR_MODELS = ("lit", "sh")
 
 
 @dataclass(frozen=True)
 class ColorModel:
     """The colour model of a shard, at one point of training.
 
-    kind:      ``"lit"`` (shaded per pixel), ``"lit_gaussian"`` (the same light, one colour per Gaussian and
-               camera, taken at its centre: what a splat viewer can draw) or ``"sh"``.
+    kind:      ``"lit"`` or ``"sh"``.
     sh_degree: ``"sh"``: the SH band to evaluate now (the schedule's); ``"lit"``: unused.
     light:     ``"lit"``: the light the Gaussians are shaded with (the ground truth's).
     """
@@ -62,29 +60,13 @@ class ColorModel:
     def at_degree(self, degree: int) -> "ColorModel":
         return replace(self, sh_degree=int(degree))
 
-    @property
-    def deferred(self) -> bool:
-        """Whether the rasterized channels are shaded per pixel (:meth:`shade`) into colours."""
-        return self.kind == "lit"
-
     def colors(self, means: Tensor, quats: Tensor, coeffs: Tensor, campos: Tensor) -> tuple[Tensor, int | None]:
         """What the rasterizer takes, ``(colors, sh_degree)``: ``coeffs: [N, K, 3]`` and the degree
-        (``"sh"``), or the channels ``[C, N, 6]`` the cameras at ``campos: [C, 3]`` blend, and None
-        (``"lit"``: :func:`lit_channels`). means: [N, 3]; quats: [N, 4] (w, x, y, z)."""
+        (``"sh"``), or ``[C, N, 3]`` colours seen from the cameras at ``campos: [C, 3]`` and None (``"lit"``).
+        means: [N, 3]; quats: [N, 4] (w, x, y, z)."""
         if self.kind == "sh":
             return coeffs, self.sh_degree
-        base = coeffs[:, 0] * SH_C0 + 0.5
-        if self.kind == "lit_gaussian":
-            return lit_colors(means, quats, base, campos, self.light), None
-        return lit_channels(means, quats, base, campos), None
-
-    def shade(self, channels: Tensor, alpha: Tensor, toward: Tensor) -> Tensor:
-        """Premultiplied colours ``[B, h, W, 3]`` from the composited ``channels: [B, h, W, D]`` and
-        ``alpha: [B, h, W, 1]``: SH colours as they are, lit channels shaded per pixel
-        (:func:`deferred_shading`) along ``toward: [B, h, W, 3]``, each pixel's unit direction to the camera."""
-        if not self.deferred:
-            return channels
-        return deferred_shading(channels, alpha, toward, self.light)
+        return lit_colors(means, quats, coeffs[:, 0] * SH_C0 + 0.5, campos, self.light), None
 
     def as_sh(self, gaussians: Gaussians, degree: int = 3) -> Gaussians:
         """``gaussians`` with SH colours (what a standard 3DGS viewer draws): a lit shard's fitted
@@ -122,35 +104,6 @@ def lit_colors(means: Tensor, quats: Tensor, base: Tensor, campos: Tensor, light
     view = F.normalize(campos.detach()[:, None, :] - means[None], dim=-1)         # [C, N, 3]
     cos = (view * quat_normals(quats)[None]).sum(-1).abs().clamp(max=1.0)
     return (base[None] * light.intensity(cos)[..., None]).clamp(0.0, 1.0)
-
-
-def lit_channels(means: Tensor, quats: Tensor, base: Tensor, campos: Tensor) -> Tensor:
-    """``[C, N, 6]`` what the lit model's Gaussians blend for each camera at ``campos: [C, 3]``: the base
-    colour ``base: [N, 3]`` and the unit normal (the local z axis of ``quats: [N, 4]``) turned to face
-    the camera (the surface is lit from both sides; a normal's side follows the direction from its
-    centre ``means: [N, 3]`` to the camera). Differentiable in quats and base."""
-    normals = quat_normals(quats)                                                      # [N, 3]
-    facing = torch.sign(((campos.detach()[:, None, :] - means.detach()[None]) * normals.detach()[None]).sum(-1))
-    facing = torch.where(facing == 0, torch.ones_like(facing), facing)[..., None]        # [C, N, 1]
-    return torch.cat([base[None].expand(campos.shape[0], -1, -1), normals[None] * facing], dim=-1)
-
-
-def deferred_shading(channels: Tensor, alpha: Tensor, toward: Tensor, light: Headlight = HEADLIGHT) -> Tensor:
-    """``[B, h, W, 3]`` premultiplied colours of pixels shaded from their blended lit channels.
-
-    channels: [B, h, W, 6] premultiplied base colour (3) and normal (3), as :func:`lit_channels` blends them;
-    alpha:    [B, h, W, 1] their coverage;
-    toward:   [B, h, W, 3] unit direction from each pixel's surface point to the camera (its view ray, reversed).
-    A pixel's colour is ``alpha * clamp(base * light.intensity(|n . v|), 0, 1)`` with ``base = channels / alpha``
-    and ``n`` the blended normal, normalised: the ground truth's shading with the pixel's own normal, as
-    ``min(channels * intensity, alpha)`` (no division by a small alpha).
-    """
-    if channels.shape[-1] != 6 or alpha.shape != (*channels.shape[:-1], 1) or toward.shape != (*channels.shape[:-1], 3):
-        raise ValueError(f"deferred_shading: expected channels [B, h, W, 6], alpha [B, h, W, 1] and toward "
-                         f"[B, h, W, 3], got {tuple(channels.shape)}, {tuple(alpha.shape)}, {tuple(toward.shape)}")
-    base, normal = channels[..., :3], channels[..., 3:]
-    cos = ((normal * toward).sum(-1, keepdim=True).abs() / normal.norm(dim=-1, keepdim=True).clamp(min=1e-12))
-    return torch.minimum(base * light.intensity(cos.clamp(max=1.0)), alpha).clamp(min=0.0)
 
 
 def fit_sh(quats: Tensor, base: Tensor, degree: int = 3, light: Headlight = HEADLIGHT, *,

@@ -56,6 +56,9 @@ class SeedConfig:
     thickness: float = constrained(0.1, POSITIVE)  # disc thickness, as a fraction of its radius
     opacity: float = constrained(0.5, FRACTION)
     fill: bool = False                  # sample points on the triangles up to the budget
+    density: float = constrained(1.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
+                                        # up to the budget (points drawn on the triangles where the surface has
+                                        # fewer vertices); 0: one per marching-cubes vertex
     color_init: str = constrained("gt", choices=("gt", "constant"))  # gt: each Gaussian's colour from the
                                         # ground truth it covers | constant
     color_views: int = constrained(16, POSITIVE)  # training views the gt colours are read from (one render pass each)
@@ -67,7 +70,8 @@ class ViewConfig:
     resolution: int = constrained(256, POSITIVE)
     fov_deg: float = constrained(40.0, POSITIVE)
     test_every: int = constrained(8, POSITIVE)  # every k-th view is held out for evaluation
-    closeups: int = constrained(0, NON_NEGATIVE)  # training views closer than the orbit, at surface points
+    closeups: float = constrained(0.25, NON_NEGATIVE)  # training views closer than the orbit (at surface points),
+                                        # as a fraction of views.count
     closeup_factors: list[float] = field(default_factory=lambda: [2.0, 3.0])  # how many times closer
     held_out: int = constrained(16, NON_NEGATIVE)  # views of each held-out set off the orbit (near2, near3, off)
     supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
@@ -80,9 +84,8 @@ class ViewConfig:
 class TrainConfig:
     iterations: int = constrained(3000, POSITIVE)  # the position learning rate decays over them
     batch: int = constrained(1, POSITIVE)  # views per optimiser step
-    color_model: str = constrained("lit", choices=("lit", "lit_gaussian", "sh"))  # lit: a base colour and normal
-                                        # per Gaussian, shaded per pixel with the ground truth's light |
-                                        # lit_gaussian: the same, one colour per Gaussian | sh: spherical harmonics
+    color_model: str = constrained("lit", choices=("lit", "sh"))  # lit: a base colour and normal per Gaussian,
+                                        # shaded per view with the ground truth's light | sh: spherical harmonics
     sh_degree: int = constrained(3, NON_NEGATIVE)  # sh: reached gradually, one band every sh_increase_every;
                                         # lit: the degree of the SH colours fitted for model.ply
     sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations

@@ -8,6 +8,7 @@ every rank ends with the same clear error instead of waiting in a collective.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import threading
 import time as _time
@@ -28,7 +29,7 @@ from .progress import note, progress_bar
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, render_bands
 from .appearance import BlockSamples, ColorModel, base_colors
-from .views import HELD_OUT, Views, step_views
+from .views import HELD_OUT, Views, pixels_per_area, step_views
 from .errors import InputError
 from .volume import Block, check_field, iso_distance, unit_field
 
@@ -164,6 +165,18 @@ def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
     return vmin, vmax
 
 
+def seed_count(cfg: Config, total_area: float, block: Block) -> int:
+    """How many Gaussians the whole surface (``total_area``, world units) starts with: ``seeds.density`` per
+    pixel of its area as the orbit's views see it (:func:`insitu.views.pixels_per_area`; one Gaussian per
+    marching-cubes vertex would leave a coarse grid's surface at a few thousand Gaussians however large the
+    images), at most ``seeds.budget``; with ``seeds.density: 0``, the budget."""
+    if cfg.seeds.density <= 0:
+        return cfg.seeds.budget
+    lo, hi = block.global_box
+    wanted = cfg.seeds.density * total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg)
+    return int(min(cfg.seeds.budget, max(1, math.ceil(wanted))))
+
+
 def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
                keep: float = 0.5, near: float = 1.0) -> tuple[Gaussians, Tensor]:
     """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
@@ -285,7 +298,8 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     lo, hi = block.global_box
     vc = cfg.views
     views = step_views(lo, hi, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,
-                       test_every=vc.test_every, closeups=vc.closeups, closeup_factors=vc.closeup_factors,
+                       test_every=vc.test_every, closeups=int(round(vc.closeups * vc.count)),
+                       closeup_factors=vc.closeup_factors,
                        held_out=vc.held_out, targets=targets).to(device)
     dec = decomposition if decomposition is not None else block_decomposition(comm, block)
     order = view_order(views, block, dec)
@@ -458,14 +472,14 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
     decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
     check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
-    lit = tc.color_model != "sh"                 # a lit model: base colours and normals from the field
+    lit = tc.color_model == "lit"
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     preload_evaluation()                            # the input is good: the step will train and evaluate
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso)
     total_area = comm.mpi.allreduce(seeds.total_area)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
-    budget = int(round(cfg.seeds.budget * share))
+    budget = int(round(seed_count(cfg, total_area, block) * share))
     spacing = float(min(block.spacing))
     fresh = None                                 # the Gaussians whose colours the ground truth sets: all
     with comm.phase("initialise Gaussians"):
@@ -474,7 +488,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         else:
             shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
                                    thickness=cfg.seeds.thickness, sh_degree=0 if lit else tc.sh_degree,
-                                   seed=tc.seed + comm.rank, fill=cfg.seeds.fill, device=device)
+                                   seed=tc.seed + comm.rank, fill=cfg.seeds.fill or cfg.seeds.density > 0,
+                                   device=device)
         if lit:                                  # normals and base colours: the ground truth's at each seed
             shard = lit_seeds(shard, block, cfg, color_range, only=fresh)
     n0 = comm.mpi.allreduce(len(shard))

@@ -20,13 +20,13 @@ from torch import Tensor
 
 from .adam import ShardAdam
 from .appearance import ColorModel
-from .compositing import band_rows, composite, over
+from .compositing import composite, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
 from .shading import deferred_sh_gradients
 from .ssim import ssim_map
-from .views import Views, pixel_directions
+from .views import Views
 
 PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats", "opacities": "opacity_logits"}
 
@@ -74,14 +74,10 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
         rgb, viewmats, views.Ks[ids], views.width, views.height, sh_degree=sh_degree, backend=backend)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
-    rows = (0, views.height)
     if comm.size > 1:               # one rank holds the whole image: nothing to composite
         rgba = composite(rgb, alpha, order[ids.to(order.device)], comm,
                          transfer_dtype=None if transfer == "float32" else getattr(torch, transfer))
         rgb, alpha = rgba[..., :-1], rgba[..., -1:]
-        rows = band_rows(views.height, comm.size)[comm.rank]
-    if colors is not None and colors.deferred:      # shaded per pixel, after compositing
-        rgb = colors.shade(rgb, alpha, pixel_directions(viewmats, views.Ks[ids], views.width, rows))
     info["alpha"] = alpha
     return over(rgb, alpha, background), info
 

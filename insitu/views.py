@@ -118,6 +118,13 @@ def orbit_distance(lo, hi, fov_deg: float, margin: float = 1.05) -> tuple[np.nda
     return 0.5 * (lo + hi), margin * radius / math.sin(math.radians(fov_deg) / 2)
 
 
+def pixels_per_area(lo, hi, resolution: int, fov_deg: float) -> float:
+    """Pixels that one unit of surface area facing an orbit camera covers at the orbit's centre."""
+    _, distance = orbit_distance(lo, hi, fov_deg)
+    focal = 0.5 * resolution / math.tan(math.radians(fov_deg) / 2)
+    return (focal / distance) ** 2
+
+
 def _intrinsics(count: int, resolution: int, fov_deg: float) -> np.ndarray:
     f = 0.5 * resolution / math.tan(math.radians(fov_deg) / 2)
     K = np.array([[f, 0.0, resolution / 2], [0.0, f, resolution / 2], [0.0, 0.0, 1.0]])
@@ -228,15 +235,3 @@ def step_views(lo, hi, *, count: int, resolution: int, fov_deg: float = 40.0, te
                   off_orbit_views(lo, hi, held_out, resolution, fov_deg, seed=3)]
     return Views.cat(parts)
 
-
-def pixel_directions(viewmats: Tensor, Ks: Tensor, width: int, rows: tuple[int, int]) -> Tensor:
-    """``[C, r1 - r0, W, 3]`` the unit direction from what each pixel of rows ``rows = (r0, r1)`` sees
-    to its camera (the pixel centre's ray, reversed), for ``viewmats: [C, 4, 4]``, ``Ks: [C, 3, 3]``."""
-    r0, r1 = rows
-    device, dtype = viewmats.device, viewmats.dtype
-    v, u = torch.meshgrid(torch.arange(r0, r1, device=device, dtype=dtype) + 0.5,
-                          torch.arange(width, device=device, dtype=dtype) + 0.5, indexing="ij")
-    pix = torch.stack([u, v, torch.ones_like(u)], dim=-1)                                # [h, W, 3]
-    axes = viewmats[:, :3, :3].transpose(1, 2) @ torch.linalg.inv(Ks)                    # pixel -> world direction
-    rays = torch.einsum("cij,hwj->chwi", axes, pix)
-    return -torch.nn.functional.normalize(rays, dim=-1)

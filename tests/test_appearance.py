@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.appearance import (BlockSamples, ColorModel, base_colors, deferred_shading, fit_sh, lit_colors,
-                               quat_normals)
+from insitu.appearance import BlockSamples, ColorModel, base_colors, fit_sh, lit_colors, quat_normals
 from insitu.gaussians import SH_C0, Gaussians
 from insitu.groundtruth import apply_colormap, raycast
 from insitu.lighting import HEADLIGHT, Headlight
@@ -110,12 +109,11 @@ def test_color_model_gives_the_rasterizer_sh_or_per_camera_colours():
     g = Gaussians(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([[1.0, 0, 0, 0]] * 2), torch.zeros(2),
                   torch.full((2, 1, 3), 0.3), torch.zeros(2, 0, 3))
     campos = torch.tensor([[0.0, 0.0, 4.0], [0.0, 4.0, 0.0], [4.0, 0.0, 0.0]])
-    channels, degree = ColorModel("lit").colors(g.means, g.quats, g.sh, campos)
-    assert degree is None and channels.shape == (3, 2, 6)
-    torch.testing.assert_close(channels[..., :3], (0.3 * SH_C0 + 0.5) * torch.ones(3, 2, 3))   # base colours
-    torch.testing.assert_close(channels[0, :, 3:], torch.tensor([[0.0, 0.0, 1.0]] * 2))      # +z faces camera 0
-    below = ColorModel("lit").colors(g.means, g.quats, g.sh, -campos)[0]
-    torch.testing.assert_close(below[0, :, 3:], torch.tensor([[0.0, 0.0, -1.0]] * 2))        # turned to face it
+    colors, degree = ColorModel("lit").colors(g.means, g.quats, g.sh, campos)
+    assert degree is None and colors.shape == (3, 2, 3)
+    torch.testing.assert_close(colors[0], HEADLIGHT.intensity(torch.tensor(1.0)) * (0.3 * SH_C0 + 0.5)
+                               * torch.ones(2, 3))
+    torch.testing.assert_close(colors[1], HEADLIGHT.ambient * (0.3 * SH_C0 + 0.5) * torch.ones(2, 3))  # edge-on
     coeffs, degree = ColorModel("sh", 2).colors(g.means, g.quats, torch.zeros(2, 9, 3), campos)
     assert degree == 2 and coeffs.shape == (2, 9, 3)
     fitted = ColorModel("lit").as_sh(g, 3)
@@ -132,72 +130,3 @@ def test_base_colours_of_a_colour_field_are_its_colour_map():
     torch.testing.assert_close(got, apply_colormap(torch.tensor([0.0, 0.5, 1.0])), atol=1e-5, rtol=0)
     solid = base_colors(block, points, color=(0.1, 0.2, 0.3))
     torch.testing.assert_close(solid, torch.tensor([[0.1, 0.2, 0.3]] * 3))
-
-
-def test_deferred_shading_shades_each_pixel_from_its_blended_normal_and_base():
-    g = torch.Generator().manual_seed(7)
-    alpha = torch.rand(2, 5, 4, 1, generator=g, dtype=torch.float64)
-    alpha[0, 0, 0] = 0.0
-    base = torch.rand(2, 5, 4, 3, generator=g, dtype=torch.float64) * 1.2
-    normal = torch.randn(2, 5, 4, 3, generator=g, dtype=torch.float64)
-    toward = torch.nn.functional.normalize(torch.randn(2, 5, 4, 3, generator=g, dtype=torch.float64), dim=-1)
-    channels = torch.cat([base * alpha, normal * alpha * 0.7], dim=-1)             # premultiplied, as blended
-    got = deferred_shading(channels, alpha, toward)
-    for b, y, x in ((0, 1, 2), (1, 4, 3), (1, 0, 0)):
-        n = normal[b, y, x] / normal[b, y, x].norm()
-        cos = abs(float(n @ toward[b, y, x]))
-        want = alpha[b, y, x] * (base[b, y, x] * (0.15 + 0.75 * cos + 0.25 * cos ** 32)).clamp(0, 1)
-        torch.testing.assert_close(got[b, y, x], want)
-    assert torch.equal(got[0, 0, 0], torch.zeros(3, dtype=torch.float64))          # nothing covers it
-    smooth = torch.cat([0.6 * base * alpha, normal * alpha], dim=-1)[:1, 1:3]      # away from the clamp's kink
-    assert torch.autograd.gradcheck(lambda c, a: deferred_shading(c, a, toward[:1, 1:3]),
-                                    (smooth.clone().requires_grad_(), alpha[:1, 1:3].clone().requires_grad_()))
-
-
-def test_pixel_directions_are_the_ray_casters_rays_reversed():
-    from insitu.groundtruth import _Cameras
-    from insitu.views import orbit_views, pixel_directions
-
-    views = orbit_views((0, 0, 0), (9, 7, 5), count=3, resolution=6)
-    got = pixel_directions(views.viewmats, views.Ks, 6, (2, 5))                    # rows 2..4
-    cams = _Cameras.make(views.viewmats, views.Ks)
-    rays = torch.arange(3 * 6 * 6)
-    _, d = cams.rays(rays, 6, 6, 1)
-    want = -torch.nn.functional.normalize(d, dim=1).reshape(3, 6, 6, 3)[:, 2:5]
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-
-
-def test_deferred_shading_follows_each_pixels_own_view_ray_across_a_gaussian():
-    """A plane seen up close by a camera off its axis: the ray caster's headlight shading changes across
-    the image with each pixel's view ray. Lit splats shaded per pixel (deferred) follow it inside every
-    large disc; one lit colour per Gaussian (taken at its centre) cannot."""
-    from insitu.rendering import rasterize
-    from insitu.seeds import extract_seeds, init_gaussians, normal_to_quat_torch
-    from insitu.views import pixel_directions
-
-    n = 24
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    block = whole_block(z + 0.02 * x)                                     # a plane, tilted a little
-    g = init_gaussians(extract_seeds(block, 11.5), 150, opacity=0.99)    # large discs
-    samples = BlockSamples(torch.from_numpy(block.data), origin=block.origin, spacing=block.spacing, start=block.start)
-    quats = normal_to_quat_torch(samples.normals(g.means))
-    base = torch.tensor([0.85, 0.8, 0.7]).expand(len(g), 3)
-    eye = np.array([11.5, 5.0, 24.0])
-    viewmat = torch.tensor(look_at(eye, np.array([11.5, 13.0, 11.5])), dtype=torch.float32)[None]
-    size, focal = 40, 22.0
-    K = torch.tensor([[focal, 0, size / 2], [0, focal, size / 2], [0, 0, 1]], dtype=torch.float32)[None]
-    gt, _ = raycast(block, viewmat, K, size, size, 11.5, supersample=1)
-    campos = torch.tensor(eye, dtype=torch.float32)[None]
-    scales, opac = 2.0 * torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)     # overlapping discs
-    model = ColorModel("lit")
-    ch, _ = model.colors(g.means, quats, (base[:, None, :] - 0.5) / SH_C0, campos)
-    feats, alpha, _ = rasterize(g.means, quats, scales, opac, ch, viewmat, K, size, size, backend="torch")
-    deferred = model.shade(feats, alpha, pixel_directions(viewmat, K, size, (0, size)))
-    single, _, _ = rasterize(g.means, quats, scales, opac, lit_colors(g.means, quats, base, campos), viewmat, K,
-                             size, size, backend="torch")
-    inside = (gt[0, ..., 3] == 1) & (alpha[0, ..., 0] > 0.99)
-    assert int(inside.sum()) > 400
-    unpremultiplied = deferred[0][inside] / alpha[0][inside]
-    err = lambda img: float(((img - gt[0][inside][:, :3]) ** 2).mean())     # noqa: E731
-    assert err(unpremultiplied) < 1e-4 and err(unpremultiplied) < 0.05 * err(single[0][inside] / alpha[0][inside]), \
-        (err(unpremultiplied), err(single[0][inside]))

@@ -84,7 +84,7 @@ def test_fill_samples_the_surface_up_to_the_budget():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_fill_on_the_device_samples_the_surface(device):
-    from insitu.seeds import _normal_to_quat_torch, sample_surface_torch
+    from insitu.seeds import normal_to_quat_torch, sample_surface_torch
 
     s = extract_seeds(whole_block(sphere_field()), 7.0)
     points, normals = sample_surface_torch(s, 5 * len(s), seed=1, device=device)
@@ -99,7 +99,7 @@ def test_fill_on_the_device_samples_the_surface(device):
     assert float((share - 0.125).abs().max()) < 0.01
     n = normals[:100].double()
     ref = torch.tensor(normal_to_quat(n.cpu().numpy()))
-    torch.testing.assert_close(_normal_to_quat_torch(n).cpu(), ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(normal_to_quat_torch(n).cpu(), ref, atol=1e-6, rtol=0)
     if device == "cuda":
         g = init_gaussians(s, 3 * len(s), fill=True, sh_degree=1, opacity=0.4, device=device)
         cpu = init_gaussians(s, 3 * len(s), fill=True, sh_degree=1, opacity=0.4)
