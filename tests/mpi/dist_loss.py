@@ -30,7 +30,7 @@ from insitu.bandloss import band_loss
 from insitu.compositing import band_rows, gather_bands, visibility_order
 from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import block_decomposition, view_order
+from insitu.scene import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.training import colors_from_images, render_bands, to_params
 from insitu.views import Views, look_at, orbit_views
