@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from .progress import summary
+
 DEMO_DEFAULTS = {
     "input.var": "V", "input.iso": [0.3],
     "views.count": 48, "views.resolution": 96, "views.supersample": 2,
@@ -62,7 +64,7 @@ def _simulation():
 
 def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
     """Run the simulation with the adaptor attached; returns the number of steps trained."""
-    from .adaptor import Adaptor
+    from .adaptor import Adaptor                # torch and the analysis: only when the demo runs
 
     gs = _simulation()
     sim = GPU_SIMULATION if comm.device.type == "cuda" else CPU_SIMULATION
@@ -84,8 +86,6 @@ def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
         if comm.rank == 0:
             print(f"demo: simulation done, {stats.steps_per_s:.1f} steps/s; finishing the analysis", flush=True)
     if comm.rank == 0:
-        from .runner import summary
-
         for record in adaptor.stats.trained:
             print("demo: " + summary(record.metrics, Path(cfg.output.dir)), flush=True)
         out = Path(cfg.output.dir)
