@@ -1,6 +1,6 @@
 """``insitu demo``: the Gray-Scott mini-app and the analysis, in situ, in one process per rank.
 
-The simulation (``sims/gray_scott.py``) runs on every rank of the launch; every
+The simulation (:mod:`insitu_sims.gray_scott`) runs on every rank of the launch; every
 ``plotgap`` steps it hands its fields to an :class:`insitu.Adaptor`, which copies the
 block and trains a splat model of the isosurface of V in the background while the
 simulation goes on. The defaults fit the machine: on a CPU, a small grid, 96^2 images and
@@ -52,13 +52,13 @@ def demo_defaults(gpu: bool) -> dict:
 def _simulation():
     """The Gray-Scott mini-app: from an installed package, or from the source tree."""
     try:
-        from sims import gray_scott
+        from insitu_sims import gray_scott
     except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if not (root / "sims" / "gray_scott.py").is_file():
+        sims = Path(__file__).resolve().parents[1] / "sims"
+        if not (sims / "insitu_sims" / "gray_scott.py").is_file():
             raise
-        sys.path.insert(0, str(root))
-        from sims import gray_scott
+        sys.path.insert(0, str(sims))
+        from insitu_sims import gray_scott
     return gray_scott
 
 

@@ -22,7 +22,7 @@ rank 0, which writes; with an MPI-enabled ADIOS2 every rank writes its own block
 
 This module is a standalone simulation and does not import ``insitu``.
 
-    mpiexec -n 4 python sims/gray_scott.py --L 64 --steps 1000 --plotgap 10 --engine BP5 --output gs.bp
+    mpiexec -n 4 python -m insitu_sims.gray_scott --L 64 --steps 1000 --plotgap 10 --engine BP5 --output gs.bp
 """
 from __future__ import annotations
 
