@@ -281,7 +281,7 @@ class _Writer:
     """ADIOS2 output of U, V, step, time; serial ADIOS2 -> gather to rank 0."""
 
     def __init__(self, settings: GrayScottSettings, sim: GrayScott, comm: MPI.Comm):
-        import adios2
+        import adios2                           # optional (engine "none" writes nothing); seconds to import
 
         self.comm = comm
         self.sim = sim

@@ -10,7 +10,7 @@ exchange: random images (float32) of several sizes, split into the ranks' row ba
           pixel must equal ``band_loss`` of the whole image on one rank within 1e-5.
 render:   one sphere of Gaussians per block of an uneven split along x (cells cut at 10 and 38
           on 3 ranks, at 38 on 2; an even split would cut at 16 and 32, or 24), the blocks'
-          order from ``pipeline.view_order`` (the validated decomposition's real edges). View 0's
+          order from ``scene.view_order`` (the validated decomposition's real edges). View 0's
           camera sits at x = 32.2 (block 1 of the real split, block 2 of an even one) and looks
           through block 1's sphere at block 2's. The gathered images must equal the one-rank
           render (1e-10, float64), and the order an even split would give must not (so the test
