@@ -354,22 +354,23 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
 
 
 @torch.no_grad()
-def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0):
+def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, keep_images: int = 0,
+             ids: list[int] | None = None):
     """PSNR/SSIM(/LPIPS), PSNR over the covered pixels and PSNR on white of the sort-last composite
-    over the held-out views (in groups of views, :func:`view_groups`); rank 0 also gets (gt, pred)
-    of the first few."""
+    over the views ``ids`` of the scene (default: the held-out views), in groups of views
+    (:func:`view_groups`); rank 0 also gets (gt, pred) of the first ``keep_images``."""
     from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     black = torch.zeros_like(scene.background)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
-        ids = torch.tensor(group, device=comm.device)
-        pred, info = render_bands(params, views, ids, scene.order, comm, background=black,
+    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
                                   sh_degree=sh_degree, backend=backend)
         full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
-        full_gt = gather_bands(scene.gt[ids].float(), comm)
+        full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -381,10 +382,10 @@ def evaluate(params: dict, scene: Scene, comm, *, sh_degree: int, backend: str, 
 
 
 @torch.no_grad()
-def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
+def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None):
     """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
-    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the held-out
-    views on ``scene.background``.
+    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the views
+    ``ids`` of the scene (default: the held-out views) on ``scene.background``.
 
     model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
@@ -397,23 +398,24 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
         g = model.to(comm.device)
         colors = torch.cat([g.sh0, g.shN], dim=1)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
-        ids = torch.tensor(group, device=comm.device)
-        full_gt = gather_bands(scene.gt[ids].float(), comm)
+    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
-                                      colors, views.viewmats[ids], views.Ks[ids], views.width,
+                                      colors, views.viewmats[chosen], views.Ks[chosen], views.width,
                                       views.height, sh_degree=g.sh_degree, backend=backend)
             acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
 
 
 def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, *, sh_degree: int,
-                     keep_images: int = 0):
-    """:func:`evaluate` of the trainer's model at ``sh_degree`` as ``layout`` evaluates; collective.
-    Returns the Quality on every rank and rank 0's ``keep_images`` (name, gt, pred) images."""
+                     keep_images: int = 0, ids: list[int] | None = None):
+    """:func:`evaluate` of the trainer's model at ``sh_degree`` on the views ``ids`` (default: the
+    held-out views) as ``layout`` evaluates; collective. Returns the Quality on every rank and rank
+    0's ``keep_images`` (name, gt, pred) images."""
     return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, sh_degree=sh_degree,
-                                                 backend=cfg.train.backend, keep_images=keep_images))
+                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids))
 
 
 def model_figures(shard: Gaussians, scene: Scene, layout: Layout,
