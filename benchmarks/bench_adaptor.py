@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "sims"))
 import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from gray_scott import GrayScottSettings, run  # noqa: E402
+from insitu_sims.gray_scott import GrayScottSettings, run  # noqa: E402
 from insitu.adaptor import Adaptor  # noqa: E402
 
 

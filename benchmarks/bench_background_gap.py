@@ -5,7 +5,7 @@ where a pixel is partly covered, i.e. at silhouettes. Judged like a trained mode
 (:meth:`insitu.metrics.QualityAccumulator.add_rgba`), their PSNR on black, on white and over the
 covered pixels says how much of the gap between ``psnr`` and ``psnr_white`` any model with
 imperfect edges shows on this shading: the headlight shading makes silhouettes dark
-(``groundtruth.AMBIENT``), so an alpha error there costs little on black and much on white.
+(``groundtruth.torch_caster.AMBIENT``), so an alpha error there costs little on black and much on white.
 Prints one JSON line.
 
     python benchmarks/bench_background_gap.py --resolution 256 --views 8

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "sims" / "gray_scott.py"
+SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 READER = """

@@ -46,9 +46,10 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from insitu.bandloss import band_loss
     from insitu.compositing import band_rows, visibility_order
     from insitu.parallel import init_comm, shutdown
-    from insitu.training import band_loss, render_bands
+    from insitu.training import render_bands
     from insitu.views import orbit_views
 
     comm = init_comm(device="cpu", threads=1)

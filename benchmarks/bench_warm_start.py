@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "sims"))
 
 import numpy as np  # noqa: E402
 
@@ -31,7 +32,7 @@ from insitu.config import load_config  # noqa: E402
 from insitu.demo import demo_defaults  # noqa: E402
 from insitu.parallel import init_comm  # noqa: E402
 from insitu.sources import ArraySource  # noqa: E402
-from sims import gray_scott  # noqa: E402
+from insitu_sims import gray_scott  # noqa: E402
 
 
 def fields_at(L: int, steps: list[int], last: int, comm) -> dict[int, dict]:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "sims")]        # insitu and insitu_sims from a checkout too
 from insitu import Adaptor  # noqa: E402
-from sims.gray_scott import GrayScott, GrayScottSettings  # noqa: E402
+from insitu_sims.gray_scott import GrayScott, GrayScottSettings  # noqa: E402
 
 comm = MPI.COMM_WORLD
 sim = GrayScott(GrayScottSettings(L=48, engine="none"), comm)

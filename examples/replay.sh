@@ -3,7 +3,7 @@
 # each rank reading only its own block.   Usage: examples/replay.sh [P]
 set -euo pipefail
 P=${1:-2}
-python sims/gray_scott.py --L 64 --steps 600 --plotgap 200 --engine BP5 --output gs.bp
+python -m insitu_sims.gray_scott --L 64 --steps 600 --plotgap 200 --engine BP5 --output gs.bp
 mpiexec -n "$P" insitu replay gs.bp --var V --iso 0.3 --views 64 --resolution 128 --iterations 500 \
     --config examples/config.yaml --out replay_out
 echo "open replay_out/report.html; each replay_out/step_*/model.ply opens in a 3DGS viewer"

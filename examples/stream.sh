@@ -4,7 +4,7 @@
 # Usage: examples/stream.sh [P]
 set -euo pipefail
 P=${1:-1}
-python sims/gray_scott.py --L 64 --steps 600 --plotgap 200 --engine SST --output gs_stream \
+python -m insitu_sims.gray_scott --L 64 --steps 600 --plotgap 200 --engine SST --output gs_stream \
     --sst-readers "$P" --sst-policy Block &
 sim=$!
 mpiexec -n "$P" insitu stream gs_stream --var V --iso 0.3 --views 64 --resolution 128 --iterations 300 \

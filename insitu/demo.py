@@ -1,6 +1,6 @@
 """``insitu demo``: the Gray-Scott mini-app and the analysis, in situ, in one process per rank.
 
-The simulation (``sims/gray_scott.py``) runs on every rank of the launch; every
+The simulation (:mod:`insitu_sims.gray_scott`) runs on every rank of the launch; every
 ``plotgap`` steps it hands its fields to an :class:`insitu.Adaptor`, which copies the
 block and trains a splat model of the isosurface of V in the background while the
 simulation goes on. The defaults fit the machine: on a CPU, a small grid, 96^2 images and
@@ -13,6 +13,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+from .progress import summary
 
 DEMO_DEFAULTS = {
     "input.var": "V", "input.iso": [0.3],
@@ -50,19 +52,19 @@ def demo_defaults(gpu: bool) -> dict:
 def _simulation():
     """The Gray-Scott mini-app: from an installed package, or from the source tree."""
     try:
-        from sims import gray_scott
+        from insitu_sims import gray_scott
     except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if not (root / "sims" / "gray_scott.py").is_file():
+        sims = Path(__file__).resolve().parents[1] / "sims"
+        if not (sims / "insitu_sims" / "gray_scott.py").is_file():
             raise
-        sys.path.insert(0, str(root))
-        from sims import gray_scott
+        sys.path.insert(0, str(sims))
+        from insitu_sims import gray_scott
     return gray_scott
 
 
 def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
     """Run the simulation with the adaptor attached; returns the number of steps trained."""
-    from .adaptor import Adaptor
+    from .adaptor import Adaptor                # torch and the analysis: only when the demo runs
 
     gs = _simulation()
     sim = GPU_SIMULATION if comm.device.type == "cuda" else CPU_SIMULATION
@@ -84,8 +86,6 @@ def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
         if comm.rank == 0:
             print(f"demo: simulation done, {stats.steps_per_s:.1f} steps/s; finishing the analysis", flush=True)
     if comm.rank == 0:
-        from .runner import summary
-
         for record in adaptor.stats.trained:
             print("demo: " + summary(record.metrics, Path(cfg.output.dir)), flush=True)
         out = Path(cfg.output.dir)

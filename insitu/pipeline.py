@@ -1,9 +1,14 @@
 """One timestep, as data flows: block -> seeds -> shard -> views -> GT bands -> train -> evaluate -> export.
 
-``run_step`` is collective: every rank of ``comm`` calls it with its own block. Nothing
-of the volume or of the Gaussians moves between ranks during training; only images
-do (sort-last compositing). Failures on one rank are agreed at phase boundaries, so
-every rank ends with the same clear error instead of waiting in a collective.
+``run_step`` is collective: every rank of ``comm`` calls it with its own block. In the default
+layout nothing of the volume or of the Gaussians moves between ranks during training; only images
+do (sort-last compositing; :mod:`insitu.layouts`). Failures on one rank are agreed at phase
+boundaries, so every rank ends with the same clear error instead of waiting in a collective.
+
+:func:`compute_step` reads as the step's phases, each a function of its own: :func:`check_input`,
+:func:`seed_shard`, :func:`insitu.scene.make_scene`, :func:`init_colors`, :func:`make_trainer`,
+:func:`train`, :func:`evaluate_trainer`, the layout's shards, :func:`model_figures` and
+:func:`step_metrics`; a :class:`PhaseClock` times them.
 """
 from __future__ import annotations
 
@@ -13,25 +18,32 @@ import sys
 import threading
 import time as _time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from mpi4py import MPI
 from torch import Tensor
 
-from .compositing import band_rows, composite_full, gather_bands, over, visibility_order
+from .appearance import BlockSamples, ColorModel, base_colors
+from .compositing import gather_bands
 from .config import Config
-from .decomposition import Decomposition, decompose
-from .gaussians import Gaussians, rgb_to_sh0
-from .groundtruth import raycast_views
+from .decomposition import Decomposition
+from .errors import InputError
+from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
+from .layouts import Layout, choose_layout
 from .progress import note, progress_bar
+from .rendering import gsplat_import_error, rasterize
+from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, render_bands
-from .appearance import BlockSamples, ColorModel, base_colors
-from .views import HELD_OUT, Views, pixels_per_area, step_views
-from .errors import InputError
+from .views import HELD_OUT, Views, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
+
+if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
+    from .metrics import Quality
 
 
 @dataclass
@@ -59,19 +71,68 @@ class StepResult:
 
 
 @dataclass
-class Scene:
-    """Everything about one step that training and evaluation share."""
+class PhaseClock:
+    """Wall-clock seconds of a step's phases, for metrics.json's ``*_seconds``.
 
-    views: Views
-    order: Tensor               # [N, P] visibility keys
-    gt: Tensor                  # [N, h_band, W, 4] this rank's band of every view, premultiplied RGBA
-    rows: tuple[int, int]       # this rank's band of image rows
-    background: Tensor          # [3] the background of the evaluation (views.background)
+    device:  the step's device. On CUDA a phase ends (:meth:`lap`) once the device has done the
+             work queued so far, so that the kernels a phase queued count to it.
+    seconds: phase name -> seconds, of the phases ended so far (in order).
+    spans:   name -> the seconds of each span timed inside a phase (:meth:`span`), in order.
+    """
 
-    def gt_on(self, ids: Tensor, background: Tensor) -> Tensor:
-        """[B, h_band, W, 3] float32 ground truth of views ``ids`` on ``background`` ([3] or [B, 3])."""
-        rgba = self.gt[ids].float()
-        return over(rgba[..., :3], rgba[..., 3:], background)
+    device: torch.device
+    seconds: dict[str, float] = field(default_factory=dict)
+    spans: dict[str, list[float]] = field(default_factory=dict)
+    started: float = field(default_factory=_time.perf_counter)
+    mark: float = field(init=False)             # when the current phase began
+
+    def __post_init__(self) -> None:
+        self.mark = self.started
+
+    def _now(self, sync: bool) -> float:
+        if sync and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return _time.perf_counter()
+
+    def lap(self, name: str, *, sync: bool = True) -> float:
+        """End the current phase as ``name`` (after the device's queued work when ``sync``) and
+        begin the next; returns the phase's seconds."""
+        now = self._now(sync)
+        self.seconds[name] = now - self.mark
+        self.mark = now
+        return self.seconds[name]
+
+    def elapsed(self) -> float:
+        """Seconds since the current phase began (not waiting for the device)."""
+        return _time.perf_counter() - self.mark
+
+    def total(self) -> float:
+        """Seconds since the clock started (not waiting for the device)."""
+        return _time.perf_counter() - self.started
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Time the block as one more span ``name``, from when the device has done the work queued
+        before it (that is the current phase's); the block ends by reading its results from the
+        device, so its end does not wait."""
+        start = self._now(True)
+        yield
+        self.spans.setdefault(name, []).append(_time.perf_counter() - start)
+
+
+@dataclass
+class Training:
+    """What the training loop leaves (:func:`train`).
+
+    initial: the figures of the model before the first iteration.
+    history: one row per evaluation: iteration, psnr, ssim, psnr_foreground, ssim_foreground,
+             gaussians (of the whole model) and the seconds since training began.
+    reached: the iteration at which the quality target was met, or None.
+    """
+
+    initial: Quality
+    history: list[dict]
+    reached: int | None
 
 
 _PRELOAD: list[threading.Thread] = []
@@ -91,8 +152,6 @@ def preload_evaluation() -> None:
     """
     if _PRELOAD or "insitu.metrics" in sys.modules:
         return
-    from .rendering import gsplat_import_error
-
     import scipy.spatial  # noqa: F401 - the warm start's k-d tree
     if gsplat_import_error() is None:
         import gsplat.strategy.ops  # noqa: F401 - densification's
@@ -106,6 +165,7 @@ def preload_evaluation() -> None:
     thread = threading.Thread(target=run, name="insitu-preload", daemon=True)
     _PRELOAD.append(thread)
     thread.start()
+
 
 
 def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
@@ -139,21 +199,6 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
                         gt_alpha=gt_alpha, footprints=footprints)
 
 
-def global_range(comm, array: np.ndarray) -> tuple[float, float]:
-    return (comm.mpi.allreduce(float(np.min(array)), op=MPI.MIN),
-            comm.mpi.allreduce(float(np.max(array)), op=MPI.MAX))
-
-
-def block_decomposition(comm, block: Block) -> Decomposition:
-    """The ranks' owned cells as a validated Cartesian grid of blocks (dims, coords, real edges).
-
-    Collective; a gap, an overlap, a non-Cartesian layout or ranks that disagree on the global
-    shape is the same InputError on every rank (:func:`insitu.decomposition.decompose`).
-    """
-    boxes = comm.mpi.allgather((tuple(block.owned_lo), tuple(block.owned_hi), tuple(block.global_shape)))
-    return decompose(*zip(*boxes), unit="cells")
-
-
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
     """The field's global range, after checking that every iso value makes a surface: a sample equal
     to an iso value counts as above it, so an iso value in ``(min, max]`` does."""
@@ -163,6 +208,43 @@ def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
             raise InputError(f"iso value {v:.10g} is outside the field's range ({vmin:.10g}, {vmax:.10g}]: "
                              f"no surface to extract (a sample equal to the iso value counts as above it)")
     return vmin, vmax
+
+
+def check_input(block: Block, cfg: Config, comm) -> Decomposition:
+    """Refuse unusable input before any work, with the same InputError on every rank; collective.
+
+    Checks the field (NaN, infinities) and the colour field, the ranks' blocks (a gap, an overlap,
+    a non-Cartesian layout: :func:`insitu.scene.block_decomposition`) and that every iso value makes
+    a surface (:func:`check_iso`). Returns the ranks' decomposition.
+    """
+    with comm.phase("input check"):              # local checks only: no collective inside a phase
+        check_field(block.data, cfg.input.var, offset=block.start)
+        if cfg.input.color_var is not None:
+            if cfg.input.color_var not in block.fields:
+                raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
+                                 f"{', '.join(sorted(block.fields)) or 'none'}")
+            check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
+    decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
+    check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
+    return decomposition
+
+
+@dataclass
+class Seeding:
+    """This rank's initial shard (:func:`seed_shard`).
+
+    shard:   the Gaussians.
+    fresh:   [N] bool, the Gaussians whose colours are still to be set (None: all).
+    share:   this rank's part of the whole surface's area, by which it takes its part of the seeds'
+             count (and of ``train.max_gaussians`` in sort-last).
+    targets: [M, 3] points on the whole surface, the same on every rank (:func:`surface_targets`):
+             what the close-up cameras look at.
+    """
+
+    shard: Gaussians
+    fresh: Tensor | None
+    share: float
+    targets: np.ndarray
 
 
 def seed_count(cfg: Config, total_area: float, block: Block) -> int:
@@ -177,38 +259,41 @@ def seed_count(cfg: Config, total_area: float, block: Block) -> int:
     return int(min(cfg.seeds.budget, max(1, math.ceil(wanted))))
 
 
-def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
-               keep: float = 0.5, near: float = 1.0) -> tuple[Gaussians, Tensor]:
-    """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
+def surface_targets(comm, seeds: Seeds, per_rank: int = 256, seed: int = 0) -> np.ndarray:
+    """``[M, 3]`` points on the whole surface, the same on every rank (collective): up to ``per_rank``
+    of each rank's seeds, drawn with ``seed``, in rank order. Close-up cameras look at them."""
+    rng = np.random.default_rng(seed + comm.rank)
+    mine = (seeds.points[rng.choice(len(seeds), size=min(per_rank, len(seeds)), replace=False)] if len(seeds)
+            else np.zeros((0, 3), np.float32))
+    return np.concatenate(comm.mpi.allgather(np.asarray(mine, np.float64)))
 
-    Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
-    :func:`init_colors`; the kept Gaussians keep their trained ones).
 
-    keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
-          isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
-          (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
-          ended 1.8 dB below a cold one, 0.2 dB with this rule (BENCHMARKS.md).
-    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it.
-    """
-    from scipy.spatial import cKDTree
-
-    fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed,
-                           device=device)
-    if len(warm) == 0 or len(seeds) == 0:
-        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
-    old = warm.to(device)
-    cell = float(min(block.spacing))
-    off = iso_distance(block, cfg.input.iso, old.means.detach().cpu().numpy()) / cell
-    old = old.select(torch.as_tensor(off <= keep, device=device))
-    if len(old) == 0:
-        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
-    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=near * cell)
-    add = torch.as_tensor(~np.isfinite(d_new), device=device)
-    new = fresh.select(add)
-    mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
-                      torch.ones(len(new), dtype=torch.bool, device=device)])
-    return Gaussians.cat([old, new]), mask
+def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seeding:
+    """This rank's initial shard: Gaussians seeded on its block's surface, or the previous step's
+    shard refit to it (``warm``, :func:`warm_shard`), as many as :func:`seed_count` says; with the lit
+    colour model, turned and coloured as the ground truth shades the surface (:func:`lit_seeds`);
+    collective."""
+    lit = cfg.train.color_model == "lit"
+    color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
+    with comm.phase("seeds"):
+        seeds = extract_seeds(block, cfg.input.iso)
+    total_area = comm.mpi.allreduce(seeds.total_area)
+    share = seeds.total_area / total_area if total_area > 0 else 0.0
+    budget = int(round(seed_count(cfg, total_area, block) * share))
+    fresh = None
+    with comm.phase("initialise Gaussians"):
+        if warm is not None:
+            shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, block, comm.device)
+        else:
+            shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                                   thickness=cfg.seeds.thickness, sh_degree=0 if lit else cfg.train.sh_degree,
+                                   seed=cfg.train.seed + comm.rank, fill=cfg.seeds.fill or cfg.seeds.density > 0,
+                                   device=comm.device)
+        if lit:                                  # normals and base colours: the ground truth's at each seed
+            shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
+    needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
+    targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
+    return Seeding(shard, fresh, share, targets)
 
 
 def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,
@@ -233,12 +318,47 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
     return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
+def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
+               keep: float = 0.5, near: float = 1.0) -> tuple[Gaussians, Tensor]:
+    """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
+
+    Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
+    :func:`init_colors`; the kept Gaussians keep their trained ones).
+
+    keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
+          isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
+          (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
+          ended 1.8 dB below a cold one, 0.2 dB with this rule (BENCHMARKS.md).
+    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it.
+    """
+    from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
+
+    fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed,
+                           device=device)
+    if len(warm) == 0 or len(seeds) == 0:
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
+    old = warm.to(device)
+    cell = float(min(block.spacing))
+    off = iso_distance(block, cfg.input.iso, old.means.detach().cpu().numpy()) / cell
+    old = old.select(torch.as_tensor(off <= keep, device=device))
+    if len(old) == 0:
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
+    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=near * cell)
+    add = torch.as_tensor(~np.isfinite(d_new), device=device)
+    new = fresh.select(add)
+    mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
+                      torch.ones(len(new), dtype=torch.bool, device=device)])
+    return Gaussians.cat([old, new]), mask
+
+
 def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
-    """The seeds' colours as ``cfg.seeds.color_init`` says: ``gt`` reads them from ``cfg.seeds.color_views``
-    training views spread over the orbit (:func:`insitu.training.colors_from_images`, collective),
-    ``constant`` keeps ``views.surface_color``. ``only``: [N] bool, the Gaussians to colour (a warm
-    start's new seeds); default all."""
-    if cfg.seeds.color_init == "constant":
+    """The SH model's seed colours as ``cfg.seeds.color_init`` says: ``gt`` reads them from
+    ``cfg.seeds.color_views`` training views spread over the orbit
+    (:func:`insitu.training.colors_from_images`, collective), ``constant`` keeps ``views.surface_color``.
+    ``only``: [N] bool, the Gaussians to colour (a warm start's new seeds); default all. The lit model's
+    seeds have their colours from the field already (:func:`lit_seeds`)."""
+    if cfg.seeds.color_init == "constant" or cfg.train.color_model == "lit":
         return shard
     train = scene.views.train_ids
     k = min(cfg.seeds.color_views, len(train))
@@ -247,131 +367,85 @@ def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Te
                               batch=cfg.train.batch, only=only)
 
 
-def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tensor:
-    """[N, P] visibility keys of the ranks' blocks for every view, from the real block edges
-    (an uneven split orders its blocks right for every camera)."""
-    device = views.viewmats.device
-    dec = decomposition
-    lo, hi = block.global_box
-    return visibility_order(views.positions, dec.dims, torch.as_tensor(lo, device=device),
-                            torch.as_tensor(hi, device=device), torch.as_tensor(dec.coords, device=device),
-                            edges=tuple(torch.as_tensor(e, device=device)
-                                        for e in dec.world_edges(block.origin, block.spacing)))
+def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
+                 iterations: int, warm: StepResult | None) -> tuple[Trainer, Scene]:
+    """The trainer of the model this rank trains in ``layout``, and the scene it trains on; collective.
 
-
-def replicate(shard: Gaussians, scene: Scene, comm) -> tuple[Gaussians, Scene]:
-    """The data-parallel layout (``parallel.layout: replicated``); collective over ``comm``.
-
-    Returns the whole model (every rank's shard, in rank order) and a Scene of the whole images of
-    every view, on every rank: each rank then trains the whole model on views of its own, alone
-    (``comm.solo()``), and the trainer averages the gradients over the ranks.
+    shard: this rank's coloured shard (:func:`init_colors`); ``share``: its part of the surface area.
+    The learning rates scale with the whole domain's extent; the means stay within the layout's
+    bounds plus two cells; training goes on at the SH degree ``warm`` reached.
     """
-    from .gaussians import gather_gaussians
-
-    model = gather_gaussians(shard.to("cpu"), comm.mpi, everywhere=True).to(comm.device)
-    views = scene.views
-    gt = torch.empty(len(views), views.height, views.width, 4, dtype=scene.gt.dtype, device=scene.gt.device)
-    for group in view_groups(list(range(len(views))), views.width, views.height):
-        gt[group] = gather_bands(scene.gt[group], comm)
-    order = torch.zeros(len(views), 1, device=scene.order.device)     # one layer: nothing to composite
-    return model, Scene(views, order, gt, (0, views.height), scene.background)
-
-
-def surface_targets(comm, seeds: Seeds, per_rank: int = 256, seed: int = 0) -> np.ndarray:
-    """``[M, 3]`` points on the whole surface, the same on every rank (collective): up to ``per_rank``
-    of each rank's seeds, drawn with ``seed``, in rank order. Close-up cameras look at them."""
-    rng = np.random.default_rng(seed + comm.rank)
-    mine = seeds.points[rng.choice(len(seeds), size=min(per_rank, len(seeds)), replace=False)] if len(seeds) else \
-        np.zeros((0, 3), np.float32)
-    return np.concatenate(comm.mpi.allgather(np.asarray(mine, np.float64)))
+    model, scene = layout.prepare(shard, scene)
+    device, tc = layout.comm.device, cfg.train
+    lo, hi = layout.bounds
+    margin = 2.0 * float(min(block.spacing))
+    glo, ghi = block.global_box
+    trainer = Trainer(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
+                      box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
+                           torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
+                      max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
+                      total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
+                      replicas=layout.replicas)
+    return trainer, scene
 
 
-def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
-               decomposition: Decomposition | None = None, targets: np.ndarray | None = None) -> Scene:
-    """The step's views (:func:`insitu.views.step_views`: the orbit, close-ups at the surface points
-    ``targets: [M, 3]`` and the held-out sets off the orbit) and this rank's GT band of every view
-    (ray-cast, composited).
+def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: PhaseClock, *, iterations: int,
+          step: int, gaussians: int, show: bool) -> Training:
+    """``iterations`` optimiser steps of ``trainer`` on the training views (collective); the held-out
+    views evaluated first and every ``train.eval_every`` iterations, training stopped once the
+    quality target is met. ``gaussians``: the initial model's; ``show``: progress on this rank."""
+    tc = cfg.train
 
-    decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
-    """
-    device = comm.device
-    lo, hi = block.global_box
-    vc = cfg.views
-    views = step_views(lo, hi, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,
-                       test_every=vc.test_every, closeups=int(round(vc.closeups * vc.count)),
-                       closeup_factors=vc.closeup_factors,
-                       held_out=vc.held_out, targets=targets).to(device)
-    dec = decomposition if decomposition is not None else block_decomposition(comm, block)
-    order = view_order(views, block, dec)
-    background = torch.tensor(vc.background, dtype=torch.float32, device=device)
-    color_range = None
-    if cfg.input.color_var:
-        comm.agree(cfg.input.color_var in block.fields,
-                   f"colour field {cfg.input.color_var!r} not given; fields present: "
-                   f"{', '.join(sorted(block.fields)) or 'none'}", where="phase 'ground truth'")
-        color_range = global_range(comm, block.fields[cfg.input.color_var])
-    rows = band_rows(views.height, comm.size)[comm.rank]
-    gt = torch.empty(len(views), rows[1] - rows[0], views.width, 4, dtype=torch.float16, device=device)
-    bar = progress_bar(len(views), "ground truth", progress and comm.rank == 0)
-    # groups of views of about 32M pixels on GPUs (one kernel launch each), 4M elsewhere
-    chunk = max(1, (1 << (25 if device.type == "cuda" else 22)) // (views.width * views.height))
-    cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
-                         views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
-                         color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
-                         device=device)
-    # On GPUs with several ranks the compositing of a group runs on a stream of its own, so a rank
-    # casts its next group while the all-to-all waits for the slower rank's casting of this one.
-    side = torch.cuda.Stream(device) if device.type == "cuda" and comm.size > 1 else None
-    done = []                                   # events of the groups composited on `side`
-    while True:
-        with comm.phase("ground truth"):      # local ray casting only; the compositing is collective
-            ids, rgba, _ = next(cast, (None, None, None))
-        if ids is None:
-            break
-        if side is None:
-            gt[ids] = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm).to(gt.dtype)
-        else:
-            side.wait_stream(torch.cuda.current_stream(device))        # this group is cast
-            with torch.cuda.stream(side):
-                gt[ids] = composite_full(rgba[..., :3], rgba[..., 3:], order[ids], comm).to(gt.dtype)
-                done.append(torch.cuda.Event())
-                done[-1].record(side)
-            rgba.record_stream(side)            # its memory is not reused before the compositing is done
-            ids.record_stream(side)
-            if len(done) > 2:                   # at most two groups' images in flight
-                done.pop(0).synchronize()
-        bar.update(len(ids))
-    if side is not None:
-        torch.cuda.current_stream(device).wait_stream(side)
+    def scored(colors: ColorModel):
+        with clock.span("evaluation"):          # the queued iterations are training time, not evaluation
+            q, _ = evaluate_trainer(trainer, scene, layout, cfg, colors=colors)
+        return q
+
+    def row(q, iteration: int, count: int, seconds: float) -> dict:
+        return {"iteration": iteration, "psnr": q.psnr, "ssim": q.ssim, "psnr_foreground": q.psnr_foreground,
+                "ssim_foreground": q.ssim_foreground, "gaussians": count, "seconds": seconds}
+
+    q0 = scored(trainer.colors)
+    history = [row(q0, 0, gaussians, 0.0)]
+    note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface "
+         f"({clock.spans['evaluation'][0]:.1f} s)", show)
+    bar = progress_bar(iterations, f"step {step} train", show)
+    show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
+    reached = None
+    for it, (ids, bg) in zip(range(iterations), batches(scene, replace(tc, batch=trainer.images_per_step))):
+        loss = train_iteration(trainer, scene, *layout.batch(ids, bg), cfg, layout.train_comm)
+        if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
+            bar.set_postfix(loss=f"{layout.loss(loss):.4f}", gaussians=layout.whole(len(trainer)))
+        bar.update(1)
+        if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iterations:
+            q = scored(trainer.colors_trained)
+            history.append(row(q, it + 1, layout.whole(len(trainer)), clock.elapsed()))
+            if target_reached(q, tc):
+                reached = it + 1
+                break
     bar.close()
-    return Scene(views, order, gt, rows, background)
-
-
-def view_groups(ids: list[int], width: int, height: int, pixels: int = 1 << 23) -> list[list[int]]:
-    """``ids`` in consecutive groups of at most ``pixels`` pixels (at least one view each): evaluations
-    render, gather and score a group at once instead of a view at a time."""
-    n = max(1, pixels // (width * height))
-    return [ids[i:i + n] for i in range(0, len(ids), n)]
+    return Training(q0, history, reached)
 
 
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
-             role: str = "test"):
+             ids: list[int] | None = None):
     """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
-    composite over the held-out views of ``role`` (a name in :data:`insitu.views.ROLES`; in groups of
-    views, :func:`view_groups`); rank 0 also gets (gt, pred) of the first few."""
-    from .metrics import QualityAccumulator
+    composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
+    (:func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
+    first ``keep_images``."""
+    from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     black = torch.zeros_like(scene.background)
     views = scene.views
-    for group in view_groups(views.ids(role).tolist(), views.width, views.height):
-        ids = torch.tensor(group, device=comm.device)
-        pred, info = render_bands(params, views, ids, scene.order, comm, background=black,
+    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
                                   colors=colors, backend=backend)
         full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
-        full_gt = gather_bands(scene.gt[ids].float(), comm)
+        full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -383,32 +457,69 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
 
 
 @torch.no_grad()
-def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str):
+def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None):
     """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
-    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the held-out
-    views on ``scene.background``.
+    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the views
+    ``ids`` of the scene (default: the held-out views) on ``scene.background``.
 
     model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
     Returns the Quality on every rank.
     """
-    from .metrics import QualityAccumulator
-    from .rendering import rasterize
+    from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator(lpips=False) if comm.rank == 0 else None
     if comm.rank == 0:
         g = model.to(comm.device)
         colors = torch.cat([g.sh0, g.shN], dim=1)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist(), views.width, views.height):
-        ids = torch.tensor(group, device=comm.device)
-        full_gt = gather_bands(scene.gt[ids].float(), comm)
+    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
-                                      colors, views.viewmats[ids], views.Ks[ids], views.width,
+                                      colors, views.viewmats[chosen], views.Ks[chosen], views.width,
                                       views.height, sh_degree=g.sh_degree, backend=backend)
             acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
+
+
+def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, *, colors: ColorModel,
+                     keep_images: int = 0, ids: list[int] | None = None):
+    """:func:`evaluate` of the trainer's model with ``colors`` on the views ``ids`` (default: the
+    held-out views) as ``layout`` evaluates; collective. Returns the Quality on every rank and rank
+    0's ``keep_images`` (name, gt, pred) images."""
+    return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
+                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids))
+
+
+def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> dict[str, Quality]:
+    """The trained model's figures on each held-out set off the orbit (``near2``, ``near3``, ``off``:
+    :data:`insitu.views.HELD_OUT`) that the scene has; collective."""
+    return {role: evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
+                                   ids=scene.views.ids(role).tolist())[0]
+            for role in HELD_OUT[1:] if len(scene.views.ids(role))}
+
+
+def model_figures(shard: Gaussians, scene: Scene, layout: Layout,
+                  cfg: Config) -> tuple[Gaussians | None, Quality | None]:
+    """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
+    on the other ranks) and the figures of what ``model.ply`` holds as a viewer draws it
+    (:func:`ply_colors`, :func:`model_quality`, on every rank); else ``(None, None)``. Collective."""
+    if not cfg.output.ply_metrics:
+        return None, None
+    merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
+    ply = ply_colors(merged, cfg)
+    quality, _ = layout.evaluate(lambda comm: (model_quality(ply, scene, comm, backend=cfg.train.backend), []))
+    return merged, quality
+
+
+def ply_colors(gaussians: Gaussians | None, cfg: Config) -> Gaussians | None:
+    """What ``model.ply`` holds of a shard: SH colours of degree ``train.sh_degree``, fitted to a lit
+    model's appearance (:meth:`insitu.appearance.ColorModel.as_sh`), an SH model's as trained."""
+    if gaussians is None:
+        return None
+    return ColorModel(cfg.train.color_model).as_sh(gaussians, cfg.train.sh_degree)
 
 
 def target_reached(q, tc) -> bool:
@@ -420,6 +531,39 @@ def target_reached(q, tc) -> bool:
             and (tc.ssim_target is None or q.ssim_foreground >= tc.ssim_target))
 
 
+def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality | None, clock: PhaseClock, *,
+                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality]) -> dict:
+    """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
+    memory of the ranks). ``q``: the final evaluation, ``qm``: the model file's figures (or None),
+    ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
+    whole model's Gaussians before and after training. ``total_seconds`` is read last."""
+    seconds, evaluations = clock.seconds, clock.spans["evaluation"]
+    metrics = {
+        "step": step, "time": time, "ranks": comm.size, "device": comm.device.type,
+        "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
+        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
+        "ssim_foreground": q.ssim_foreground, "psnr_foreground_initial": log.initial.psnr_foreground,
+        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
+        **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
+           for key in ("psnr", "psnr_foreground", "ssim_foreground")},
+        "color_model": trainer.cfg.color_model,
+        "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
+        "sh_degree": trainer.sh_degree_trained,
+        "gaussians_initial": initial, "gaussians": total,
+        "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
+        "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
+        "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),
+        "train_seconds": round(seconds["train"], 3), "history": log.history,
+        "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
+        "evaluation_seconds": round(sum(evaluations), 3),
+    }
+    if comm.device.type == "cuda":
+        metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(comm.device) / 2**30,
+                                                           op=MPI.MAX)
+    metrics["total_seconds"] = round(clock.total(), 3)
+    return metrics
+
+
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
              warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
     """:func:`compute_step`, then :func:`write_step` with ``writer`` (when given); collective over ``comm``."""
@@ -427,14 +571,6 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
     if writer is not None:
         write_step(result, writer, cfg, comm)
     return result
-
-
-def ply_colors(gaussians: Gaussians | None, cfg: Config) -> Gaussians | None:
-    """What ``model.ply`` holds of a shard: SH colours of degree ``train.sh_degree``, fitted to a lit
-    model's appearance (:meth:`insitu.appearance.ColorModel.as_sh`), an SH model's as trained."""
-    if gaussians is None:
-        return None
-    return ColorModel(cfg.train.color_model).as_sh(gaussians, cfg.train.sh_degree)
 
 
 def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
@@ -460,181 +596,36 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     """
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
-    t0 = _time.perf_counter()
-    device, tc = comm.device, cfg.train
-    torch.manual_seed(tc.seed + comm.rank)
-    with comm.phase("input check"):              # local checks only: no collective inside a phase
-        check_field(block.data, cfg.input.var, offset=block.start)
-        if cfg.input.color_var is not None:
-            if cfg.input.color_var not in block.fields:
-                raise InputError(f"colour field {cfg.input.color_var!r} not given; fields present: "
-                                 f"{', '.join(sorted(block.fields)) or 'none'}")
-            check_field(block.fields[cfg.input.color_var], cfg.input.color_var, offset=block.start)
-    decomposition = block_decomposition(comm, block)    # a gap or an overlap: an InputError on every rank
-    check_iso(comm, block, cfg.input.iso)           # same verdict on every rank
-    lit = tc.color_model == "lit"
-    color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
+    clock = PhaseClock(comm.device)
+    torch.manual_seed(cfg.train.seed + comm.rank)
+    show = cfg.train.progress and comm.rank == 0
+    iters = iterations if iterations is not None else cfg.train.iterations
+    decomposition = check_input(block, cfg, comm)
     preload_evaluation()                            # the input is good: the step will train and evaluate
-    with comm.phase("seeds"):
-        seeds = extract_seeds(block, cfg.input.iso)
-    total_area = comm.mpi.allreduce(seeds.total_area)
-    share = seeds.total_area / total_area if total_area > 0 else 0.0
-    budget = int(round(seed_count(cfg, total_area, block) * share))
-    spacing = float(min(block.spacing))
-    fresh = None                                 # the Gaussians whose colours the ground truth sets: all
-    with comm.phase("initialise Gaussians"):
-        if warm is not None:
-            shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, block, device)
-        else:
-            shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                                   thickness=cfg.seeds.thickness, sh_degree=0 if lit else tc.sh_degree,
-                                   seed=tc.seed + comm.rank, fill=cfg.seeds.fill or cfg.seeds.density > 0,
-                                   device=device)
-        if lit:                                  # normals and base colours: the ground truth's at each seed
-            shard = lit_seeds(shard, block, cfg, color_range, only=fresh)
-    n0 = comm.mpi.allreduce(len(shard))
-    t_seed = _time.perf_counter()
-    show = tc.progress and comm.rank == 0
-    note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({t_seed - t0:.1f} s)", show)
-    targets = surface_targets(comm, seeds, seed=tc.seed) if cfg.views.closeups or cfg.views.held_out else None
-    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=targets)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t_scene = _time.perf_counter()
-    if not lit:                                  # SH colours from the ground-truth images
-        shard = init_colors(shard, scene, cfg, comm, only=fresh)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t_color = _time.perf_counter()
-    if cfg.seeds.color_init != "constant" and not lit:
-        note(f"step {step} colours from the ground truth ({t_color - t_scene:.1f} s)", show)
-    glo, ghi = block.global_box
-    extent = 0.5 * float(np.linalg.norm(ghi - glo))
-    replicated = cfg.parallel.layout == "replicated" and comm.size > 1
-    if replicated:                               # each rank the whole model, its own views
-        if tc.batch * comm.size > len(scene.views.train_ids):     # the same verdict on every rank
-            raise InputError(f"parallel.layout=replicated: train.batch x ranks = {tc.batch} x {comm.size} views per "
-                             f"step, more than the {len(scene.views.train_ids)} training views")
-        model, scene = replicate(shard, scene, comm)
-        run, (lo, hi), cap = comm.solo(), (glo, ghi), tc.max_gaussians
-    else:                                        # each rank its block's Gaussians, composited sort-last
-        model, run, (lo, hi), cap = shard, comm, block.box, max(int(tc.max_gaussians * share), len(shard))
-    margin = 2.0 * spacing
-    box = (torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
-           torch.as_tensor(hi + margin, dtype=torch.float32, device=device))
-    iters = iterations if iterations is not None else tc.iterations
-    trainer = Trainer(model, tc, extent=extent, box=box, max_gaussians=cap, device=device, total_iterations=iters,
-                      sh_degree_start=warm.sh_degree if warm is not None else 0,
-                      replicas=comm if replicated else None)
-    model = shard = None                        # the trainer holds its own copy
-
-    def whole(n: int) -> int:
-        """Gaussians of the whole model, from this rank's ``n``."""
-        return n if replicated else comm.mpi.allreduce(n)
-
-    def on_rank0(work):
-        """Replicated: ``work()`` on rank 0 alone (every rank holds the same model and images), inside
-        a phase, so that a failure there ends every rank instead of leaving them in a collective."""
-        out = None
-        with comm.phase("evaluation"):
-            if comm.rank == 0:
-                out = work()
-        return out
-
-    def evaluated(**kw):
-        """:func:`evaluate` of the trainer's model: sort-last on every rank; replicated on rank 0
-        alone, its figures sent to every rank."""
-        if not replicated:
-            return evaluate(trainer.params, scene, comm, backend=tc.backend, **kw)
-        q, images = on_rank0(lambda: evaluate(trainer.params, scene, run, backend=tc.backend, **kw)) or (None, [])
-        return comm.mpi.bcast(q, root=0), images
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t_gt = _time.perf_counter()
-    evaluations = []                            # seconds of each evaluation inside the training time
-
-    def scored(colors: ColorModel):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)      # the queued iterations are training time, not evaluation
-        t = _time.perf_counter()
-        q, _ = evaluated(colors=colors)
-        evaluations.append(_time.perf_counter() - t)    # evaluate ends reading its figures: the device is done
-        return q
-
-    q0 = scored(trainer.colors)
-    history = [{"iteration": 0, "psnr": q0.psnr, "ssim": q0.ssim, "psnr_foreground": q0.psnr_foreground,
-                "ssim_foreground": q0.ssim_foreground, "gaussians": n0, "seconds": 0.0}]
-    note(f"step {step} initial model: PSNR {q0.psnr:.2f} dB ({evaluations[0]:.1f} s)", show)
-    bar = progress_bar(iters, f"step {step} train", show)
-    show_every = max(10, iters // 100)          # each update waits for the device and reduces over ranks
-    reached = None
-    B = tc.batch
-    for it, (ids, bg) in zip(range(iters), batches(scene, replace(tc, batch=trainer.images_per_step))):
-        if replicated:                          # this rank's views of the step's batch
-            ids, bg = ids[comm.rank * B:(comm.rank + 1) * B], (bg[comm.rank * B:(comm.rank + 1) * B]
-                                                              if bg.ndim == 2 else bg)
-        loss = train_iteration(trainer, scene, ids, bg, cfg, run)
-        if tc.progress and (it % show_every == 0 or it == iters - 1):     # every rank: whole-model figures
-            loss_all = comm.mpi.allreduce(float(loss)) / (comm.size if replicated else 1)
-            bar.set_postfix(loss=f"{loss_all:.4f}", gaussians=whole(len(trainer)))
-        bar.update(1)
-        if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iters:
-            q = scored(trainer.colors_trained)
-            history.append({"iteration": it + 1, "psnr": q.psnr, "ssim": q.ssim, "psnr_foreground": q.psnr_foreground,
-                            "ssim_foreground": q.ssim_foreground, "gaussians": whole(len(trainer)),
-                            "seconds": _time.perf_counter() - t_gt})
-            if target_reached(q, tc):
-                reached = it + 1
-                break
-    bar.close()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t_train = _time.perf_counter()
-    q, images = evaluated(colors=trainer.colors_trained, keep_images=cfg.output.images)
-    closer = {role: evaluated(colors=trainer.colors_trained, role=role)[0]      # the views the orbit never had
-              for role in HELD_OUT[1:] if len(scene.views.ids(role))}
-    gaussians = trainer.gaussians()
-    if replicated:                          # back to shards: each rank keeps the Gaussians in its block
-        owner = decomposition.owners(gaussians.means.detach().cpu().numpy(), block.origin, block.spacing)
-        gaussians = gaussians.select(torch.as_tensor(owner == comm.rank, device=gaussians.means.device))
-    total = comm.mpi.allreduce(len(gaussians))
-    if replicated:                          # replicas that drifted apart would lose or repeat Gaussians
-        comm.agree(total == len(trainer), f"replicated layout: the ranks kept {total} Gaussians of this rank's "
-                                          f"model of {len(trainer)}", where="phase 'shards'")
-    from .gaussians import gather_gaussians
-
-    merged, qm = None, None                 # ply figures and the web copy need the whole model on rank 0
-    if cfg.output.ply_metrics:
-        merged = gather_gaussians(gaussians.to("cpu"), comm.mpi)    # what model.ply holds: on rank 0
-        if replicated:                      # the whole images are on every rank: rank 0 draws alone
-            qm = comm.mpi.bcast(on_rank0(lambda: model_quality(ply_colors(merged, cfg), scene, run,
-                                                                backend=tc.backend)), root=0)
-        else:
-            qm = model_quality(ply_colors(merged, cfg) if comm.rank == 0 else None, scene, comm, backend=tc.backend)
-    metrics = {
-        "step": step, "time": time, "ranks": comm.size, "device": device.type,
-        "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": q0.psnr, "lpips": q.lpips,
-        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
-        "ssim_foreground": q.ssim_foreground, "psnr_foreground_initial": q0.psnr_foreground,
-        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
-        **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
-           for key in ("psnr", "psnr_foreground", "ssim_foreground")},
-        "color_model": tc.color_model,
-        "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": reached,
-        "sh_degree": trainer.sh_degree_trained,
-        "gaussians_initial": n0, "gaussians": total,
-        "seeds_seconds": round(t_seed - t0 + (t_color - t_scene), 3),     # the seed colours included
-        "ground_truth_seconds": round(t_gt - t_seed - (t_color - t_scene), 3),
-        "color_init_seconds": round(t_color - t_scene, 3), "scene_seconds": round(t_scene - t_seed, 3),
-        "train_seconds": round(t_train - t_gt, 3), "history": history,
-        "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
-        "evaluation_seconds": round(sum(evaluations), 3),
-    }
-    if device.type == "cuda":
-        metrics["peak_gpu_memory_gb"] = comm.mpi.allreduce(torch.cuda.max_memory_allocated(device) / 2**30,
-                                                           op=MPI.MAX)
-    metrics["total_seconds"] = round(_time.perf_counter() - t0, 3)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    seeding = seed_shard(block, cfg, comm, warm)
+    n0 = comm.mpi.allreduce(len(seeding.shard))
+    seconds = clock.lap("seeds", sync=False)
+    note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({seconds:.1f} s)", show)
+    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets)
+    clock.lap("scene")
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    seconds = clock.lap("colors")
+    if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
+        note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
+    trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
+                                  warm=warm)
+    del shard, seeding                              # the trainer holds its own copy
+    clock.lap("setup")                              # the layout's set-up counts as ground-truth time
+    log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show)
+    clock.lap("train")
+    q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
+                                 keep_images=cfg.output.images)
+    closer = closer_figures(trainer, scene, layout, cfg)
+    gaussians, total = layout.shard(trainer.gaussians())
+    merged, qm = model_figures(gaussians, scene, layout, cfg)
+    metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
+                           closer=closer)
+    orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, images=images,
-                      cameras=scene.views.to("cpu").subset(torch.arange(cfg.views.count)))    # the orbit's
-
+                      model=merged, images=images, cameras=orbit)

@@ -1,9 +1,10 @@
-"""Progress display: a bar on a terminal, a plain line every tenth of the work in a log, and a
-line per finished phase of a step (:func:`note`)."""
+"""Progress display: a bar on a terminal, a plain line every tenth of the work in a log, a
+line per finished phase of a step (:func:`note`) and a line per trained step (:func:`summary`)."""
 from __future__ import annotations
 
 import sys
 import time as _time
+from pathlib import Path
 
 
 class LogProgress:
@@ -41,3 +42,11 @@ def note(message: str, enabled: bool) -> None:
     """One line on stderr saying what finished (a step's phases between the progress bars)."""
     if enabled:
         print(message, file=sys.stderr, flush=True)
+
+
+def summary(metrics: dict, out: Path) -> str:
+    """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``."""
+    return (f"step {metrics['step']}: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
+            f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
+            f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
+            f"-> {out / ('step_%06d' % metrics['step'])}")

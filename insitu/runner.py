@@ -10,19 +10,14 @@ import numpy as np
 
 from .agreement import agree_errors, first_error
 from .config import Config, check_memory
+from .demo import run_demo
 from .errors import ConfigError, InputError, RankFailure
+from .progress import summary
 
 
 def say(comm, text: str) -> None:
     if comm is None or comm.rank == 0:
         print(text, flush=True)
-
-
-def summary(metrics: dict, out: Path) -> str:
-    return (f"step {metrics['step']}: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
-            f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
-            f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
-            f"-> {out / ('step_%06d' % metrics['step'])}")
 
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
@@ -116,8 +111,6 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         writer = StepWriter(out, ply=cfg.output.ply, done=done)
         failed: list[tuple[int, str]] = []
         if args.command == "demo":
-            from .demo import run_demo
-
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
             with comm.phase("read input"):

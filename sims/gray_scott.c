@@ -9,7 +9,7 @@
  *     --seed N       noise seed (default 0)
  *     --no-insitu    run without the adaptor (baseline timing)
  *
- * Same model as sims/gray_scott.py (and the ADIOS2 Gray-Scott tutorial):
+ * Same model as sims/insitu_sims/gray_scott.py (and the ADIOS2 Gray-Scott tutorial):
  *   du/dt = Du lap(u) - u v^2 + F (1 - u) + noise * r,   dv/dt = Dv lap(v) + u v^2 - (F + k) v
  * with a 7-point Laplacian (divided by 6), explicit Euler, periodic boundaries,
  * U = 1, V = 0 except the centred cube [L/2 - d, L/2 + d)^3, d = min(6, L/4) (U = 0.25,
@@ -54,7 +54,7 @@ static uint64_t splitmix64(uint64_t x)
 }
 
 /* Deterministic noise in [-1, 1) for a global sample before step `step` (0-based), as
- * sims/gray_scott.py draws it: splitmix64(index + splitmix64(seed * 0x1000003 + step)). */
+ * sims/insitu_sims/gray_scott.py draws it: splitmix64(index + splitmix64(seed * 0x1000003 + step)). */
 static double noise_at(uint64_t seed, int step, int64_t gx, int64_t gy, int64_t gz, int L)
 {
     uint64_t id = ((uint64_t)gz * (uint64_t)L + (uint64_t)gy) * (uint64_t)L + (uint64_t)gx;

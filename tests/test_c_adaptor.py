@@ -107,7 +107,7 @@ def test_c_python_exception_in_execute_returns_an_error_on_every_rank(gray_scott
 @pytest.mark.mpi
 def test_c_gray_scott_matches_the_python_one_for_any_split(gray_scott_c, tmp_path):
     sys.path.insert(0, str(ROOT / "sims"))
-    from gray_scott import GrayScott, GrayScottSettings
+    from insitu_sims.gray_scott import GrayScott, GrayScottSettings
 
     sim = GrayScott(GrayScottSettings(L=20, steps=30, engine="none"))
     for _ in range(30):

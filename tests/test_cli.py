@@ -14,7 +14,7 @@ import pytest
 from insitu.ply import read_ply
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "sims" / "gray_scott.py"
+SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SUMMARY = re.compile(r"^(?:demo: )?step (\d+): PSNR ([\d.]+) dB, SSIM ([\d.]+), (\d+) Gaussians, (\d+) iterations, .*-> (.+)$",
                      re.MULTILINE)

@@ -13,12 +13,12 @@ import pytest
 from mpi4py import MPI
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "sims" / "gray_scott.py"
+SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 WORKER = ROOT / "tests" / "mpi" / "source_worker.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 sys.path.insert(0, str(ROOT / "sims"))
 
-from gray_scott import GrayScott, GrayScottSettings, parse_args, run  # noqa: E402
+from insitu_sims.gray_scott import GrayScott, GrayScottSettings, parse_args, run  # noqa: E402
 
 
 def _run(cmd, cwd, timeout=60) -> subprocess.CompletedProcess:

@@ -272,13 +272,13 @@ def blobs_array(shape_xyz=(64, 56, 48), count=12, seed=3) -> np.ndarray:
 
 
 def test_empty_space_skipping_does_not_change_the_image(monkeypatch):
-    import insitu.groundtruth as groundtruth
+    import insitu.groundtruth.field as field
 
     block = whole_block(blobs_array())
     views = orbit_views(*block.global_box, count=3, resolution=40)
     args = (block, views.viewmats, views.Ks, 40, 40, [0.3, 0.6])
     skipped = raycast(*args)
-    monkeypatch.setattr(groundtruth, "SKIP_RADIUS_CAP", 0)        # every macro cell marched finely
+    monkeypatch.setattr(field, "SKIP_RADIUS_CAP", 0)              # every macro cell marched finely
     marched = raycast(*args)
     assert float(skipped[0][..., 3].mean()) > 0.02
     assert torch.allclose(skipped[0], marched[0], atol=1e-5)

@@ -24,12 +24,12 @@ from insitu.errors import InputError, SourceError, SourceInputError
 from insitu.sources import ArraySource, BPSource, RawSource, SSTSource, Step, open_source
 
 ROOT = Path(__file__).resolve().parents[1]
-SIM = ROOT / "sims" / "gray_scott.py"
+SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 WORKER = ROOT / "tests" / "mpi" / "source_worker.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 sys.path.insert(0, str(ROOT / "sims"))
 
-from gray_scott import GrayScottSettings, run  # noqa: E402
+from insitu_sims.gray_scott import GrayScottSettings, run  # noqa: E402
 
 GS = dict(L=16, steps=60, plotgap=10, noise=0.1, seed=3)
 GS_ARGS = ["--L", "16", "--steps", "60", "--plotgap", "10", "--noise", "0.1", "--seed", "3"]

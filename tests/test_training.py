@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from insitu.bandloss import band_loss
 from insitu.config import Config, TrainConfig
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import make_scene
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.ssim import ssim_map
 from insitu.appearance import ColorModel
-from insitu.training import Trainer, band_loss, footprint_errors, render_bands
+from insitu.training import Trainer, footprint_errors, render_bands
 from insitu.volume import whole_block
 
 N = 16          # samples per axis of the test field
@@ -386,7 +387,7 @@ def test_halo_exchange_reaches_only_the_neighbouring_bands():
     """The SSIM halo's partners: with bands of >= 5 rows a rank trades with the bands above and
     below it only; bands shorter than 5 rows reach further, as far as 5 rows go."""
     from insitu.compositing import band_rows
-    from insitu.training import _halo_partners
+    from insitu.bandloss import _halo_partners
 
     send, recv = _halo_partners(band_rows(100, 8), 3, 100)
     assert [q for q, f in enumerate(send) if f] == [q for q, f in enumerate(recv) if f] == [2, 4]

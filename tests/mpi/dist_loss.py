@@ -10,7 +10,7 @@ exchange: random images (float32) of several sizes, split into the ranks' row ba
           pixel must equal ``band_loss`` of the whole image on one rank within 1e-5.
 render:   one sphere of Gaussians per block of an uneven split along x (cells cut at 10 and 38
           on 3 ranks, at 38 on 2; an even split would cut at 16 and 32, or 24), the blocks'
-          order from ``pipeline.view_order`` (the validated decomposition's real edges). View 0's
+          order from ``scene.view_order`` (the validated decomposition's real edges). View 0's
           camera sits at x = 32.2 (block 1 of the real split, block 2 of an even one) and looks
           through block 1's sphere at block 2's. The gathered images must equal the one-rank
           render (1e-10, float64), and the order an even split would give must not (so the test
@@ -28,12 +28,13 @@ from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
 from insitu.appearance import ColorModel
+from insitu.bandloss import band_loss
 from insitu.compositing import band_rows, gather_bands, visibility_order
 from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import block_decomposition, view_order
+from insitu.scene import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import band_loss, colors_from_images, footprint_errors, render_bands, to_params
+from insitu.training import colors_from_images, footprint_errors, render_bands, to_params
 from insitu.views import Views, look_at, orbit_views
 from insitu.volume import Block
 

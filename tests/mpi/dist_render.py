@@ -20,7 +20,7 @@ from insitu.appearance import ColorModel
 from insitu.compositing import band_rows, gather_bands
 from insitu.decomposition import block_extent, cut_block, split_dims
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import block_decomposition, view_order
+from insitu.scene import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.training import render_bands, to_params
 from insitu.views import Views, orbit_views

@@ -22,7 +22,7 @@ rank 0, which writes; with an MPI-enabled ADIOS2 every rank writes its own block
 
 This module is a standalone simulation and does not import ``insitu``.
 
-    mpiexec -n 4 python sims/gray_scott.py --L 64 --steps 1000 --plotgap 10 --engine BP5 --output gs.bp
+    mpiexec -n 4 python -m insitu_sims.gray_scott --L 64 --steps 1000 --plotgap 10 --engine BP5 --output gs.bp
 """
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ class _Writer:
     """ADIOS2 output of U, V, step, time; serial ADIOS2 -> gather to rank 0."""
 
     def __init__(self, settings: GrayScottSettings, sim: GrayScott, comm: MPI.Comm):
-        import adios2
+        import adios2                           # optional (engine "none" writes nothing); seconds to import
 
         self.comm = comm
         self.sim = sim
