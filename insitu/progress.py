@@ -46,7 +46,12 @@ def note(message: str, enabled: bool) -> None:
 
 def summary(metrics: dict, out: Path) -> str:
     """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``."""
-    return (f"step {metrics['step']}: PSNR {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.4f}, "
+    closer = [f"{metrics[k]:.1f}" for k in ("psnr_foreground_near2", "psnr_foreground_near3")
+              if metrics.get(k) is not None]
+    return (f"step {metrics['step']}: surface PSNR {metrics['psnr_foreground']:.2f} dB, "
+            f"SSIM {metrics['ssim_foreground']:.4f}"
+            + (f" (2x and 3x closer: {' and '.join(closer)} dB)" if closer else "")
+            + f", whole image {metrics['psnr']:.2f} dB, "
             f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
             f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
             f"-> {out / ('step_%06d' % metrics['step'])}")

@@ -16,7 +16,8 @@ from insitu.ply import read_ply
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
-SUMMARY = re.compile(r"^(?:demo: )?step (\d+): PSNR ([\d.]+) dB, SSIM ([\d.]+), (\d+) Gaussians, (\d+) iterations, .*-> (.+)$",
+SUMMARY = re.compile(r"^(?:demo: )?step (\d+): surface PSNR ([\d.]+) dB, SSIM ([\d.]+)(?: \(2x and 3x closer: "
+                     r"[\d.]+ and [\d.]+ dB\))?, whole image [\d.]+ dB, (\d+) Gaussians, (\d+) iterations, .*-> (.+)$",
                      re.MULTILINE)
 TINY = ["--views", "8", "--resolution", "24", "--iterations", "4", "--budget", "150", "--quiet",
         "--set", "views.supersample=1"]

@@ -212,7 +212,7 @@ def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):
                  "--iterations", "10", "--budget", "300", "--device", "cpu", "--backend", "torch", "--quiet",
                  "--out", str(out_dir), "--set", "views.supersample=1", "--set", "output.images=1", timeout=120)
     assert out.returncode == 0, out.stdout
-    assert "step 0: PSNR" in out.stdout and out.stdout.count("done: 1 step(s) trained") == 1, out.stdout
+    assert "step 0: surface PSNR" in out.stdout and out.stdout.count("done: 1 step(s) trained") == 1, out.stdout
     step = out_dir / "step_000000"
     metrics = json.loads((step / "metrics.json").read_text())
     model = read_ply(step / "model.ply")
