@@ -406,3 +406,38 @@ def test_parallel_write_ply_is_the_gathered_file(ranks, tmp_path):
     out = run_mpi(ranks, "ply_worker.py", str(tmp_path), timeout=180)
     assert out.returncode == 0, out.stdout
     assert all(f"OK rank {r} of {ranks}" in out.stdout for r in range(ranks)), out.stdout
+
+
+# ----------------------------------------------------------------------------------- the output folder
+
+
+def test_a_failed_write_names_the_file_and_the_error_code_and_leaves_nothing(tmp_path):
+    import errno
+
+    with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device \(ENOSPC\): '.*/model\.ply'$") as info:
+        with atomic_path(tmp_path / "model.ply") as tmp:
+            tmp.write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "model.ply")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_mpi_io_error_stack_becomes_the_one_line_error_it_stands_for(tmp_path):
+    from mpi4py import MPI
+
+    from insitu.ply import mpi_io_error
+
+    class Stack(Exception):
+        def __init__(self, kind, text):
+            super().__init__(text)
+            self.kind = kind
+
+        def Get_error_class(self):
+            return self.kind
+
+    romio = Stack(MPI.ERR_IO, "Other I/O error , error stack:\ninternal_File_write_at_c(8659): MPI_File_write_at_c("
+                              "...) failed\nADIOI_GEN_WRITECONTIG(80).....: Other I/O error No space left on device")
+    assert str(mpi_io_error(romio, tmp_path / "model.ply")) == \
+        f"[Errno 28] No space left on device (ENOSPC): '{tmp_path / 'model.ply'}'"
+    assert mpi_io_error(Stack(MPI.ERR_NO_SPACE, "x\ny"), tmp_path / "m").errno == 28
+    assert "(EIO)" in str(mpi_io_error(Stack(MPI.ERR_IO, "something\nelse"), tmp_path / "m"))
