@@ -69,6 +69,10 @@ def files(tmp_path_factory) -> Path:
     (d / "binary.yaml").write_bytes(bytes(range(256)) * 4)
     (d / "nested.yaml").write_text("train: " + "[" * 5000 + "]" * 5000 + "\n")
     (d / "afile").write_text("x")
+    os.mkfifo(d / "fifo.npy")
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"b{i}: &b{i} [{', '.join([f'*b{i - 1}' if i > 1 else '*a'] * 9)}]\n" for i in range(1, 10))
+    (d / "aliases.yaml").write_text(bomb)        # 9 levels of 9 aliases: 9**10 values if expanded
     return d
 
 
@@ -82,6 +86,13 @@ def files(tmp_path_factory) -> Path:
     ("train.ssim_weight", 2, r"train\.ssim_weight: expected a value in \[0, 1\], got 2"),
     ("input.iso", [0.5, math.inf], r"input\.iso: expected a finite number"),
     ("input.dtype", "foo", r"input\.dtype: expected an integer or float type .* got 'foo'"),
+    ("views.resolution", 5, r"views\.resolution: expected at least 6 pixels \(the held-out SSIM's 11 x 11 window"),
+    ("views.test_every", 1, r"views\.test_every: expected at least 2 .* 1 holds out every view and leaves none"),
+    ("views.colormap", "jet", r"views\.colormap: expected one of viridis, gray, got 'jet'"),
+    ("train.ssim_target", 2, r"train\.ssim_target: expected a value in \[0, 1\], got 2"),
+    ("train.psnr_target", -5, r"train\.psnr_target: expected a value > 0, got -5"),
+    ("input.iso", [0.3, 0.5, 0.3], r"input\.iso: expected distinct iso values, got 0\.3 more than once"),
+    ("output.dir", "", r"output\.dir: expected a folder name, got ''"),
 ])
 def test_out_of_range_values_are_rejected_by_validation(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -92,6 +103,7 @@ def test_out_of_range_values_are_rejected_by_validation(key, value, message):
     ("train.iterations=[unclosed", r"--set 'train\.iterations=\[unclosed': not valid YAML"),
     ("train.iterations=!!python/object/apply:os.system [echo hi]", r"not valid YAML \(could not determine a constructor"),
     ("train.iterations=" + "[" * 100 + "]" * 100, r"nested 100 levels deep, expected at most 32"),
+    ("views.background=[&a 0.5, *a, *a]", r"YAML aliases are not accepted in a configuration \(found \*a on line 1\)"),
 ])
 def test_invalid_yaml_in_set_is_a_config_error(text, message):
     with pytest.raises(ConfigError, match=message):
@@ -102,11 +114,24 @@ def test_invalid_yaml_in_set_is_a_config_error(text, message):
     ("binary.yaml", r"not a text file"),
     ("nested.yaml", r"nested 5000 levels deep"),
     ("afile/../", r"is a directory"),
+    ("aliases.yaml", r"aliases\.yaml: YAML aliases are not accepted in a configuration \(found \*a on line 2\)"),
 ])
 def test_unusable_config_files_are_config_errors(files, name, message):
     path = files if name == "afile/../" else files / name
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_the_colormaps_the_config_accepts_are_the_ray_casters():
+    from insitu.config import field_choices
+    from insitu.groundtruth import COLORMAPS
+
+    assert sorted(field_choices("views.colormap")) == sorted(COLORMAPS)
+
+
+def test_a_target_that_is_not_set_passes_validation():
+    cfg = load_config(None, {"train.ssim_target": None, "train.psnr_target": None})
+    assert cfg.train.ssim_target is None and cfg.train.psnr_target is None
 
 
 def test_memory_that_cannot_fit_is_refused_with_what_it_needs():
