@@ -35,8 +35,8 @@ from urllib.parse import quote
 import numpy as np
 import yaml
 
-from .export import STEP_DIR
 from .files import atomic_write, plain, read_csv, write_json
+from .folder import STEP_DIR
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
