@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -490,6 +492,54 @@ def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_fi
     with pytest.raises(ConfigError, match=r"is a file, so the folder cannot be created"):
         Adaptor(None, {"parallel": {"device": "cpu"}, "output": {"dir": str(tmp_path / "f" / "o")}},
                 process=_process([]))
+
+
+def test_the_adaptor_refuses_a_step_number_given_before(tmp_path):
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+
+    seen = []
+    u = np.zeros((4, 5, 6), np.float32)
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path / "o")}, "parallel": {"device": "cpu"}}
+    with Adaptor(None, cfg, process=_process(seen)) as ad:
+        ad.execute(5, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+        with pytest.raises(InputError, match=r"step 5: given to execute\(\) before; each step number once"):
+            ad.execute(5, 1.0, {"U": u + 1}, (6, 5, 4), (0, 0, 0))
+        ad.execute(3, 2.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+    assert seen == [5, 3] and ad.stats.trained_steps == [5, 3]
+
+
+def test_the_adaptor_refuses_to_resume_steps_of_another_configuration(tmp_path):
+    from insitu.adaptor import Adaptor
+    from insitu.config import from_dict
+    from insitu.export import StepWriter
+
+    out = tmp_path / "out"
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out), "existing": "resume"}, "parallel": {"device": "cpu"}}
+    StepWriter(out, provenance={"command": "adaptor"}).write(3, None, [], {"psnr": 20.0}, from_dict(cfg))
+    with pytest.raises(ConfigError, match=r"--resume would keep steps made from another input or configuration "
+                                          r"\(step 3: input\.iso \(\[0\.25\] kept vs \[0\.5\] now\)\)"):
+        Adaptor(None, {**cfg, "input": {"iso": [0.5]}}, process=_process([]))
+    assert (out / "step_000003" / "metrics.json").is_file()
+
+
+def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
+    from insitu.adaptor import Adaptor
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from insitu.folder import lock_output; "
+                               f"lock = lock_output({str(out)!r}, 'insitu replay other.bp'); print('locked', flush=True); "
+                               "sys.stdin.read(); lock.release()"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+        with pytest.raises(ConfigError, match=rf"in use by another run \(PID {holder.pid} on "
+                                              rf"{re.escape(socket.gethostname())}, insitu replay other\.bp, since"):
+            Adaptor(None, cfg, process=_process([]))
+    finally:
+        holder.communicate("", timeout=30)
+    assert not out.exists()                                     # its holder made it and removed it
 
 
 def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):
