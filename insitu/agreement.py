@@ -64,7 +64,7 @@ def first_error(errors: list[Any]) -> tuple[int, Any] | None:
 def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = None) -> None:
     """Collective: raise ConfigError on every rank unless every rank holds the same validated ``cfg``
     (and the same ``extra``, e.g. the command and its input); the error names the keys that differ."""
-    from .config import config_differences, config_hash
+    from .config import config_differences, config_hash, config_value
 
     mine = (config_hash(cfg), extra or {})
     gathered = allgather_within(mpi, mine, seconds, "comparing the configurations of the ranks")
@@ -76,15 +76,9 @@ def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = Non
         keys = config_differences(dicts[0], d)
         if keys:
             lines.append(f"rank {r} differs from rank 0 in " + ", ".join(
-                f"{k} ({_lookup(dicts[0], k)!r} vs {_lookup(d, k)!r})" for k in keys))
+                f"{k} ({config_value(dicts[0], k)!r} vs {config_value(d, k)!r})" for k in keys))
     raise ConfigError("the ranks run different configurations (every rank must be given the same one):\n  "
                       + "\n  ".join(lines))
-
-
-def _lookup(d: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        d = d.get(part) if isinstance(d, dict) else None
-    return d
 
 
 def _wait(request, seconds: float, on_timeout) -> None:

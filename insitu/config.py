@@ -10,11 +10,14 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .errors import ConfigError
 
@@ -77,7 +80,8 @@ class ViewConfig:
     supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
     background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
-    colormap: str = "viridis"           # when input.color_var is set
+    colormap: str = constrained("viridis", choices=("viridis", "gray"))   # when input.color_var is set
+                                        # (the ray caster's maps: groundtruth.COLORMAPS)
 
 
 @dataclass
@@ -110,8 +114,8 @@ class TrainConfig:
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)
     max_gaussians: int = constrained(5_000_000, POSITIVE)
-    psnr_target: float | None = None    # stop early once held-out PSNR reaches this
-    ssim_target: float | None = None    # ... and held-out SSIM this (both, when both are set)
+    psnr_target: float | None = constrained(None, POSITIVE)  # stop early once held-out PSNR reaches this (dB)
+    ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
     eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
     seed: int = constrained(0, NON_NEGATIVE)
     backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
@@ -165,6 +169,14 @@ class Config:
 
 SUPERSAMPLE_MAX = 8                     # 8 x 8 rays per pixel; more multiplies ray casting time for no visible gain
 NESTING_MAX = 32                        # deeper YAML is not a configuration (and would exhaust the parser's stack)
+RESOLUTION_MIN = 6                      # the held-out SSIM's 11 x 11 window reaches 5 pixels beyond each pixel
+SPACING_RANGE = (1e-3, 1e8)             # a cell's size: the cameras' near and far planes are fixed distances
+                                        # (0.01 and 1e10), outside this the images come out empty
+# Keys that say how or where a run runs, not what it computes: a resumed run may change them (the
+# kept steps are compared with the new run on every other key).
+RUN_KEYS = frozenset({"output.dir", "output.existing", "train.progress", "input.steps", "input.every",
+                      "input.timeout_s", "parallel.timeout_s", "parallel.threads", "parallel.device",
+                      "insitu.mode", "insitu.queue", "insitu.policy"})
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:
@@ -243,7 +255,9 @@ def validate(cfg: Config) -> Config:
             choices, checks = f.metadata.get("choices"), f.metadata.get("checks", ())
             if choices and value not in choices:
                 raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
-            if POSITIVE in checks and value is not None and value <= 0:
+            if value is None:                   # "not set"
+                continue
+            if POSITIVE in checks and value <= 0:
                 raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
             if NON_NEGATIVE in checks and value < 0:
                 raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
@@ -251,6 +265,17 @@ def validate(cfg: Config) -> Config:
                 raise ConfigError(f"{key}: expected a value in [0, 1], got {value!r}")
     if not cfg.input.iso:
         raise ConfigError("input.iso: expected at least one iso value, got an empty list")
+    twice = sorted({v for v in cfg.input.iso if cfg.input.iso.count(v) > 1})
+    if twice:
+        raise ConfigError(f"input.iso: expected distinct iso values, got {', '.join(f'{v:g}' for v in twice)} more than "
+                          f"once in {cfg.input.iso} (the same surface would be seeded twice)")
+    _check_output_dir(cfg.output.dir)
+    if cfg.views.resolution < RESOLUTION_MIN:
+        raise ConfigError(f"views.resolution: expected at least {RESOLUTION_MIN} pixels (the held-out SSIM's 11 x 11 "
+                          f"window reaches 5 pixels beyond each one), got {cfg.views.resolution}")
+    if cfg.views.test_every < 2:
+        raise ConfigError(f"views.test_every: expected at least 2 (every k-th view is held out for evaluation; "
+                          f"{cfg.views.test_every} holds out every view and leaves none to train on)")
     if cfg.train.seed >= 2**32:
         raise ConfigError(f"train.seed: expected 0 <= seed < 2**32, got {cfg.train.seed}")
     if cfg.views.supersample > SUPERSAMPLE_MAX:
@@ -282,6 +307,45 @@ def validate(cfg: Config) -> Config:
     if cfg.views.count <= cfg.views.test_every and cfg.views.count < 2:
         raise ConfigError(f"views.count: expected at least 2 views (train and test), got {cfg.views.count}")
     return cfg
+
+
+def _check_output_dir(name: str) -> None:
+    """``output.dir`` must name a folder, in UTF-8 (the report names it, and HTML is UTF-8)."""
+    if not name:
+        raise ConfigError("output.dir: expected a folder name, got '' (an empty --out would write into the "
+                          "current folder; give --out . for that)")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"output.dir {os.fsencode(name)!r}: the name is not UTF-8 text; give a folder name in "
+                          "UTF-8 (the report names it)") from None
+
+
+def check_spacing(spacing: Any, where: str = "--spacing") -> tuple[float, float, float]:
+    """The size of a cell (x, y, z) as 3 floats in ``SPACING_RANGE``; ConfigError otherwise."""
+    lo, hi = SPACING_RANGE
+    try:
+        values = tuple(float(v) for v in spacing)
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != 3 or not all(lo <= v <= hi for v in values):
+        shown = " ".join(f"{v:g}" for v in values) if len(values) == 3 else repr(spacing)
+        raise ConfigError(f"{where}: expected 3 finite values in [{lo:g}, {hi:g}] (the size of a cell along x, y, "
+                          f"z; the cameras' near and far planes are fixed distances, so the images of a grid "
+                          f"beyond them come out empty: give the spacing in other units), got {shown}")
+    return values  # type: ignore[return-value]
+
+
+def check_backend(cfg: Config, device_type: str, gsplat_error: str | None) -> None:
+    """ConfigError when ``train.backend`` cannot rasterize on the run's device (``device_type``: "cpu"
+    or "cuda"); ``gsplat_error``: why gsplat does not import, or None."""
+    if cfg.train.backend != "gsplat":
+        return
+    if device_type != "cuda":
+        raise ConfigError(f"train.backend: gsplat needs a CUDA device, and this run trains on {device_type} "
+                          f"(parallel.device {cfg.parallel.device!r}); use auto or torch")
+    if gsplat_error is not None:
+        raise ConfigError(f"train.backend: gsplat does not import ({gsplat_error}); install it, or use auto or torch")
 
 
 def from_dict(values: dict[str, Any]) -> Config:
@@ -358,10 +422,23 @@ def _depth(value: Any) -> int:
     return 0
 
 
-def _yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load(text)`` with every failure (syntax, tags, binary, nesting) as a ConfigError."""
-    import yaml
+class _AliasFound(yaml.YAMLError):
+    """An alias (``*name``) in a configuration's YAML."""
 
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases: a few hundred bytes of nested aliases stand for billions
+    of values (each level repeats the one below), which every walk of the document would expand."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _AliasFound(f"*{event.anchor} on line {event.start_mark.line + 1}")
+        return super().compose_node(parent, index)
+
+
+def _yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)`` with every failure (syntax, tags, binary, nesting, aliases) as a ConfigError."""
     if "\0" in text:
         raise ConfigError(f"{where}: not a text file (it holds NUL bytes); expected YAML")
     depth = level = 0                           # flow nesting, counted before the parser recurses into it
@@ -371,7 +448,10 @@ def _yaml(text: str, where: str) -> Any:
     if depth > NESTING_MAX:
         raise ConfigError(f"{where}: nested {depth} levels deep, expected at most {NESTING_MAX}")
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_NoAliasLoader)
+    except _AliasFound as e:
+        raise ConfigError(f"{where}: YAML aliases are not accepted in a configuration (found {e}); write the "
+                          "values out") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
     except RecursionError:
@@ -448,6 +528,13 @@ def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -
         elif va != vb:
             out.append(f"{prefix}{key}")
     return out
+
+
+def config_value(values: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted key (``"views.count"``) of nested dicts (``Config.to_dict()``); None when absent."""
+    for part in dotted.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
 
 
 def parse_override(text: str) -> tuple[str, Any]:

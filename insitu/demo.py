@@ -75,7 +75,7 @@ def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
               f"{cfg.input.iso} every {plotgap} steps ({cfg.insitu.mode}) on {comm.device}; "
               f"outputs in {cfg.output.dir}", flush=True)
     t0 = time.perf_counter()
-    with Adaptor(comm.mpi, cfg) as adaptor:
+    with Adaptor(comm.mpi, cfg, provenance=writer.provenance) as adaptor:
         def consumer(step, t, fields, global_shape, start):
             adaptor.execute(step, t, fields, global_shape, start)
             if comm.rank == 0:

@@ -18,7 +18,7 @@ model: :meth:`StepWriter.write_model` is collective, every rank writing its own 
 """
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import re
 import shutil
@@ -34,30 +34,22 @@ import numpy as np
 import yaml
 from torch import Tensor
 
+from .config import RUN_KEYS, Config, config_differences, config_value, load_config
 from .errors import ConfigError
-from .files import atomic_write, flatten_metrics, plain, read_csv, side_by_side, write_csv, write_json, write_png
+from .files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
+from .folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans, step_dir,
+                     step_name)
 from .gaussians import Gaussians
 from .ply import write_ply
+from .report import cameras_json, write_report
+from .webmodel import write_spz
+
+__all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
 
 # ---------------------------------------------------------------------------------------------
-# Step folders
+# The output folder, before a run
 
-
-STEP_DIR = re.compile(r"^step_(\d{6,})$")
-
-
-def step_name(step: int) -> str:
-    """``step_000120`` for step 120."""
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    return f"step_{int(step):06d}"
-
-
-def step_dir(out_root: str | Path, step: int) -> Path:
-    """``out_root/step_000120`` for step 120, created."""
-    d = Path(out_root) / step_name(step)
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+RESULT_FILES = ("metrics.csv", "report.html", "report.json")     # the run's own files at the top level
 
 
 def _results(out: Path) -> tuple[list[int], list[Path]]:
@@ -69,36 +61,78 @@ def _results(out: Path) -> tuple[list[int], list[Path]]:
             found.append(p)
             if (p / "metrics.json").is_file():
                 done.append(int(m.group(1)))
-        elif p.name in ("metrics.csv", "report.html") or re.match(r"^\.step_\d{6,}\..*\.(tmp|old)$", p.name):
+        elif p.name in ("metrics.csv", "report.html") or STEP_TEMPORARY.match(p.name):
             found.append(p)
     return sorted(done), found
 
 
-def prepare_output(out_root: str | Path, existing: str = "refuse") -> list[int]:
-    """Check that ``out_root`` can take this run's results before any work; returns the steps to keep.
+def check_output_path(out_root: str | Path) -> None:
+    """Raise ConfigError when ``out_root`` cannot take a run's results; changes nothing.
 
-    existing: what to do when the folder holds results (step folders, metrics.csv, report.html):
-              "refuse" (raise ConfigError), "overwrite" (delete them; other files stay),
-              "resume" (keep the complete steps, returned; remove partial ones).
-    Raises ConfigError when the path (or a parent) is a file or the folder cannot be written.
-    Creates nothing: the first step written creates the folder.
+    Refused: a file; a path under a file; a symbolic link (the folder or a parent) to nothing;
+    a folder that cannot be written (or whose nearest existing parent cannot); a folder in which a
+    name the run writes is taken by something else (``metrics.csv`` as a folder, ``viewer`` as a
+    file, a ``step_XXXXXX`` file).
     """
     out = Path(out_root)
-    if existing not in ("refuse", "resume", "overwrite"):
-        raise ValueError(f"existing: expected 'refuse', 'resume' or 'overwrite', got {existing!r}")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output.dir {out}: is a file, expected a folder (give another --out)")
     base = out
     while not base.exists():
+        if base.is_symlink():
+            raise ConfigError(f"output.dir {out}: {base} is a symbolic link to {os.readlink(base)}, which does not "
+                              "exist; create its target or give another --out")
+        if base.parent == base:
+            break
         base = base.parent
     if not base.is_dir():
-        raise ConfigError(f"output.dir {out}: {base} is a file, so the folder cannot be created")
+        what = "is a file, expected a folder (give another --out)" if base == out else \
+            f"{base} is a file, so the folder cannot be created"
+        raise ConfigError(f"output.dir {out}: {what}")
     try:
         with tempfile.TemporaryFile(dir=base, prefix=".insitu-probe."):
             pass
     except OSError as e:
         raise ConfigError(f"output.dir {out}: cannot write in {base} ({e.strerror or e})") from None
-    if base != out:
+    if base == out:
+        _check_names(out)
+
+
+def _check_names(out: Path) -> None:
+    """The names the run writes in ``out`` must be free or of the kind it writes."""
+    for p in out.iterdir():
+        wrong = None
+        if p.name in RESULT_FILES and (p.is_dir() or (p.exists() and not p.is_file())):
+            wrong = "a folder" if p.is_dir() else "not a plain file"
+            expected = "a file (the run writes it)"
+        elif p.name == "viewer" and p.exists() and not p.is_dir():
+            wrong, expected = "a file", "a folder (the report's viewer goes there)"
+        elif STEP_DIR.match(p.name) and p.exists() and not p.is_dir():
+            wrong, expected = "a file", "a step folder"
+        elif p.name == LOCK_NAME and (p.is_symlink() or (p.exists() and not p.is_file())):
+            wrong, expected = "not a plain file", "the folder's lock file"
+        if wrong:
+            raise ConfigError(f"output.dir {out}: {p} is {wrong}, expected {expected}; move it away or give "
+                              "another --out")
+
+
+def prepare_output(out_root: str | Path, existing: str = "refuse", *, config: Config | None = None,
+                   provenance: Mapping[str, Any] | None = None) -> list[int]:
+    """Check that ``out_root`` can take this run's results before any work; returns the steps to keep.
+
+    existing: what to do when the folder holds results (step folders, metrics.csv, report.html):
+              "refuse" (raise ConfigError), "overwrite" (delete them; other files stay),
+              "resume" (keep the complete steps, returned; remove partial ones).
+    config, provenance: this run's configuration and what its steps come from (``StepWriter(provenance=)``);
+              with "resume" every kept step must have been made with the same ones (the keys of
+              ``config.RUN_KEYS`` aside), else ConfigError naming the keys that differ.
+    Raises ConfigError for a path that cannot take the results (:func:`check_output_path`).
+    Deletes only with "overwrite" or "resume", and only what is a result or a temporary file of a
+    run: call it with the folder locked (:func:`claim_output`), so that no other run writes there.
+    """
+    out = Path(out_root)
+    if existing not in ("refuse", "resume", "overwrite"):
+        raise ValueError(f"existing: expected 'refuse', 'resume' or 'overwrite', got {existing!r}")
+    check_output_path(out)
+    if not out.is_dir():
         return []
     done, found = _results(out)
     if not found:
@@ -109,6 +143,8 @@ def prepare_output(out_root: str | Path, existing: str = "refuse") -> list[int]:
                           + (f" (steps {listed})" if done else "")
                           + "; give --resume to keep its complete steps and train the others, --overwrite "
                             "to delete them, or another --out (in a config: output.existing)")
+    if existing == "resume" and config is not None:
+        _check_kept(out, done, config, provenance)
     for p in found:
         m = STEP_DIR.match(p.name)
         keep = existing == "resume" and (int(m.group(1)) in done if m else not p.name.startswith("."))
@@ -117,13 +153,57 @@ def prepare_output(out_root: str | Path, existing: str = "refuse") -> list[int]:
     return [] if existing == "overwrite" else done
 
 
-def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collection[int] | None = None) -> Path:
-    """Write ``out_dir/report.html`` (see :func:`insitu.report.write_report`), atomically; returns its path.
+def claim_output(out_root: str | Path, existing: str = "refuse", *, config: Config | None = None,
+                 provenance: Mapping[str, Any] | None = None, command: str = "") -> tuple[OutputLock, list[int]]:
+    """Lock ``out_root`` for this run (:func:`insitu.folder.lock_output`), remove what a killed run was
+    writing there, then :func:`prepare_output`; returns the lock (``release()`` it at the end of the
+    run) and the steps to keep. For the process that writes the folder (rank 0)."""
+    check_output_path(out_root)
+    lock = lock_output(out_root, command)
+    try:
+        remove_orphans(Path(out_root))
+        return lock, prepare_output(out_root, existing, config=config, provenance=provenance)
+    except BaseException:
+        lock.release()
+        raise
 
-    steps: only these steps' folders (default: every ``step_XXXXXX`` folder)."""
-    from .report import write_report as _write_report
 
-    return _write_report(out_dir, title=title, steps=steps)
+def _check_kept(out: Path, done: list[int], config: Config, provenance: Mapping[str, Any] | None) -> None:
+    """ConfigError unless every kept step was made from ``provenance`` with ``config`` (``RUN_KEYS`` aside)."""
+    by_difference: dict[str, list[int]] = {}
+    for step in done:
+        text = "; ".join(kept_differences(out / step_name(step), config, provenance))
+        if text:
+            by_difference.setdefault(text, []).append(step)
+    if by_difference:
+        lines = [f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps[:10]))}"
+                 f"{', ...' if len(steps) > 10 else ''}: {text}" for text, steps in by_difference.items()]
+        raise ConfigError(f"output.dir {out}: --resume would keep steps made from another input or configuration "
+                          f"({'; '.join(lines)}); give the same input and settings, --overwrite, or another --out")
+
+
+def kept_differences(folder: Path, config: Config, provenance: Mapping[str, Any] | None) -> list[str]:
+    """How a complete step folder's input (``metrics.json``'s ``provenance``) and configuration (``config.yaml``)
+    differ from this run's, as ``key (kept vs now)`` texts; [] when they agree (``RUN_KEYS`` aside)."""
+    try:
+        kept = load_config(folder / "config.yaml")
+    except ConfigError as e:
+        return [f"its configuration cannot be compared ({e})"]
+    now, then = plain(config.to_dict()), plain(kept.to_dict())
+    out = [f"{key} ({config_value(then, key)!r} kept vs {config_value(now, key)!r} now)"
+           for key in config_differences(then, now) if key not in RUN_KEYS]
+    if provenance is not None:
+        try:
+            recorded = json.loads((folder / "metrics.json").read_text()).get("provenance")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if not isinstance(recorded, dict):
+            return out + ["its metrics.json does not record the input it was made from"]
+        now_provenance = plain(dict(provenance))
+        out += [f"{key} ({recorded.get(key)!r} kept vs {now_provenance.get(key)!r} now)"
+                for key in sorted(set(recorded) | set(now_provenance), key=str)
+                if recorded.get(key) != now_provenance.get(key)]
+    return out
 
 
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -141,25 +221,42 @@ class StepWriter:
     per step with its ``status`` (trained, skipped, failed) and, unless trained, the ``reason``;
     the report lists this writer's trained steps. The folder is created by the first write.
 
-    ply:  write ``model.ply`` (``output.ply``).
-    done: steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
-          ``resume``): their rows of ``metrics.csv`` are kept, and the report lists them too.
+    ply:    write ``model.ply`` (``output.ply``).
+    done:   steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
+            ``resume``): their rows of ``metrics.csv`` are rebuilt from their ``metrics.json`` (a run
+            killed while writing the CSV leaves it behind the step folders), and the report lists them
+            too; :meth:`publish` writes both at once.
+    provenance: what the steps come from (e.g. ``{"command": "replay", "input": "/abs/m16.bp"}``), written
+            into each step's ``metrics.json`` so that a resumed run can compare it with its own.
     """
 
-    def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = ()) -> None:
+    def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = (),
+                 provenance: Mapping[str, Any] | None = None) -> None:
         self.out_root = Path(out_root)
         self.ply = ply
+        self.provenance = plain(dict(provenance)) if provenance is not None else None
         self._lock = threading.Lock()           # rows come from a training thread and the caller's
         self.rows: dict[int, dict[str, Any]] = {}
         self._pending: dict[int, Path] = {}     # step -> its temporary folder, until write() renames it
-        done = {int(s) for s in done}
-        for r in read_csv(self.csv_path) if done else []:
-            with contextlib.suppress(KeyError, ValueError):
-                if int(r["step"]) in done:       # complete: trained (a csv from before statuses has none)
-                    self.rows[int(r["step"])] = {"step": r["step"], "status": r.get("status") or "trained",
-                                                 **{k: v for k, v in r.items() if k not in ("step", "status")}}
-        for step in done - set(self.rows):
-            self.rows[step] = {"step": step, "status": "trained"}
+        for step in sorted({int(s) for s in done}):
+            self.rows[step] = {"step": step, "status": "trained", **self._kept_row(step)}
+
+    def _kept_row(self, step: int) -> dict[str, Any]:
+        """A kept step's row of metrics.csv, from its metrics.json (what the row was made from)."""
+        try:
+            metrics = json.loads((self.out_root / step_name(step) / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(metrics, dict):
+            return {}
+        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance")})
+
+    def publish(self) -> None:
+        """Write ``metrics.csv`` and the report from the rows held now (a resumed run: the kept steps)."""
+        with self._lock:
+            self.out_root.mkdir(parents=True, exist_ok=True)
+            write_csv(self.csv_path, list(self.rows.values()))
+            write_report(self.out_root, steps=self.trained)
 
     @property
     def csv_path(self) -> Path:
@@ -177,15 +274,16 @@ class StepWriter:
         if not self.ply:
             return None
         several = comm is not None and comm.size > 1
-        if not several:
-            return write_ply(self._folder(step) / "model.ply", gaussians)
-        with comm.phase("export: step folder"):
-            folder = str(self._folder(step)) if comm.rank == 0 else None
-        folder = Path(comm.mpi.bcast(folder, root=0))
+        if several:
+            with comm.phase("export: step folder"):
+                folder = str(self._folder(step)) if comm.rank == 0 else None
+            folder = Path(comm.mpi.bcast(folder, root=0))
+        else:
+            folder = self._folder(step)
         try:
-            return write_ply(folder / "model.ply", gaussians, comm=comm)
-        except BaseException:
-            if comm.rank == 0:
+            return write_ply(folder / "model.ply", gaussians, comm=comm if several else None)
+        except BaseException:                   # disk full...: no step folder in the making stays behind
+            if not several or comm.rank == 0:
                 shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
             raise
 
@@ -234,8 +332,6 @@ class StepWriter:
         metrics = dict(metrics)
         try:
             if gaussians is not None and self.ply:
-                from .webmodel import write_spz
-
                 if not (d / "model.ply").exists():      # not written by write_model already
                     write_ply(d / "model.ply", gaussians)
                 write_spz(d / "model.spz", gaussians)
@@ -246,11 +342,10 @@ class StepWriter:
             for name, gt, pred in views:
                 write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
             if cameras is not None:
-                from .report import cameras_json
-
                 write_json(d / "cameras.json", cameras_json(cameras))
             metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
-            write_json(d / "metrics.json", {"step": int(step), **plain(metrics)})
+            write_json(d / "metrics.json", {"step": int(step), **plain(metrics),
+                                            **({"provenance": self.provenance} if self.provenance is not None else {})})
             if config is not None:
                 cfg = config.to_dict() if hasattr(config, "to_dict") else config
                 atomic_write(d / "config.yaml", yaml.safe_dump(plain(cfg), sort_keys=False))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import io
 import json
 import math
@@ -30,12 +31,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it to ``path`` when the block succeeds.
 
     When the block raises, the temporary file is removed and ``path`` (new or existing) is left
-    untouched. The temporary file is not created in advance: the block creates it.
+    untouched; an OSError of the block (disk full...) is raised again naming ``path``
+    (:func:`named_error`). The temporary file is not created in advance: the block creates it.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as e:
+            raise named_error(e, path) from None
         if not tmp.exists():
             raise FileNotFoundError(f"nothing was written to the temporary file for {path}")
         os.replace(tmp, path)
@@ -43,6 +48,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def named_error(error: OSError, path: str | Path) -> OSError:
+    """``error`` as one line that names ``path`` and the error's code, e.g. ``[Errno 28] No space left on
+    device (ENOSPC): 'out/model.ply'``: a write that fails says where and why (numpy's and some
+    libraries' errors name no file, or only a temporary one)."""
+    code = errno.errorcode.get(error.errno) if isinstance(error.errno, int) else None
+    text = " ".join(str(error.strerror or error).split())
+    if code is None:
+        return type(error)(f"{path}: {text}")
+    return type(error)(error.errno, f"{text} ({code})", str(path))
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

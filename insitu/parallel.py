@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from .agreement import agree_errors
-from .errors import AgreementTimeout, InputError, RankFailure, RankInputFailure
+from .errors import AgreementTimeout, ConfigError, InputError, RankFailure, RankInputFailure
 
 
 @dataclass
@@ -82,6 +82,9 @@ class Comm:
                 order (None when ``size == 1``).
     timeout_s:  ``torch.distributed`` collective timeout.
     watchdog_s: how long :meth:`agree` waits for the other ranks before aborting the job.
+    abort_on_timeout: False: :meth:`agree` raises :class:`AgreementTimeout` past ``watchdog_s``
+                instead of aborting the job (the Adaptor: the simulation goes on; the communicator
+                is not used again).
     traffic:    bytes moved by the tensor collectives (see :class:`Traffic`).
     """
 
@@ -93,6 +96,7 @@ class Comm:
     group: object | None
     timeout_s: float = 300.0
     watchdog_s: float = 600.0
+    abort_on_timeout: bool = True
     traffic: Traffic = field(default_factory=Traffic)
     _owns: str = field(default="", repr=False)     # "default", "group" or "" (what shutdown frees)
     _hooks: tuple | None = field(default=None, repr=False)   # (our excepthook, the one it replaced)
@@ -103,7 +107,7 @@ class Comm:
         from mpi4py import MPI
 
         return Comm(mpi=MPI.COMM_SELF, rank=0, size=1, local_rank=self.local_rank, device=self.device, group=None,
-                    timeout_s=self.timeout_s, watchdog_s=self.watchdog_s)
+                    timeout_s=self.timeout_s, watchdog_s=self.watchdog_s, abort_on_timeout=self.abort_on_timeout)
 
     # ---------------------------------------------------------------- error handling
     def agree(self, ok: bool, message: str = "", *, where: str = "check", input_error: bool = False) -> None:
@@ -116,15 +120,17 @@ class Comm:
                  raised is a :class:`RankInputFailure` (an ``InputError`` too).
 
         Every rank must call it. The reports travel by :func:`agree_errors`, given at most
-        ``watchdog_s`` seconds; past that the job is aborted.
+        ``watchdog_s`` seconds; past that the job is aborted (``abort_on_timeout``), or
+        :class:`AgreementTimeout` raised.
         """
         failed = not ok
         try:
             reports = agree_errors(self.mpi if self.size > 1 else None, (message, input_error) if failed else None,
                                    seconds=self.watchdog_s, what=where)
         except AgreementTimeout:
-            self.abort(f"{where}: no answer from the other ranks within {self.watchdog_s:g} s "
-                       "(a rank died or hangs); aborting the job")
+            if self.abort_on_timeout:
+                self.abort(f"{where}: no answer from the other ranks within {self.watchdog_s:g} s "
+                           "(a rank died or hangs); aborting the job")
             raise
         ranks = [r for r, m in enumerate(reports) if m is not None]
         if not ranks:
@@ -150,12 +156,13 @@ class Comm:
 
         The exception of a failing rank is chained (``raise ... from``) on that rank.
         A :class:`RankFailure` raised inside (by a nested phase or ``agree``) is already
-        collective and passes through unchanged.
+        collective and passes through unchanged, as does an :class:`AgreementTimeout` (the
+        communicator cannot agree again).
         """
         where = f"phase {name!r}"
         try:
             yield
-        except RankFailure:
+        except (RankFailure, AgreementTimeout):
             raise
         except Exception as exc:
             if self.size == 1:                  # nobody to tell: the error as it is
@@ -330,7 +337,7 @@ def _shared_gpu(local_comm, dev: torch.device) -> str:
 
 
 def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: float = 300.0,
-              watchdog_s: float | None = None, threads: int = 0) -> Comm:
+              watchdog_s: float | None = None, threads: int = 0, abort_on_timeout: bool = True) -> Comm:
     """Set up communication over the processes of ``mpi_comm``. Collective over ``mpi_comm``.
 
     mpi_comm:   an ``mpi4py.MPI.Comm`` (default ``COMM_WORLD``); it is duplicated, never
@@ -342,6 +349,10 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     timeout_s:  ``torch.distributed`` collective timeout (also for joining the group).
     watchdog_s: limit for :meth:`Comm.agree` (default ``2 * timeout_s``).
     threads:    torch's CPU threads in this process (``torch.set_num_threads``); 0 leaves them.
+    abort_on_timeout: see :class:`Comm`.
+
+    A device that cannot be used (unknown, CUDA asked for but absent, a GPU shared by two ranks) is
+    a ConfigError on every rank, naming the ranks where it is not the same on all.
 
     If ``torch.distributed`` is already initialised, its default group is reused when it
     spans exactly these processes in the same order with the right backend; otherwise
@@ -369,9 +380,16 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     local.Free()
     comm = Comm(mpi, rank, size, local_rank, dev if dev is not None else torch.device("cpu"), None,
                 timeout_s=float(timeout_s),
-                watchdog_s=float(watchdog_s if watchdog_s is not None else 2 * timeout_s))
+                watchdog_s=float(watchdog_s if watchdog_s is not None else 2 * timeout_s),
+                abort_on_timeout=abort_on_timeout)
     try:
         comm.agree(not error, error, where="init_comm")
+    except RankFailure as e:
+        mpi.Free()
+        text = "; ".join(dict.fromkeys(e.messages))
+        raise ConfigError(f"parallel.{text}" + (f" (on rank(s) {', '.join(map(str, e.ranks))} of {size})"
+                                                 if len(e.ranks) < size else "")) from None
+    try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         if size > 1:
@@ -450,15 +468,20 @@ def _init_group(comm: Comm, *, single_node: bool) -> None:
     comm._owns = "default"
 
 
-def shutdown(comm: Comm) -> None:
-    """Free what :func:`init_comm` created (process group it made, MPI duplicate). Collective."""
-    if comm.mpi is None:
-        return
+def remove_abort_hook(comm: Comm) -> None:
+    """Put back the ``sys.excepthook`` that :func:`init_comm` replaced (when it is still the one in place)."""
     if comm._hooks is not None:
         ours, previous = comm._hooks
         if sys.excepthook is ours:
             sys.excepthook = previous
         comm._hooks = None
+
+
+def shutdown(comm: Comm) -> None:
+    """Free what :func:`init_comm` created (process group it made, MPI duplicate). Collective."""
+    if comm.mpi is None:
+        return
+    remove_abort_hook(comm)
     if comm._owns:
         import torch.distributed as dist
 

@@ -6,6 +6,7 @@ offset with MPI-IO. Writes are atomic (:func:`insitu.files.atomic_path`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import math
 import os
@@ -19,7 +20,7 @@ from numpy.lib.recfunctions import structured_to_unstructured
 import torch
 from torch import Tensor
 
-from .files import atomic_path
+from .files import atomic_path, named_error
 from .gaussians import Gaussians, check_gaussians, numpy32
 
 
@@ -94,7 +95,7 @@ def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Pa
         with open(tmp, "xb") as f:
             f.write(_ply_header(len(gaussians), gaussians.sh_degree))
             for records in _ply_chunks(gaussians):
-                records.tofile(f)
+                f.write(memoryview(records).cast("B"))     # not tofile: its errors lose errno and path
             f.flush()
             os.fsync(f.fileno())
     return path
@@ -119,18 +120,24 @@ def _write_ply_parallel(path: Path, shard: Gaussians, comm: Any) -> Path:
     try:
         with comm.phase("model.ply: create"):
             if comm.rank == 0:
-                with open(tmp, "xb") as f:
-                    f.write(header)
-                    f.truncate(len(header) + record * sum(n for n, _ in shapes))
+                try:
+                    with open(tmp, "xb") as f:
+                        f.write(header)
+                        f.truncate(len(header) + record * sum(n for n, _ in shapes))
+                except OSError as e:
+                    raise named_error(e, path) from None
         with comm.phase("model.ply: write"):               # each rank its own file handle: independent I/O
-            fh = MPI.File.Open(MPI.COMM_SELF, str(tmp), MPI.MODE_WRONLY)
             try:
-                for records in _ply_chunks(shard):
-                    fh.Write_at(offset, records)
-                    offset += records.nbytes
-                fh.Sync()
-            finally:
-                fh.Close()
+                fh = MPI.File.Open(MPI.COMM_SELF, str(tmp), MPI.MODE_WRONLY)
+                try:
+                    for records in _ply_chunks(shard):
+                        fh.Write_at(offset, records)
+                        offset += records.nbytes
+                    fh.Sync()
+                finally:
+                    fh.Close()
+            except MPI.Exception as e:
+                raise mpi_io_error(e, path) from None
         with comm.phase("model.ply: rename"):
             if comm.rank == 0:
                 os.replace(tmp, path)
@@ -140,6 +147,25 @@ def _write_ply_parallel(path: Path, shard: Gaussians, comm: Any) -> Path:
                 tmp.unlink()
         raise
     return path
+
+
+MPI_IO_ERRNO = {"ERR_NO_SPACE": errno.ENOSPC, "ERR_QUOTA": errno.EDQUOT, "ERR_ACCESS": errno.EACCES,
+                "ERR_READ_ONLY": errno.EROFS, "ERR_NO_SUCH_FILE": errno.ENOENT, "ERR_FILE_IN_USE": errno.EBUSY}
+# ROMIO reports most write failures as ERR_IO, with the system's message at the end of its error stack
+STACK_ERRNO = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS, errno.ENOENT, errno.EIO)
+
+
+def mpi_io_error(error: Any, path: Path) -> OSError:
+    """An MPI-IO failure (``mpi4py.MPI.Exception``, a multi-line error stack) as the one-line OSError it
+    stands for, naming ``path`` (:func:`insitu.files.named_error`): disk full is ENOSPC."""
+    from mpi4py import MPI
+
+    kind = error.Get_error_class()
+    code = next((c for name, c in MPI_IO_ERRNO.items() if getattr(MPI, name, None) == kind), None)
+    if code is None:
+        text = str(error)
+        code = next((c for c in STACK_ERRNO if os.strerror(c) in text), errno.EIO)
+    return named_error(OSError(code, os.strerror(code)), path)
 
 
 def _read_header(f: io.BufferedReader, path: Path) -> list[tuple[str, int, list[tuple[str, str]]]]:

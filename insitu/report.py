@@ -12,31 +12,36 @@ and copied next to the report (``OUT/viewer/``), so the page needs no network. I
 step's ``model.spz`` (:mod:`insitu.webmodel`) and the step's cameras (``cameras.json``), converted
 once, here, from the project's convention (:mod:`insitu.views`: world-to-camera, OpenCV axes) to
 three.js's (:func:`viewer_camera`). Browsers load ES modules and models only over HTTP, not from
-``file://``: ``insitu view OUT`` serves the folder on localhost.
+``file://``: ``insitu view OUT`` serves the report on localhost (:func:`make_server`): the report's
+own files only, under a random token that the URL it prints holds, so that other users of a shared
+login node, who can reach the port too, cannot read them.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
+import hmac
 import html
 import http.server
 import json
 import math
 import os
+import re
+import secrets
 import shutil
 import socket
+import stat
 import sys
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
 import yaml
 
-from .export import STEP_DIR
 from .files import atomic_write, plain, read_csv, write_json
+from .folder import STEP_DIR
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
@@ -205,8 +210,9 @@ _HEAD = """<!doctype html>
 <h1>{title}</h1>
 <p id='file-note' class='note' hidden>This page was opened as a plain file: browsers load the 3D viewer and
 the models only from a web server. Run <code>insitu view {out}</code> (on a cluster, on the login node) and open
-the URL it prints; through an SSH tunnel: <code>ssh -L 8000:localhost:8000 LOGIN-NODE</code>, then
-<code>http://localhost:8000/report.html</code>. Plots, images and tables below work without it.</p>
+the URL it prints (it holds a token that keeps other users out); through an SSH tunnel:
+<code>ssh -L 8000:localhost:8000 LOGIN-NODE</code>, then the same URL on your machine. Plots, images and
+tables below work without it.</p>
 <div id='app'>
  <div id='viewer-panel'>
   <div id='viewer' tabindex='0'><div id='viewer-status'>3D viewer: loading...</div></div>
@@ -277,32 +283,150 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
 # insitu view
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                      ".js": "text/javascript", ".mjs": "text/javascript", ".json": "application/json",
-                      ".spz": "application/octet-stream", ".ply": "application/octet-stream"}
+TOP_FILES = ("report.html", "report.json", "metrics.csv")        # what the server serves at the top
+STEP_FILES = ("model.ply", "model.spz", "cameras.json", "metrics.json", "config.yaml")    # ... in a step folder
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")         # no dotfiles, no separators, no NUL
+CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
+                 ".css": "text/css", ".json": "application/json", ".csv": "text/csv; charset=utf-8",
+                 ".yaml": "text/plain; charset=utf-8", ".png": "image/png", ".wasm": "application/wasm",
+                 ".spz": "application/octet-stream", ".ply": "application/octet-stream"}
+
+
+def served_name(parts: Sequence[str]) -> bool:
+    """Whether a path inside the output folder (its components) is one of the report's files:
+    ``report.html``, ``report.json``, ``metrics.csv``; anything under ``viewer/``; a step folder's
+    outputs (``step_XXXXXX/model.ply`` ... and ``step_XXXXXX/views/*.png``). No component may be
+    empty, ``.``/``..``, start with a dot (dotfiles, temporary folders) or hold anything but
+    letters, digits, ``_``, ``.`` and ``-``."""
+    if not parts or not all(_PLAIN_NAME.match(p) for p in parts):
+        return False
+    if len(parts) == 1:
+        return parts[0] in TOP_FILES
+    if parts[0] == "viewer":
+        return True
+    if not STEP_DIR.match(parts[0]):
+        return False
+    return (len(parts) == 2 and parts[1] in STEP_FILES) or (len(parts) == 3 and parts[1] == "views"
+                                                             and parts[2].endswith(".png"))
+
+
+def report_file(root: Path, parts: Sequence[str]) -> Path | None:
+    """The file to serve for a request's path ``parts`` (decoded components, after the token) inside
+    ``root`` (the output folder, resolved), or None. The path must name one of the report's files
+    (:func:`served_name`), and so must the path it resolves to (symbolic links followed) inside
+    ``root``: a link that leads out of the folder, or onto a name that is not served, is not
+    followed. Only regular files are served (no listings)."""
+    if not served_name(parts):
+        return None
+    try:
+        real = root.joinpath(*parts).resolve(strict=True)
+        inside = real.relative_to(root)
+        if not served_name(inside.parts) or not stat.S_ISREG(real.stat().st_mode):
+            return None
+    except (OSError, ValueError, RuntimeError):       # missing, outside the folder, a loop of links
+        return None
+    return real
+
+
+class _ReportHandler(http.server.BaseHTTPRequestHandler):
+    """GET/HEAD of the report's files under ``/TOKEN/`` (:func:`report_file`); anything else is 404,
+    a wrong token included. ``root`` and ``token`` are set per server (:func:`make_server`)."""
+
+    root: Path
+    token: str
+    server_version = "insitu-view"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def _answer(self, body: bool) -> None:
+        parts = self._parts()
+        if parts == []:                                  # /TOKEN or /TOKEN/: the report
+            self.send_response(302)
+            self.send_header("Location", f"/{self.token}/report.html")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path = report_file(self.root, parts) if parts is not None else None
+        try:
+            f = open(path, "rb") if path is not None else None
+        except OSError:
+            f = None
+        if f is None:
+            self.send_error(404, "Not found")
+            return
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream"))
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            if body:
+                shutil.copyfileobj(f, self.wfile)
+
+    def _parts(self) -> list[str] | None:
+        """The request's decoded path components after a correct token; None when the token is wrong
+        or missing, or the path cannot be decoded."""
+        try:
+            raw = urlsplit(self.path).path
+            parts = [unquote(p, errors="strict") for p in raw.split("/")[1:]]
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not parts or not hmac.compare_digest(parts[0].encode("utf-8", "surrogateescape"), self.token.encode()):
+            return None
+        rest = parts[1:]
+        return [] if rest in ([], [""]) else rest
 
     def end_headers(self) -> None:
         self.send_header("Cache-Control", "no-cache")      # a running simulation rewrites the report
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")  # the token stays in this server's URLs
         super().end_headers()
 
     def log_message(self, format: str, *args) -> None:      # quiet: one line per request is noise
         pass
 
 
-def make_server(out_dir: str | Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
-    """An HTTP server for ``out_dir`` on ``host:port`` (port 0: any free port); not yet serving."""
+class ReportServer(http.server.ThreadingHTTPServer):
+    """The server of :func:`make_server`: ``token``, and :meth:`url` of the report."""
+
+    daemon_threads = True
+    token: str
+
+    def url(self, name: str = "report.html") -> str:
+        """``http://localhost:PORT/TOKEN/name``: what a browser opens."""
+        return f"http://localhost:{self.server_address[1]}/{self.token}/{name}"
+
+    def handle_error(self, request, client_address) -> None:
+        """One line for a request that failed (a client that went away is not an error)."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (ConnectionError, TimeoutError)):
+            print(f"insitu view: a request failed ({type(error).__name__}: {error})", file=sys.stderr, flush=True)
+
+
+def make_server(out_dir: str | Path, port: int = 8000, host: str = "127.0.0.1") -> ReportServer:
+    """A server of ``out_dir``'s report on ``host:port`` (port 0: any free port), not yet serving.
+
+    It serves the report's files only (:func:`report_file`), under a random token:
+    ``server.url()`` is the report's address, ``server.token`` the token."""
     out = Path(out_dir)
     if not (out / "report.html").is_file():
         raise FileNotFoundError(f"{out}: no report.html here (expected the --out folder of an insitu run)")
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port}")
-    handler = functools.partial(_Handler, directory=str(out))
-    return http.server.ThreadingHTTPServer((host, port), handler)
+    token = secrets.token_urlsafe(24)
+    handler = type("Handler", (_ReportHandler,), {"root": out.resolve(), "token": token})
+    server = ReportServer((host, port), handler)
+    server.token = token
+    return server
 
 
 def serve(out_dir: str | Path, port: int = 8000) -> int:
-    """``insitu view OUT``: serve ``OUT`` on localhost until interrupted; prints the report's URL."""
+    """``insitu view OUT``: serve ``OUT``'s report on localhost until interrupted; prints its URL."""
     out = Path(out_dir)
     try:
         server = make_server(out, port)
@@ -314,10 +438,10 @@ def serve(out_dir: str | Path, port: int = 8000) -> int:
               file=sys.stderr)
         return 2
     port = server.server_address[1]
-    url = f"http://localhost:{port}/report.html"
+    url = server.url()
     print(f"serving {out} at {url}\n"
           f"from another machine: ssh -L {port}:localhost:{port} {socket.gethostname()}, then open {url}\n"
-          "Ctrl-C stops", flush=True)
+          "the URL holds a random token: only who has it can read the report. Ctrl-C stops", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 import traceback
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .agreement import agree_errors, first_error
-from .config import Config, check_memory
+from .config import Config, check_backend, check_memory, check_spacing
 from .demo import run_demo
 from .errors import ConfigError, InputError, RankFailure
 from .progress import summary
@@ -94,21 +96,73 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
                      downsample=cfg.input.downsample, spacing=spacing)
 
 
-def run_command(args: argparse.Namespace, cfg: Config) -> int:
-    from .export import StepWriter, prepare_output
-    from .agreement import compare_configs
-    from .parallel import device_memory, init_comm, shutdown
+def run_provenance(args: argparse.Namespace) -> dict:
+    """What a command's steps come from: recorded in every step's metrics.json, and compared with the
+    kept steps' on ``--resume`` (with the configuration)."""
+    provenance = {"command": args.command}
+    if getattr(args, "input", None) is not None:
+        provenance["input"] = os.path.abspath(args.input)
+    if args.command == "run":
+        provenance["spacing"] = [float(v) for v in args.spacing]
+    if args.command == "demo":
+        provenance.update({k: getattr(args, k) for k in ("L", "steps", "plotgap")})
+    return provenance
 
-    comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
+
+def check_input(args: argparse.Namespace, cfg: Config) -> None:
+    """What a command's input can be refused for before any work: ``--spacing`` out of range, a colour
+    field asked of a one-field input, a path that is neither a file nor a folder (a FIFO, a device)."""
+    if args.command == "run":
+        check_spacing(args.spacing)
+        if cfg.input.color_var is not None:
+            raise ConfigError(f"input.color_var {cfg.input.color_var!r}: a {Path(args.input).suffix or 'raw'} file "
+                              "holds one field, so there is no colour field in it; a colour field needs a BP or "
+                              "SST input (insitu replay, stream) that holds that variable")
+    if args.command in ("run", "replay"):
+        path = Path(args.input)
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            return                              # missing: the source says so, with what it expected
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            kind = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
+                    stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a file")
+            expected = "a .npy or raw volume file" if args.command == "run" else "a BP file (folder)"
+            raise InputError(f"{path}: is {kind}, expected {expected}")
+
+
+def run_command(args: argparse.Namespace, cfg: Config) -> int:
+    from .agreement import compare_configs
+    from .export import StepWriter, claim_output
+    from .parallel import device_memory, init_comm, shutdown
+    from .rendering import gsplat_import_error
+
+    try:
+        comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
+    except ConfigError as e:                    # e.g. parallel.device cuda without CUDA: on every rank alike
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"insitu: error: {e}", file=sys.stderr, flush=True)
+        return 2
     out = Path(cfg.output.dir)
+    provenance = run_provenance(args)
+    lock = None
     try:
         compare_configs(comm.mpi, cfg, cfg.parallel.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
-        # before any work: sizes that cannot fit, a folder that cannot take the results (rank 0 writes)
-        done = _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
-                                      prepare_output(out, cfg.output.existing) if comm.rank == 0 else None)[1])
+        # before any work: sizes that cannot fit, a rasterizer the device lacks, input refused as it is
+        _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
+                               check_backend(cfg, comm.device.type, gsplat_import_error()), check_input(args, cfg)))
+        # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
+        command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
+        claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
+                                                     command=command) if comm.rank == 0 else None)
+        lock, done = claimed if claimed is not None else (None, None)
         done = comm.mpi.bcast(done, root=0)
-        writer = StepWriter(out, ply=cfg.output.ply, done=done)
+        writer = StepWriter(out, ply=cfg.output.ply, done=done, provenance=provenance)
+        if comm.rank == 0 and done:
+            writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
         failed: list[tuple[int, str]] = []
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
@@ -160,19 +214,22 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             comm.mpi.Abort(1)
         return 1
     finally:
+        if lock is not None:
+            lock.release()
         shutdown(comm)
 
 
 def _agreed(comm, check):
-    """``check()`` on every rank; a ConfigError on any rank is raised on every rank (exit 2)."""
+    """``check()`` on every rank; a ConfigError or InputError on any rank is raised on every rank (exit 2)."""
     error, value = None, None
     try:
         value = check()
-    except ConfigError as e:
-        error = str(e)
+    except (ConfigError, InputError) as e:
+        error = (isinstance(e, InputError), str(e))
     first = first_error(agree_errors(comm.mpi if comm.size > 1 else None, error))
     if first is not None:
-        raise ConfigError(first[1])
+        is_input, text = first[1]
+        raise (InputError if is_input else ConfigError)(text)
     return value
 
 

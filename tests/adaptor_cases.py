@@ -74,6 +74,31 @@ def make_process(delays: dict[int, float], fail: tuple[int, int] | None = None, 
     return process
 
 
+def make_collective_process(fail_at: int | None = None, stall_at: int | None = None, stall_s: float = 0.0,
+                            log: list | None = None):
+    """A stand-in for pipeline.run_step whose work is a torch.distributed all-reduce (gloo), as training's is.
+
+    At step ``fail_at`` rank 1 raises before the all-reduce, so rank 0's all-reduce waits until the group's
+    timeout (parallel.timeout_s); at step ``stall_at`` rank 1 stalls ``stall_s`` seconds and returns without
+    the all-reduce. Every step checks that the all-reduce summed one value per rank."""
+    import torch
+
+    def process(block, cfg, comm, *, step, time, writer, warm, iterations):
+        if comm.rank == 1 and step == fail_at:
+            raise ValueError(f"boom inside step {step}")
+        if comm.rank == 1 and step == stall_at:
+            sleep(stall_s)
+            return Result(gaussians=step, metrics={"step": step})
+        total = comm.all_reduce_sum(torch.ones(1))
+        if int(total.item()) != comm.size:
+            raise AssertionError(f"step {step}: the all-reduce gave {total.item()}")
+        if log is not None:
+            log.append({"step": step})
+        return Result(gaussians=step, metrics={"step": step})
+
+    return process
+
+
 def simulate(adaptor: Adaptor, steps: int, rank: int, size: int, pause: float = 0.0, jitter: float = 0.0) -> list:
     rng = random.Random(rank)
     errors = []
@@ -212,6 +237,48 @@ def run(case: str, out: Path) -> None:
             errors.append({"step": 9, "type": "InsituError", "message": str(e)})
         ad.finalize()
         record["errors"] = errors
+    elif case == "collective_failure":
+        # rank 1 raises inside a step while rank 0 waits in a gloo collective until it times out
+        ad = Adaptor(comm, {**config(policy="block", queue=1), "parallel": {"device": "cpu", "timeout_s": 3}},
+                     process=make_collective_process(fail_at=1, log=log))
+        record["errors"] = simulate(ad, 4, rank, size, pause=0.2)
+        try:
+            ad.finalize()
+        except InsituError as e:        # step 1's failure, when no execute() came after it
+            record["errors"].append({"step": "finalize", "type": "InsituError", "message": str(e)})
+        record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
+    elif case == "stalled_rank":
+        # rank 1's training stalls in step 1 for longer than any agreement waits: rank 0 must not wait for ever,
+        # and neither rank's simulation (rank 1's waits for room in its queue)
+        ad = Adaptor(comm, {**config(policy="block", queue=1), "parallel": {"device": "cpu", "timeout_s": 2}},
+                     process=make_collective_process(stall_at=1, stall_s=20, log=log))
+        t0 = time.monotonic()
+        record["errors"] = simulate(ad, 5, rank, size, pause=0.2)
+        ad.finalize()
+        record["seconds"] = time.monotonic() - t0
+        record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
+        record["out"] = str(out / "out")
+    elif case == "simulation_raises":
+        # rank 1's simulation raises at step 2 inside `with Adaptor(...)`; rank 0's goes on calling execute()
+        errors = []
+        ad = None
+        try:
+            with Adaptor(comm, config(policy="block", queue=2), process=make_process({0: 0.3, 1: 0.3}, log=log)) as ad:
+                for step in range(5):
+                    if rank == 1 and step == 2:
+                        raise RuntimeError("the simulation diverged")
+                    u, start = local(step, rank, size)
+                    t = time.monotonic()
+                    try:
+                        ad.execute(step, 0.1 * step, {"U": u}, GLOBAL, start)
+                    except (InsituError, InputError) as e:
+                        errors.append({"step": step, "type": type(e).__name__, "message": str(e),
+                                       "after_s": time.monotonic() - t})
+        except RuntimeError as e:
+            errors.append({"step": "simulation", "type": "RuntimeError", "message": str(e)})
+        record["errors"] = errors
+        record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
+        record["out"] = str(out / "out")
     elif case == "config_differs":
         cfg = config()
         cfg["views"] = {"count": 8 + rank}

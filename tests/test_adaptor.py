@@ -170,6 +170,61 @@ def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_ca
     assert "no surface to extract" in rows[0]["reason"]
 
 
+@pytest.fixture(scope="module")
+def failure_cases(tmp_path_factory):
+    return run_cases("collective_failure,simulation_raises", tmp_path_factory.mktemp("failures"), timeout=300)
+
+
+@pytest.mark.mpi
+def test_after_a_rank_fails_inside_a_collective_the_process_group_is_rebuilt_and_later_steps_train(failure_cases):
+    r0, r1 = failure_cases["collective_failure"]     # rank 1 raises in step 1; rank 0's all-reduce times out
+    assert r0["trained"] == r1["trained"] == [0, 2, 3]
+    for r in (r0, r1):
+        assert [e["type"] for e in r["errors"]] == ["InsituError"]
+        assert "training step 1 failed on 2 of 2 rank(s)" in r["errors"][0]["message"]
+        assert "rank 1: step 1: ValueError: boom inside step 1" in r["errors"][0]["message"]
+        assert [r["status"][s][0] for s in "0123"] == ["trained", "failed", "trained", "trained"]
+
+
+@pytest.mark.mpi
+def test_a_rank_whose_simulation_ends_early_ends_the_analysis_on_every_rank_with_every_step_recorded(failure_cases):
+    from insitu.files import read_csv
+
+    r0, r1 = failure_cases["simulation_raises"]      # rank 1 raises at step 2 inside `with Adaptor(...)`
+    first = r0["errors"][0]
+    assert first["step"] == 2 and first["type"] == "InputError"
+    assert "rank 0: execute(step 2), rank 1: finalize()" in first["message"]
+    assert "the analysis has ended on every rank: rank(s) 1 called finalize()" in first["message"]
+    assert [(e["step"], e["type"]) for e in r0["errors"][1:]] == [(3, "InsituError"), (4, "InsituError")]
+    assert all(e["message"].startswith("the analysis has ended on every rank") for e in r0["errors"][1:])
+    assert r1["errors"] == [{"step": "simulation", "type": "RuntimeError", "message": "the simulation diverged"}]
+    for r in (r0, r1):
+        assert sorted(r["status"]) == ["0", "1"]
+        assert all(v[0] in ("trained", "skipped") for v in r["status"].values()), r["status"]
+    assert r0["status"] == r1["status"] and r0["trained"] == r1["trained"]
+    rows = {row["step"]: row["status"] for row in read_csv(Path(r0["out"]) / "metrics.csv")}
+    assert {s: v[0] for s, v in r0["status"].items() if v[0] == "skipped"} == {s: v for s, v in rows.items()}
+
+
+@pytest.mark.mpi
+def test_a_stalled_rank_does_not_hang_the_others_and_the_steps_it_blocks_are_recorded(tmp_path):
+    from insitu.files import read_csv
+
+    r0, r1 = run_cases("stalled_rank", tmp_path, timeout=240)["stalled_rank"]
+    assert r0["trained"] == [0] and r1["trained"] == [0]
+    assert r0["status"]["1"][0] == "failed"
+    assert "did not answer within 6 s" in r0["status"]["1"][1]
+    for r in (r0, r1):
+        assert all(r["status"][s][0] == "skipped" and "not trained: the ranks did not agree on training step 1"
+                   in r["status"][s][1] for s in r["status"] if s not in ("0", "1")), r["status"]
+        assert r["errors"] and all(e["type"] == "InsituError" for e in r["errors"])
+        assert "training has stopped" in r["errors"][-1]["message"]
+    rows = read_csv(Path(r0["out"]) / "metrics.csv")
+    assert [row["status"] for row in rows if row["step"] == "1"] == ["failed"]
+    assert all(row["status"] == "skipped" and row["reason"].startswith("not trained: the ranks did not agree")
+               for row in rows if row["step"] not in ("0", "1"))
+
+
 @pytest.mark.mpi
 def test_missing_field_on_one_rank_raises_on_every_rank(error_cases):
     r0, r1 = error_cases["missing_field"]

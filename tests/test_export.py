@@ -406,3 +406,87 @@ def test_parallel_write_ply_is_the_gathered_file(ranks, tmp_path):
     out = run_mpi(ranks, "ply_worker.py", str(tmp_path), timeout=180)
     assert out.returncode == 0, out.stdout
     assert all(f"OK rank {r} of {ranks}" in out.stdout for r in range(ranks)), out.stdout
+
+
+# ----------------------------------------------------------------------------------- the output folder
+
+
+def test_the_report_module_does_not_import_the_step_writer():
+    code = "import sys, insitu.report; print('insitu.export' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_a_failed_write_names_the_file_and_the_error_code_and_leaves_nothing(tmp_path):
+    import errno
+
+    with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device \(ENOSPC\): '.*/model\.ply'$") as info:
+        with atomic_path(tmp_path / "model.ply") as tmp:
+            tmp.write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "model.ply")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_mpi_io_error_stack_becomes_the_one_line_error_it_stands_for(tmp_path):
+    from mpi4py import MPI
+
+    from insitu.ply import mpi_io_error
+
+    class Stack(Exception):
+        def __init__(self, kind, text):
+            super().__init__(text)
+            self.kind = kind
+
+        def Get_error_class(self):
+            return self.kind
+
+    romio = Stack(MPI.ERR_IO, "Other I/O error , error stack:\ninternal_File_write_at_c(8659): MPI_File_write_at_c("
+                              "...) failed\nADIOI_GEN_WRITECONTIG(80).....: Other I/O error No space left on device")
+    assert str(mpi_io_error(romio, tmp_path / "model.ply")) == \
+        f"[Errno 28] No space left on device (ENOSPC): '{tmp_path / 'model.ply'}'"
+    assert mpi_io_error(Stack(MPI.ERR_NO_SPACE, "x\ny"), tmp_path / "m").errno == 28
+    assert "(EIO)" in str(mpi_io_error(Stack(MPI.ERR_IO, "something\nelse"), tmp_path / "m"))
+
+
+def test_the_lock_is_shared_within_a_process_and_removes_the_folders_it_made(tmp_path):
+    from insitu.folder import LOCK_NAME, lock_output
+
+    out = tmp_path / "a" / "b" / "out"
+    first = lock_output(out, "insitu demo")
+    again = lock_output(out, "insitu Adaptor")           # the Adaptor inside `insitu demo`
+    assert again is first and json.loads((out / LOCK_NAME).read_text())["command"] == "insitu demo"
+    again.release()
+    assert (out / LOCK_NAME).exists()
+    first.release()
+    assert not (tmp_path / "a").exists()                 # the run left nothing: the folders go with the lock
+
+
+def test_a_lock_whose_process_ended_is_taken_over(tmp_path):
+    from insitu.folder import LOCK_NAME, lock_output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (f"import os; from insitu.folder import lock_output; lock_output({str(out)!r}, 'killed run'); "
+            "os._exit(9)")                                 # no release: as a killed run
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+                       check=False)
+    assert r.returncode == 9 and "killed run" in (out / LOCK_NAME).read_text()
+    with lock_output(out, "next run"):
+        info = json.loads((out / LOCK_NAME).read_text())
+        assert info["command"] == "next run" and info["pid"] == os.getpid()
+    assert not (out / LOCK_NAME).exists() and out.is_dir()  # a folder it did not make stays
+
+
+def test_resume_rebuilds_the_kept_steps_rows_from_their_metrics(tmp_path):
+    out = tmp_path / "out"
+    StepWriter(out).write(4, None, [], {"psnr": 21.5, "gaussians": 30, "history": [{"iteration": 0}]})
+    (out / "metrics.csv").unlink()
+    (out / "report.html").unlink()
+    writer = StepWriter(out, done=[4])
+    assert writer.rows[4] == {"step": 4, "status": "trained", "psnr": 21.5, "gaussians": 30,
+                              "export_seconds": writer.rows[4]["export_seconds"]}
+    writer.publish()
+    assert [(r["step"], r["status"], r["psnr"]) for r in read_csv(out / "metrics.csv")] == [("4", "trained", "21.5")]
+    assert "Step 4" in (out / "report.html").read_text()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,11 +28,17 @@ TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "
         "--set", "views.supersample=1"]
 
 
+def arg(a) -> str | bytes:
+    """A command-line argument: bytes as they are (names that are not UTF-8), anything else as text."""
+    return a if isinstance(a, bytes) else str(a)
+
+
 def insitu(*args, cwd: Path, ranks: int = 0, timeout: float = 120, mpmd: list | None = None,
-           prefix: list | None = None) -> subprocess.CompletedProcess:
-    """``python -m insitu ARGS`` (under ``mpiexec -n ranks``; ``mpmd``: a second program's ARGS for rank 1)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "insitu", *map(str, args)]
+           prefix: list | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m insitu ARGS`` (under ``mpiexec -n ranks``; ``mpmd``: a second program's ARGS for rank 1;
+    ``prefix``: a command that runs it; ``env``: variables added)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "insitu", *map(arg, args)]
     if mpmd is not None:
         cmd = [str(MPIEXEC), "-n", "1", *cmd, ":", "-n", "1", sys.executable, "-m", "insitu", *map(str, mpmd)]
     elif ranks:
@@ -69,6 +77,10 @@ def files(tmp_path_factory) -> Path:
     (d / "binary.yaml").write_bytes(bytes(range(256)) * 4)
     (d / "nested.yaml").write_text("train: " + "[" * 5000 + "]" * 5000 + "\n")
     (d / "afile").write_text("x")
+    os.mkfifo(d / "fifo.npy")
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"b{i}: &b{i} [{', '.join([f'*b{i - 1}' if i > 1 else '*a'] * 9)}]\n" for i in range(1, 10))
+    (d / "aliases.yaml").write_text(bomb)        # 9 levels of 9 aliases: 9**10 values if expanded
     return d
 
 
@@ -82,6 +94,13 @@ def files(tmp_path_factory) -> Path:
     ("train.ssim_weight", 2, r"train\.ssim_weight: expected a value in \[0, 1\], got 2"),
     ("input.iso", [0.5, math.inf], r"input\.iso: expected a finite number"),
     ("input.dtype", "foo", r"input\.dtype: expected an integer or float type .* got 'foo'"),
+    ("views.resolution", 5, r"views\.resolution: expected at least 6 pixels \(the held-out SSIM's 11 x 11 window"),
+    ("views.test_every", 1, r"views\.test_every: expected at least 2 .* 1 holds out every view and leaves none"),
+    ("views.colormap", "jet", r"views\.colormap: expected one of viridis, gray, got 'jet'"),
+    ("train.ssim_target", 2, r"train\.ssim_target: expected a value in \[0, 1\], got 2"),
+    ("train.psnr_target", -5, r"train\.psnr_target: expected a value > 0, got -5"),
+    ("input.iso", [0.3, 0.5, 0.3], r"input\.iso: expected distinct iso values, got 0\.3 more than once"),
+    ("output.dir", "", r"output\.dir: expected a folder name, got ''"),
 ])
 def test_out_of_range_values_are_rejected_by_validation(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -92,6 +111,7 @@ def test_out_of_range_values_are_rejected_by_validation(key, value, message):
     ("train.iterations=[unclosed", r"--set 'train\.iterations=\[unclosed': not valid YAML"),
     ("train.iterations=!!python/object/apply:os.system [echo hi]", r"not valid YAML \(could not determine a constructor"),
     ("train.iterations=" + "[" * 100 + "]" * 100, r"nested 100 levels deep, expected at most 32"),
+    ("views.background=[&a 0.5, *a, *a]", r"YAML aliases are not accepted in a configuration \(found \*a on line 1\)"),
 ])
 def test_invalid_yaml_in_set_is_a_config_error(text, message):
     with pytest.raises(ConfigError, match=message):
@@ -102,11 +122,24 @@ def test_invalid_yaml_in_set_is_a_config_error(text, message):
     ("binary.yaml", r"not a text file"),
     ("nested.yaml", r"nested 5000 levels deep"),
     ("afile/../", r"is a directory"),
+    ("aliases.yaml", r"aliases\.yaml: YAML aliases are not accepted in a configuration \(found \*a on line 2\)"),
 ])
 def test_unusable_config_files_are_config_errors(files, name, message):
     path = files if name == "afile/../" else files / name
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_the_colormaps_the_config_accepts_are_the_ray_casters():
+    from insitu.config import field_choices
+    from insitu.groundtruth import COLORMAPS
+
+    assert sorted(field_choices("views.colormap")) == sorted(COLORMAPS)
+
+
+def test_a_target_that_is_not_set_passes_validation():
+    cfg = load_config(None, {"train.ssim_target": None, "train.psnr_target": None})
+    assert cfg.train.ssim_target is None and cfg.train.psnr_target is None
 
 
 def test_memory_that_cannot_fit_is_refused_with_what_it_needs():
@@ -143,15 +176,52 @@ def test_a_float32_npy_on_one_rank_trains(files, tmp_path):
     (["{d}/ball.npy", "--config", "{d}/binary.yaml"], r"binary\.yaml: not a text file"),
     (["{d}/ball.npy", "--set", "train.iterations=[unclosed"], r"not valid YAML"),
     (["{d}/ball.npy", "--set", "views.supersample=64"], r"views\.supersample: expected 1\.\.8"),
+    (["{d}/ball.npy", "--resolution", "5"], r"views\.resolution: expected at least 6 pixels"),
+    (["{d}/ball.npy", "--set", "views.test_every=1"], r"views\.test_every: expected at least 2"),
+    (["{d}/ball.npy", "--spacing", "nan", "1", "1"], r"--spacing: expected 3 finite values in \[0\.001, 1e\+08\]"),
+    (["{d}/ball.npy", "--spacing", "inf", "1", "1"], r"--spacing: expected 3 finite values .* got inf 1 1$"),
+    (["{d}/ball.npy", "--spacing", "1e30", "1", "1"], r"--spacing: expected 3 finite values .* got 1e\+30 1 1$"),
+    (["{d}/ball.npy", "--spacing", "0", "1", "1"], r"--spacing: expected 3 finite values"),
+    (["{d}/ball.npy", "--backend", "gsplat", "--device", "cpu"],
+     r"train\.backend: gsplat needs a CUDA device, and this run trains on cpu"),
+    (["{d}/ball.npy", "--set", "views.colormap=jet"], r"views\.colormap: expected one of viridis, gray, got 'jet'"),
+    (["{d}/ball.npy", "--ssim-target", "2"], r"train\.ssim_target: expected a value in \[0, 1\], got 2"),
+    (["{d}/ball.npy", "--psnr-target", "-5"], r"train\.psnr_target: expected a value > 0, got -5"),
+    (["{d}/ball.npy", "--iso", "3", "3"], r"input\.iso: expected distinct iso values, got 3 more than once"),
+    (["{d}/ball.npy", "--color-var", "C"], r"input\.color_var 'C': a \.npy file holds one field, so there is no colour"),
+    (["{d}/fifo.npy"], r"fifo\.npy: is a named pipe \(FIFO\), expected a \.npy or raw volume file$"),
+    (["/dev/zero"], r"/dev/zero: is a character device, expected a \.npy or raw volume file$"),
+    (["{d}/ball.npy", "--config", "{d}/aliases.yaml"], r"YAML aliases are not accepted in a configuration"),
 ], ids=["empty npy", "truncated npy", "text npy", "object npy", "folder npy", "folder raw", "dims without dtype",
         "dtype foo", "resolution 100000", "budget 1e12 fill", "config folder", "binary config", "unclosed set",
-        "supersample 64"])
+        "supersample 64", "resolution 5", "test_every 1", "spacing nan", "spacing inf", "spacing 1e30", "spacing 0",
+        "gsplat on cpu", "colormap jet", "ssim target 2", "psnr target -5", "iso twice", "color var of npy",
+        "fifo input", "dev zero input", "yaml aliases"])
 def test_bad_input_is_one_line_exit_2_and_no_output_folder(files, tmp_path, args, message):
     args = [a.format(d=files) for a in args]
     r = insitu("run", args[0], "--iso", "3", *TINY, *args[1:], "--out", "out", cwd=tmp_path)
     line = one_error(r)
     assert __import__("re").search(message, line), line
     assert not (tmp_path / "out").exists()           # nothing created for a run that cannot start
+
+
+def test_cuda_asked_for_without_cuda_is_one_line_and_no_traceback(files, tmp_path):
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--device", "cuda", "--out", "out", cwd=tmp_path,
+               env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "parallel.device: 'cuda' asked for, but CUDA is not available on" in one_error(r)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("flags, message", [
+    (["--device", "cuda"], "parallel.device: 'cuda' asked for, but CUDA is not available on"),
+    (["--backend", "gsplat", "--device", "cpu"], "train.backend: gsplat needs a CUDA device"),
+], ids=["cuda without cuda", "gsplat on cpu"])
+def test_a_device_or_backend_this_machine_lacks_is_one_line_on_two_ranks(files, tmp_path, flags, message):
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, *flags, "--out", "out", cwd=tmp_path, ranks=2,
+               timeout=180, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert message in one_error(r)
+    assert "MPI_Abort" not in r.stderr and not (tmp_path / "out").exists()
 
 
 def test_a_flag_does_not_hide_an_invalid_set_value_for_its_key(files, tmp_path):
@@ -260,6 +330,24 @@ def test_a_step_that_fails_while_written_leaves_no_step_folder(tmp_path, monkeyp
     with pytest.raises(OSError, match="No space left"):
         writer.write(0, g, [("view_000", torch.rand(4, 4, 3), torch.rand(4, 4, 3))], {"psnr": 1.0})
     assert list((tmp_path / "out").iterdir()) == []           # no model.ply without its metrics.json
+
+
+def test_a_model_that_fails_to_write_leaves_no_step_folder_in_the_making(tmp_path, monkeypatch):
+    import torch
+
+    import insitu.export as export
+    from insitu.gaussians import Gaussians
+
+    def full(path, gaussians, comm=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "write_ply", full)
+    writer = export.StepWriter(tmp_path / "out")
+    g = Gaussians(means=torch.zeros(2, 3), log_scales=torch.zeros(2, 3), quats=torch.ones(2, 4),
+                  opacity_logits=torch.zeros(2), sh0=torch.zeros(2, 1, 3), shN=torch.zeros(2, 0, 3))
+    with pytest.raises(OSError, match="No space left"):
+        writer.write_model(0, g)
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_the_report_lists_only_this_runs_steps(tmp_path):
@@ -376,11 +464,12 @@ def _process(seen):
 
 def test_the_adaptor_refuses_an_output_folder_with_results_and_resumes_when_asked(tmp_path):
     from insitu.adaptor import Adaptor
+    from insitu.config import from_dict
+    from insitu.export import StepWriter
 
     out = tmp_path / "out"
-    (out / "step_000003").mkdir(parents=True)
-    (out / "step_000003" / "metrics.json").write_text("{}")
     cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+    StepWriter(out, provenance={"command": "adaptor"}).write(3, None, [], {"psnr": 20.0}, from_dict(cfg))
     with pytest.raises(ConfigError, match=r"holds the results of an earlier run \(steps 3\); give --resume"):
         Adaptor(None, cfg, process=_process([]))
     seen = []
@@ -403,6 +492,54 @@ def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_fi
     with pytest.raises(ConfigError, match=r"is a file, so the folder cannot be created"):
         Adaptor(None, {"parallel": {"device": "cpu"}, "output": {"dir": str(tmp_path / "f" / "o")}},
                 process=_process([]))
+
+
+def test_the_adaptor_refuses_a_step_number_given_before(tmp_path):
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+
+    seen = []
+    u = np.zeros((4, 5, 6), np.float32)
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path / "o")}, "parallel": {"device": "cpu"}}
+    with Adaptor(None, cfg, process=_process(seen)) as ad:
+        ad.execute(5, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+        with pytest.raises(InputError, match=r"step 5: given to execute\(\) before; each step number once"):
+            ad.execute(5, 1.0, {"U": u + 1}, (6, 5, 4), (0, 0, 0))
+        ad.execute(3, 2.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+    assert seen == [5, 3] and ad.stats.trained_steps == [5, 3]
+
+
+def test_the_adaptor_refuses_to_resume_steps_of_another_configuration(tmp_path):
+    from insitu.adaptor import Adaptor
+    from insitu.config import from_dict
+    from insitu.export import StepWriter
+
+    out = tmp_path / "out"
+    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out), "existing": "resume"}, "parallel": {"device": "cpu"}}
+    StepWriter(out, provenance={"command": "adaptor"}).write(3, None, [], {"psnr": 20.0}, from_dict(cfg))
+    with pytest.raises(ConfigError, match=r"--resume would keep steps made from another input or configuration "
+                                          r"\(step 3: input\.iso \(\[0\.25\] kept vs \[0\.5\] now\)\)"):
+        Adaptor(None, {**cfg, "input": {"iso": [0.5]}}, process=_process([]))
+    assert (out / "step_000003" / "metrics.json").is_file()
+
+
+def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
+    from insitu.adaptor import Adaptor
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from insitu.folder import lock_output; "
+                               f"lock = lock_output({str(out)!r}, 'insitu replay other.bp'); print('locked', flush=True); "
+                               "sys.stdin.read(); lock.release()"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+        with pytest.raises(ConfigError, match=rf"in use by another run \(PID {holder.pid} on "
+                                              rf"{re.escape(socket.gethostname())}, insitu replay other\.bp, since"):
+            Adaptor(None, cfg, process=_process([]))
+    finally:
+        holder.communicate("", timeout=30)
+    assert not out.exists()                                     # its holder made it and removed it
 
 
 def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):

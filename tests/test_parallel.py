@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from insitu.errors import RankFailure, RankInputFailure
+from insitu.errors import ConfigError, RankFailure, RankInputFailure
 from insitu.parallel import init_comm, launcher_local_rank, node_local_rank, shutdown
 
 from conftest import run_mpi
@@ -42,14 +42,14 @@ def test_single_process_comm_is_identity():
 
 
 def test_init_comm_rejects_bad_arguments():
-    with pytest.raises(RankFailure, match="device: expected"):
+    with pytest.raises(ConfigError, match="parallel.device: expected"):
         init_comm(device="tpu")
     with pytest.raises(ValueError, match="timeout_s"):
         init_comm(timeout_s=0)
     with pytest.raises(ValueError, match="threads: expected >= 0"):
         init_comm(threads=-2)
     if not torch.cuda.is_available():
-        with pytest.raises(RankFailure, match="CUDA is not available"):
+        with pytest.raises(ConfigError, match="parallel.device: 'cuda' asked for, but CUDA is not available"):
             init_comm(device="cuda")
 
 

@@ -187,7 +187,7 @@ def test_insitu_view_serves_the_folder(tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        base = server.url("").replace("localhost", "127.0.0.1")
         with urllib.request.urlopen(base + "report.html") as r:
             assert r.status == 200 and b"insitu-data" in r.read()
         with urllib.request.urlopen(base + "viewer/viewer.js") as r:

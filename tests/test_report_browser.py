@@ -144,7 +144,7 @@ def served(tmp_path_factory):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         line = server.stdout.readline()
-        m = re.search(r"(http://localhost:\d+/)report\.html", line)
+        m = re.search(r"(http://localhost:\d+/[A-Za-z0-9_-]+/)report\.html", line)     # the token's prefix
         assert m, f"insitu view printed {line!r}"
         yield out, m.group(1)
     finally:
@@ -175,7 +175,7 @@ def synthetic(tmp_path_factory):
     server = make_server(out, port=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield out, f"http://localhost:{server.server_address[1]}/", views
+        yield out, server.url(""), views
     finally:
         server.shutdown()
         server.server_close()
