@@ -89,12 +89,13 @@ def openpmd(meta: StepMeta) -> bool:
 
 
 def _iteration_pattern(meta: StepMeta) -> str:
-    """openPMD's base path as a regular expression, the iteration (``%T``) as group 1."""
+    """openPMD's base path as a regular expression, the iteration (``%T``) as group 1, which may be
+    absent: variable-based encoding keeps ``/data/%T/`` as base path but writes ``/data/meshes/...``."""
     base = meta.attr("/basePath") or "/data/%T/"
     base = base if isinstance(base, str) else base[0]
     if not base.endswith("/"):
         base += "/"
-    return re.escape(base).replace("%T", r"(\d+)")
+    return re.escape(base).replace(re.escape("%T/"), r"(?:(\d+)/)?").replace(re.escape("%T"), r"(\d+)?")
 
 
 def field_variable(meta: StepMeta, var: str) -> str | None:
@@ -123,7 +124,7 @@ def openpmd_iteration(meta: StepMeta, name: str) -> int | None:
     if not openpmd(meta):
         return None
     m = re.match(_iteration_pattern(meta), name)
-    if m and m.groups():
+    if m and m.groups() and m.group(1) is not None:
         return int(m.group(1))
     snapshot = meta.attr(_iteration_prefix(meta, name) + "snapshot")
     if snapshot is not None and len(snapshot) == 1:
@@ -330,9 +331,8 @@ def _openpmd_mesh(meta: StepMeta, name: str, where: str) -> dict | None:
     labels = [labels] if isinstance(labels, str) else list(labels or ["z", "y", "x"])
     flip = (lambda v: list(v)[::-1]) if order == "F" else list        # F: attributes listed fastest first
     labels = [str(x).lower() for x in flip(labels)]
-    if sorted(labels) != ["x", "y", "z"]:
-        raise SourceInputError(f"{where}: the openPMD mesh {path} has axisLabels {labels}; expected x, y and z")
-    axes = tuple(labels.index(a) for a in ("z", "y", "x"))
+    # labels that do not name x, y and z (none, or empty as some streams write them): the array's own order
+    axes = tuple(labels.index(a) for a in ("z", "y", "x")) if sorted(labels) == ["x", "y", "z"] else (0, 1, 2)
     out: dict[str, Any] = {"axes": axes, "path": path}
     spacing = meta.attr(path + "/gridSpacing")
     offset = meta.attr(path + "/gridGlobalOffset")

@@ -133,9 +133,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
                 finally:
                     skipped = [s for s in getattr(source, "skipped", []) if s[0] not in done]
-                    if comm.rank == 0:
-                        for step, reason in skipped:
-                            writer.record(step, "skipped", reason)
+                    if comm.rank == 0 and skipped:
+                        writer.record_all("skipped", skipped)
                 missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))
             if missing:
                 seen = list(getattr(source, "seen", []))

@@ -235,11 +235,12 @@ def test_openpmd_group_based_iterations_give_steps_times_and_geometry(tmp_path):
     np.testing.assert_array_equal(b.data, a + 100)
 
 
-def test_openpmd_variable_based_iteration_comes_from_the_snapshot_attribute(tmp_path):
+@pytest.mark.parametrize("base", ["/data", "/data/%T/"])      # openPMD-api writes either (files, SST streams)
+def test_openpmd_variable_based_iteration_comes_from_the_snapshot_attribute(tmp_path, base):
     # variable-based encoding: one variable /data/meshes/rho for all iterations, the iteration in /data/snapshot
     a = ball()
-    attrs = {**openpmd_attributes("/data/meshes"), "/basePath": "/data", "/data/snapshot": np.array([300], np.uint64),
-             "/data/time": 150.0}
+    attrs = {**openpmd_attributes("/data/meshes"), "/basePath": base, "/data/snapshot": np.array([300], np.uint64),
+             "/data/time": 150.0, "/data/meshes/rho/axisLabels": ""}     # labels left empty: the array's order
     src, steps = read_all(write_bp(tmp_path / "v.bp", [{"/data/meshes/rho": a}], attributes=attrs), "rho")
     assert [(s.step, s.time) for s in steps] == [(300, 150.0)] and src.numbers == [300]
     np.testing.assert_array_equal(steps[0].block.data, a)
