@@ -23,32 +23,17 @@ from insitu.errors import InputError, SourceError, SourceInputError
 from insitu.files import read_csv
 from insitu.sources import BPSource, SSTSource, sst_open_reason
 from insitu.volume import outside_value
+from test_misuse import TINY, insitu, one_error
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 WORKER = ROOT / "tests" / "mpi" / "layout_worker.py"
-TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100", "--quiet",
-        "--set", "views.supersample=1"]
 
 
 def ball(n: int = 10, dtype=np.float32) -> np.ndarray:
     z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
     c = (n - 1) / 2
     return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2).astype(dtype)
-
-
-def insitu(*args, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "insitu", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
-
-
-def one_error(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stdout + r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("insitu: error: ")]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
 
 
 def read_all(path: Path, var: str = "U", **kw) -> tuple[BPSource, list]:
