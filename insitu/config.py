@@ -48,8 +48,10 @@ class InputConfig:
     steps: list[int] | None = None      # replay/stream: only these step numbers
     every: int = constrained(1, POSITIVE)  # replay/stream: train every k-th step that arrives
     timeout_s: float = constrained(60.0, POSITIVE)  # stream: give up when no step arrives for this long
-    origin: list[float] | None = None   # world (x, y, z) of sample (0, 0, 0); default: the file's, else 0
-    spacing: list[float] | None = None  # world size (dx, dy, dz) of a cell; default: the file's, else 1
+    origin: list[float] | None = None   # run/replay/stream: world (x, y, z) of sample (0, 0, 0); default: the
+                                        # file's, else 0
+    spacing: list[float] | None = None  # run/replay/stream: world size (dx, dy, dz) of a cell; default: the
+                                        # file's, else 1
     step_var: str | None = None         # replay/stream: variable or attribute numbering the steps (default:
                                         # step, Step, the openPMD iteration, else the ADIOS step index)
     time_var: str | None = None         # replay/stream: variable or attribute giving the time (default: time, Time)

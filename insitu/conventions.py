@@ -47,8 +47,9 @@ class StepMeta:
     @classmethod
     def of(cls, stream) -> "StepMeta":
         """The current step of an ``adios2.Stream``."""
-        return cls(stream.available_variables(), stream.available_attributes(), stream.read,
-                   lambda name: _attribute(stream, name))
+        attributes = stream.available_attributes()
+        return cls(stream.available_variables(), attributes, stream.read,
+                   lambda name: _attribute(stream, name, attributes[name]))
 
     def attr(self, name: str) -> Any:
         """Attribute ``name``'s value (strings as str or list of str, numbers as a float64 array), or None."""
@@ -66,10 +67,10 @@ class StepMeta:
         return self.read_value(name)
 
 
-def _attribute(stream, name: str) -> Any:
-    """An attribute's value: str or list of str for strings, else a float64 array. ADIOS2's Python
-    reader cannot return some types (long double): those are parsed from its printed value."""
-    info = stream.available_attributes().get(name, {})
+def _attribute(stream, name: str, info: dict) -> Any:
+    """An attribute's value (``info``: ADIOS2's Type, Elements, Value of it): str or list of str for
+    strings, else a float64 array. ADIOS2's Python reader cannot return some types (long double):
+    those are parsed from its printed value."""
     if info.get("Type") == "string":
         value = stream.read_attribute_string(name)
         return value[0] if isinstance(value, list) and len(value) == 1 and info.get("Elements") == "1" else value

@@ -223,14 +223,6 @@ class _AdiosSource(_Source):
         self._used = False
         self._open()
 
-    @property
-    def identity(self) -> dict[str, Any]:
-        """What identifies this input's steps: the file or stream, the variable, and what numbers the
-        steps (so that a folder's steps can be told to come from another input)."""
-        path = Path(self.name)
-        return {"input": str(path.resolve()) if path.exists() else self.name, "var": self.var,
-                "color_var": self.color_var, "numbering": self.numbering}
-
     # -- subclass hooks ----------------------------------------------------------------------
     def _params(self) -> dict[str, str]:
         return {}

@@ -461,3 +461,13 @@ def test_layouts_read_the_same_on_two_ranks(tmp_path):
         for rank in (0, 1):
             got = np.load(tmp_path / f"{name}.{rank}.npy")
             np.testing.assert_array_equal(got, cut_block(want, rank, 2).data, err_msg=f"{name} rank {rank}")
+
+
+@pytest.mark.mpi
+def test_a_step_without_the_variable_is_skipped_on_two_ranks_too(tmp_path):
+    path = write_bp(tmp_path / "s.bp", [{"U": ball(12), "step": 0}, {"W": ball(12), "step": 1}])
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path, ranks=2, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "done: 1 step(s) trained, 1 skipped (step 1: no variable 'U' at step 1" in r.stdout
+    rows = {row["step"]: row["status"] for row in read_csv(tmp_path / "out" / "metrics.csv")}
+    assert rows == {"0": "trained", "1": "skipped"}
