@@ -88,8 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_flag(p, "--dtype", "input.dtype", help="raw file dtype (e.g. uint8, float32)")
     _config_flag(p, "--downsample", "input.downsample", type=int, metavar="K",
                  help="box-filter the volume by K per axis")
-    _config_flag(p, "--spacing", "input.spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"),
-                 help="world size of a cell (default 1 1 1)")
+    p.add_argument("--spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"), default=(1.0, 1.0, 1.0))
     _common(p)
 
     p = sub.add_parser("replay", help="train on the steps of a saved ADIOS2 BP file",

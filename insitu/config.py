@@ -50,8 +50,8 @@ class InputConfig:
     timeout_s: float = constrained(60.0, POSITIVE)  # stream: give up when no step arrives for this long
     origin: list[float] | None = None   # run/replay/stream: world (x, y, z) of sample (0, 0, 0); default: the
                                         # file's, else 0
-    spacing: list[float] | None = None  # run/replay/stream: world size (dx, dy, dz) of a cell; default: the
-                                        # file's, else 1
+    spacing: list[float] | None = None  # replay/stream: world size (dx, dy, dz) of a cell; default: the
+                                        # file's, else 1 (insitu run: --spacing)
     step_var: str | None = None         # replay/stream: variable or attribute numbering the steps (default:
                                         # step, Step, the openPMD iteration, else the ADIOS step index)
     time_var: str | None = None         # replay/stream: variable or attribute giving the time (default: time, Time)

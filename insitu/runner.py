@@ -91,8 +91,11 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
     """The single-step source of ``insitu run``: a raw file or a .npy array, cut for this rank."""
     from .sources import ArraySource, RawSource
 
-    path = Path(args.input)
-    origin, spacing = tuple(cfg.input.origin or (0.0, 0.0, 0.0)), tuple(cfg.input.spacing or (1.0, 1.0, 1.0))
+    path, spacing = Path(args.input), tuple(args.spacing)
+    if cfg.input.spacing is not None:
+        raise ConfigError(f"input.spacing={cfg.input.spacing}: sets the spacing of a BP file or SST stream (insitu "
+                          "replay, stream); insitu run takes --spacing DX DY DZ")
+    origin = tuple(cfg.input.origin or (0.0, 0.0, 0.0))
     if path.suffix == ".npy":
         return ArraySource(load_npy(path), rank=rank, size=size, origin=origin, spacing=spacing,
                            downsample=cfg.input.downsample, name=path.name, nonfinite=cfg.input.nonfinite)

@@ -471,3 +471,11 @@ def test_a_step_without_the_variable_is_skipped_on_two_ranks_too(tmp_path):
     assert "done: 1 step(s) trained, 1 skipped (step 1: no variable 'U' at step 1" in r.stdout
     rows = {row["step"]: row["status"] for row in read_csv(tmp_path / "out" / "metrics.csv")}
     assert rows == {"0": "trained", "1": "skipped"}
+
+
+def test_insitu_run_takes_spacing_from_its_flag_and_refuses_the_bp_key(tmp_path):
+    np.save(tmp_path / "ball.npy", ball(12))
+    r = insitu("run", tmp_path / "ball.npy", "--iso", "3", *TINY, "--set", "input.spacing=[1, 2, 3]", "--out", "out",
+               cwd=tmp_path)
+    assert "input.spacing=[1.0, 2.0, 3.0]: sets the spacing of a BP file or SST stream" in one_error(r)
+    assert "insitu run takes --spacing DX DY DZ" in r.stderr and not (tmp_path / "out").exists()
