@@ -51,6 +51,15 @@ class InputConfig:
     steps: list[int] | None = None      # replay/stream: only these step numbers
     every: int = constrained(1, POSITIVE)  # replay/stream: train every k-th step that arrives
     timeout_s: float = constrained(60.0, POSITIVE)  # stream: give up when no step arrives for this long
+    origin: list[float] | None = None   # run/replay/stream: world (x, y, z) of sample (0, 0, 0); default: the
+                                        # file's, else 0
+    spacing: list[float] | None = None  # replay/stream: world size (dx, dy, dz) of a cell; default: the
+                                        # file's, else 1 (insitu run: --spacing)
+    step_var: str | None = None         # replay/stream: variable or attribute numbering the steps (default:
+                                        # step, Step, the openPMD iteration, else the ADIOS step index)
+    time_var: str | None = None         # replay/stream: variable or attribute giving the time (default: time, Time)
+    nonfinite: str = constrained("error", choices=("error", "outside"))   # NaN/Inf samples (and a sparse
+                                        # array's gaps): an error, or outside the surface (a mask)
 
 
 @dataclass
@@ -302,6 +311,11 @@ def validate(cfg: Config) -> Config:
         if kind is None or kind not in "uif":
             raise ConfigError(f"input.dtype: expected an integer or float type such as uint8, int16, float32, "
                               f"got {cfg.input.dtype!r}")
+    for key in ("origin", "spacing"):
+        v = getattr(cfg.input, key)
+        if v is not None and (len(v) != 3 or (key == "spacing" and min(v) <= 0)):
+            raise ConfigError(f"input.{key}: expected 3 {'values > 0' if key == 'spacing' else 'values'} (x, y, z), "
+                              f"got {v!r}")
     if cfg.input.dims is not None and (len(cfg.input.dims) != 3 or min(cfg.input.dims) <= 0):
         raise ConfigError(f"input.dims: expected 3 positive integers (x, y, z), got {cfg.input.dims!r}")
     if cfg.views.count <= cfg.views.test_every and cfg.views.count < 2:

@@ -5,13 +5,19 @@ trained step's model and trains ``min(insitu.warm_iterations, train.iterations)`
 the first step, and a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
 that failed, as the caller decides), start cold and train ``train.iterations``. A step's result
 becomes the next warm start once the caller has recorded it (:meth:`StepDriver.trained`), after
-the ranks agree that the step succeeded everywhere.
+the ranks agree that the step succeeded everywhere. With ``input.nonfinite: outside``, a step's
+NaN/Inf samples are filled first (:func:`masked`), so that the step trains on a finite field.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
+import numpy as np
+
 from .config import Config
+from .errors import InputError
+from .volume import fill_nonfinite, outside_value
 
 
 class StepDriver:
@@ -33,6 +39,8 @@ class StepDriver:
     def train(self, block, *, step: int, time: float) -> Any:
         """Train one step (collective); returns the process's result (give it to :meth:`trained`
         once every rank succeeded, so that it warm-starts the next step)."""
+        if self.cfg.input.nonfinite == "outside":
+            block = masked(block, self.cfg, self.comm)
         warm = self.previous if self.cfg.insitu.warm_start else None
         iterations = min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations) if warm is not None else None
         return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
@@ -45,3 +53,30 @@ class StepDriver:
     def forget(self) -> None:
         """The next step starts cold (the previous one was kept from an earlier run, or failed)."""
         self.previous = None
+
+
+def masked(block, cfg: Config, comm: Any):
+    """``block`` with its NaN/Inf samples counted as outside the surface (``input.nonfinite: outside``):
+    the field's set to :func:`insitu.volume.outside_value` of its finite samples' global range, the
+    colour field's to its lowest finite value; collective over ``comm`` (the values are global, so
+    the ranks' ghost layers agree). InputError when no sample of the field is finite."""
+    mpi = getattr(comm, "mpi", None)
+
+    def finite_range(array: np.ndarray) -> tuple[float, float]:
+        ok = np.asarray(array)[np.isfinite(array)]
+        lo, hi = (float(ok.min()), float(ok.max())) if ok.size else (np.inf, -np.inf)
+        if mpi is not None and mpi.Get_size() > 1:
+            from mpi4py import MPI
+
+            lo, hi = mpi.allreduce(lo, op=MPI.MIN), mpi.allreduce(hi, op=MPI.MAX)
+        return lo, hi
+
+    lo, hi = finite_range(block.data)
+    if not lo <= hi:
+        raise InputError(f"{cfg.input.var}: every sample is NaN/Inf (input.nonfinite: outside masks them all): "
+                         "no surface to extract")
+    fields = dict(block.fields)
+    if cfg.input.color_var in fields:
+        clo, _ = finite_range(fields[cfg.input.color_var])
+        fields[cfg.input.color_var] = fill_nonfinite(fields[cfg.input.color_var], clo if np.isfinite(clo) else 0.0)
+    return replace(block, data=fill_nonfinite(block.data, outside_value(lo, hi, cfg.input.iso)), fields=fields)

@@ -360,22 +360,30 @@ class StepWriter:
             raise
         finally:
             self._pending.pop(int(step), None)
-        self._row(step, {"status": "trained", **flatten_metrics(metrics)})
+        self._row({int(step): {"status": "trained", **flatten_metrics(metrics)}})
         return final
 
     def record(self, step: int, status: str, reason: str) -> None:
         """A step that was not trained: ``status`` "skipped" or "failed", and why (one row of metrics.csv)."""
+        self.record_all(status, [(step, reason)])
+
+    def record_all(self, status: str, steps: Sequence[tuple[int, str]]) -> None:
+        """:meth:`record` for several ``(step, reason)`` at once: metrics.csv and the report written once."""
         if status not in ("skipped", "failed"):
             raise ValueError(f"status: expected 'skipped' or 'failed', got {status!r}")
-        if self.rows.get(int(step), {}).get("status") == "trained":
+        for step, _ in steps:
+            step_name(step)                         # a valid step number
+        rows = {int(step): {"status": status, "reason": " ".join(str(reason).split())} for step, reason in steps
+                if self.rows.get(int(step), {}).get("status") != "trained"}
+        if not rows:
             return                                  # a step trained earlier in this run stays trained
-        step_name(step)
         self.out_root.mkdir(parents=True, exist_ok=True)
-        self._row(step, {"status": status, "reason": " ".join(str(reason).split())})
+        self._row(rows)
 
-    def _row(self, step: int, row: Mapping[str, Any]) -> None:
+    def _row(self, rows: Mapping[int, Mapping[str, Any]]) -> None:
         with self._lock:
-            self.rows[int(step)] = {"step": int(step), **row}
+            for step, row in rows.items():
+                self.rows[int(step)] = {"step": int(step), **row}
             write_csv(self.csv_path, list(self.rows.values()))
             write_report(self.out_root, steps=self.trained)
 

@@ -89,11 +89,15 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
     from .sources import ArraySource, RawSource
 
     path, spacing = Path(args.input), tuple(args.spacing)
+    if cfg.input.spacing is not None:
+        raise ConfigError(f"input.spacing={cfg.input.spacing}: sets the spacing of a BP file or SST stream (insitu "
+                          "replay, stream); insitu run takes --spacing DX DY DZ")
+    origin = tuple(cfg.input.origin or (0.0, 0.0, 0.0))
     if path.suffix == ".npy":
-        return ArraySource(load_npy(path), rank=rank, size=size, spacing=spacing,
-                           downsample=cfg.input.downsample, name=path.name)
+        return ArraySource(load_npy(path), rank=rank, size=size, origin=origin, spacing=spacing,
+                           downsample=cfg.input.downsample, name=path.name, nonfinite=cfg.input.nonfinite)
     return RawSource(path, rank=rank, size=size, dims=cfg.input.dims, dtype=cfg.input.dtype,
-                     downsample=cfg.input.downsample, spacing=spacing)
+                     downsample=cfg.input.downsample, origin=origin, spacing=spacing, nonfinite=cfg.input.nonfinite)
 
 
 def run_provenance(args: argparse.Namespace) -> dict:
@@ -164,6 +168,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
         failed: list[tuple[int, str]] = []
+        skipped: list[tuple[int, str]] = []          # steps the source could not use (no such variable, ...)
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
@@ -174,15 +179,22 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             from .sources import open_source
 
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
-                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+                try:
+                    n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+                finally:
+                    skipped = [s for s in getattr(source, "skipped", []) if s[0] not in done]
+                    if comm.rank == 0 and skipped:
+                        writer.record_all("skipped", skipped)
                 missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))
             if missing:
                 seen = list(getattr(source, "seen", []))
                 say(comm, f"insitu: warning: step(s) {', '.join(map(str, missing))} asked for (--steps) are not in "
                           f"{args.input}; its steps: {_steps_text(seen)}")
-                if n == 0 and not failed and not done:
+                if n == 0 and not failed and not skipped and not done:
                     raise InputError(f"{args.input}: none of the steps asked for (--steps "
                                      f"{' '.join(map(str, cfg.input.steps))}) is in it; its steps: {_steps_text(seen)}")
+        if skipped and n == 0 and not done:
+            raise InputError(untrained_text(failed, skipped))
         if failed and n == 0 and not done:
             raise InputError(failed[0][1] if len(failed) == 1 else
                              "no step could be trained:\n" + "\n".join(f"  step {s}: {m}" for s, m in failed))
@@ -196,6 +208,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             text += f", {len(done)} kept from the earlier run (--resume)"
         if failed:
             text += f", {len(failed)} failed (" + "; ".join(f"step {s}: {m.splitlines()[0]}" for s, m in failed) + ")"
+        if skipped:
+            text += f", {len(skipped)} skipped ({_reasons(skipped)})"
         say(comm, f"{text}; outputs in {out} (report: {out / 'report.html'})")
         return 0
     except (InputError, ConfigError, RankFailure) as e:     # the same on every rank: rank 0 says it
@@ -231,6 +245,18 @@ def _agreed(comm, check):
         is_input, text = first[1]
         raise (InputError if is_input else ConfigError)(text)
     return value
+
+
+def untrained_text(failed: list[tuple[int, str]], skipped: list[tuple[int, str]]) -> str:
+    """The error of a run that trained no step: how many steps were skipped and failed, and why."""
+    text = f"no step could be trained: {len(skipped)} step(s) skipped ({_reasons(skipped)})"
+    return text + (f", {len(failed)} failed ({_reasons(failed)})" if failed else "")
+
+
+def _reasons(steps: list[tuple[int, str]], shown: int = 3) -> str:
+    """``step S: reason; ...`` for the first ``shown`` (step, reason) pairs."""
+    text = "; ".join(f"step {s}: {m.splitlines()[0]}" for s, m in steps[:shown])
+    return text + ("; ..." if len(steps) > shown else "")
 
 
 def _steps_text(steps: list[int]) -> str:

@@ -32,6 +32,8 @@ failure has been yielded.
 from __future__ import annotations
 
 import abc
+import os
+import re
 import sys
 import time as _time
 from dataclasses import dataclass
@@ -41,8 +43,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .agreement import agree_errors, first_error
-from .bpfile import adios_message, check_bp5, need_bytes, probe_bp, step_number, unique_step
+from .bpfile import adios_message, check_bp, need_bytes, probe_bp, unique_step
 from .config import Config
+from .conventions import StepMeta, field_variable, geometry, number_record, step_number, step_time
 from .decomposition import block_extent, cut_block, split_dims
 from .errors import SourceError, SourceInputError
 from .volume import Block, check_field, downsample, read_raw
@@ -101,16 +104,18 @@ class ArraySource(_Source):
     array:  [nz, ny, nx] the global field (every rank passes the same array).
     fields: name -> [nz, ny, nx] other fields on the same samples (e.g. a colour field).
     downsample: keep every k-th sample per axis (box filter); spacing grows by k.
+    nonfinite: "error" (NaN/Inf samples are an InputError) or "outside" (let through: a mask that
+               the driver fills, :func:`insitu.driver.masked`).
     """
 
     def __init__(self, array: np.ndarray, *, rank: int = 0, size: int = 1,
                  origin: Sequence[float] = (0.0, 0.0, 0.0), spacing: Sequence[float] = (1.0, 1.0, 1.0),
                  fields: dict[str, np.ndarray] | None = None, step: int = 0, time: float = 0.0,
-                 downsample: int = 1, name: str = "field"):
+                 downsample: int = 1, name: str = "field", nonfinite: str = "error"):
         _check_rank(rank, size)
         if downsample < 1:
             raise ValueError(f"downsample: expected an integer >= 1, got {downsample}")
-        array = check_field(array, name)
+        array = check_field(array, name, nonfinite=nonfinite)
         for key, other in (fields or {}).items():
             if np.shape(other) != array.shape:
                 raise SourceInputError(f"{key}: expected the shape of {name} {array.shape}, got {np.shape(other)}")
@@ -148,11 +153,12 @@ class RawSource(ArraySource):
 
     def __init__(self, path: str | Path, *, rank: int = 0, size: int = 1, dims: Sequence[int] | None = None,
                  dtype: str | None = None, downsample: int = 1,
-                 origin: Sequence[float] = (0.0, 0.0, 0.0), spacing: Sequence[float] = (1.0, 1.0, 1.0)):
+                 origin: Sequence[float] = (0.0, 0.0, 0.0), spacing: Sequence[float] = (1.0, 1.0, 1.0),
+                 nonfinite: str = "error"):
         self.path = Path(path)
         array = read_raw(self.path, tuple(dims) if dims is not None else None, dtype)
         super().__init__(array, rank=rank, size=size, origin=origin, spacing=spacing,
-                         downsample=downsample, name=self.path.name)
+                         downsample=downsample, name=self.path.name, nonfinite=nonfinite)
 
 
 # ---- ADIOS2 ------------------------------------------------------------------------------
@@ -166,22 +172,38 @@ def _adios2():
     return adios2
 
 
+class _Unusable(Exception):
+    """This step cannot be used (no such variable, not a 3D array, ...): it is skipped, the next one read."""
+
+
 class _AdiosSource(_Source):
-    """Shared step loop of BPSource and SSTSource (one serial ADIOS2 reader per rank)."""
+    """Shared step loop of BPSource and SSTSource (one serial ADIOS2 reader per rank).
+
+    Steps whose field cannot be used (the variable missing, not a 3D array, a local array of several
+    blocks, a sparse array without ``nonfinite="outside"``) are not yielded: they are listed in
+    ``skipped`` as (step, reason), the same on every rank, and the next step is read.
+    """
 
     engine = "BP5"
 
     def __init__(self, name: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
-                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None):
+                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None,
+                 step_var: str | None = None, time_var: str | None = None, origin: Sequence[float] | None = None,
+                 spacing: Sequence[float] | None = None, nonfinite: str = "error"):
         _check_rank(rank, size)
         if every < 1:
             raise ValueError(f"every: expected an integer >= 1, got {every}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite: expected one of {', '.join(NONFINITE)}, got {nonfinite!r}")
         if comm is not None and (comm.Get_rank() != rank or comm.Get_size() != size):
             raise ValueError(f"comm: rank/size {comm.Get_rank()}/{comm.Get_size()} differ from rank={rank}, size={size}")
         self.name = str(name)
         self.var, self.color_var = var, color_var
+        self.step_var, self.time_var = step_var, time_var
+        self.origin, self.spacing = origin, spacing
+        self.nonfinite = nonfinite
         self.rank, self.size = rank, size
         self.steps = None if steps is None else {int(s) for s in steps}
         self.every = int(every)
@@ -191,7 +213,12 @@ class _AdiosSource(_Source):
         self.dropped = 0                         # steps this rank held but dropped to agree with the others
         self.read_seconds: list[float] = []      # per step read: this rank's block (and end_step)
         self.seen: list[int] = []                # every step number met (read or not)
+        self.skipped: list[tuple[int, str]] = []  # steps whose field could not be used, and why
+        self.numbering: str | None = None        # what gave the step numbers (e.g. "variable 'step'")
         self._first: dict[int, int] = {}         # step number -> the ADIOS step index that gave it
+        self._said: set[str] = set()             # notes printed once
+        self._meta: StepMeta | None = None       # the current step's names and attribute readers
+        self._field: str | None = None           # the current step's variable holding ``var``
         self._stream = None
         self._used = False
         self._open()
@@ -230,7 +257,7 @@ class _AdiosSource(_Source):
             error = e
         except Exception as e:
             error = self._open_error(e)
-        self._agree_error(error)
+        self._agree(error)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -240,16 +267,26 @@ class _AdiosSource(_Source):
             except Exception:
                 pass             # a dead writer can make close complain; nothing is left to release
 
-    def _agree_error(self, error: SourceError | None) -> None:
-        """Raise on every rank when any rank failed (no rank is left waiting)."""
+    def _agree(self, error: SourceError | None, skip: str | None = None) -> str | None:
+        """Raise on every rank when any rank failed (no rank is left waiting); else the first rank's
+        reason to skip this step, if any rank has one (every rank then skips it)."""
         if self.comm is not None:
-            bad = first_error(agree_errors(self.comm, None if error is None else str(error)))
+            states = agree_errors(self.comm, (None if error is None else str(error), skip))
+            bad = first_error([e for e, _ in states])
             if bad is not None and error is None:
                 self.close()
                 raise SourceError(f"rank {bad[0]}: {bad[1]}")
+            skip = next((s for _, s in states if s is not None), None)
         if error is not None:
             self.close()
             raise error
+        return skip
+
+    def _say(self, text: str) -> None:
+        """Print a note once (rank 0)."""
+        if text not in self._said and self.rank == 0:
+            print(text, file=sys.stderr, flush=True)
+        self._said.add(text)
 
     # -- one step ------------------------------------------------------------------------------
     def _begin(self) -> tuple[str, int | None]:
@@ -268,13 +305,18 @@ class _AdiosSource(_Source):
             raise self._ended_unexpectedly()
         try:
             index = int(s.current_step())
-            info = s.available_variables().get("step")
-            value = None
-            if info is not None and info.get("SingleValue") == "true":
-                value = s.read("step")
+            self._meta = StepMeta.of(s)
+            self._field = field_variable(self._meta, self.var)
+            record = number_record(self._meta, self._field, self.step_var)
+        except SourceError as e:
+            raise SourceInputError(f"{self.name}: {e}") from None
         except Exception as e:
             raise self._step_error(e) from None
-        number = step_number(info.get("Type", "") if info else "", value, index, self.name)
+        number, numbering = step_number(record, index, self.name, self.step_var)
+        if self.numbering is None and numbering == "the ADIOS step index" and index == 0:
+            self._say(f"{self.name}: steps are numbered by their ADIOS step index (no variable step or Step, no "
+                      "openPMD iteration); input.step_var names the variable or attribute that numbers them")
+        self.numbering = self.numbering or numbering
         unique_step(number, index, self._first, self.name)
         self.seen.append(number)
         return "ok", number
@@ -291,7 +333,7 @@ class _AdiosSource(_Source):
                 raise error
             return state
         while True:
-            self._agree_error(error)
+            self._agree(error)
             states = self.comm.allgather(state)
             if any(kind == "end" for kind, _ in states):
                 if state[0] == "ok":
@@ -314,53 +356,159 @@ class _AdiosSource(_Source):
                 except SourceError as e:
                     error, state = e, ("error", None)
 
-    def _attr3(self, name: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
-        s = self._stream
-        if name not in s.available_attributes():
-            return default
-        try:
-            return _xyz3(f"{self.name}: attribute {name}", s.read_attribute(name))
-        except SourceInputError:
-            raise
-        except Exception as e:
-            raise SourceInputError(f"{self.name}: attribute {name} cannot be read ({adios_message(e)})") from None
-
-    def _shape_of(self, var: str, available: dict, number: int) -> tuple[int, ...]:
-        if var not in available:
-            names = ", ".join(sorted(available)) or "none"
-            raise SourceInputError(f"{self.name}: no variable {var!r} at step {number}; variables present: {names}")
-        info = available[var]
-        text = info.get("Shape", "")
-        shape = tuple(int(x) for x in text.split(",") if x.strip())
+    def _variable(self, var: str, name: str | None, number: int, what: str = "variable") -> dict:
+        """Where variable ``name`` (holding ``var``) lies in the file: ``shape`` (C order, the file's),
+        ``blocks`` and whether it is a ``local`` array. _Unusable when the step cannot use it."""
+        meta = self._meta
+        if name is None:
+            names = ", ".join(sorted(meta.variables)[:40]) or "none"
+            more = ", ..." if len(meta.variables) > 40 else ""
+            raise _Unusable(f"no {what} {var!r} at step {number}; variables present: {names}{more}")
+        info = meta.variables[name]
+        kind = info.get("Type", "?")
+        if info.get("SingleValue") == "true":
+            raise _Unusable(f"{what} {name!r} is a single value ({kind}) at step {number}, expected a 3D global "
+                            "array [z, y, x] with >= 2 samples per axis")
+        blocks = self._blocks(name)
+        local = not info.get("Shape", "").strip()
+        if local:
+            if len(blocks) != 1:
+                raise _Unusable(f"{what} {name!r} is a local array of {len(blocks)} blocks at step {number} (no "
+                                "global shape: the file does not say where its blocks lie), which insitu does not "
+                                "read; write it as a global array (shape, start and count), or as one block")
+            shape = tuple(blocks[0]["count"])
+        else:
+            shape = tuple(int(x) for x in info["Shape"].split(",") if x.strip())
         if len(shape) != 3 or min(shape) < 2:
-            what = "a single value" if not shape else f"shape {shape}"
-            raise SourceInputError(f"{self.name}: variable {var!r} is {what} ({info.get('Type', '?')}), "
-                                   "expected a 3D global array [z, y, x] with >= 2 samples per axis")
-        return shape
+            raise _Unusable(f"{what} {name!r} is shape {shape} ({kind}) at step {number}, expected a 3D global "
+                            "array [z, y, x] with >= 2 samples per axis")
+        if kind not in _NUMERIC:
+            raise _Unusable(f"{what} {name!r} is of type {kind} at step {number}, expected a real number type "
+                            f"({', '.join(_NUMERIC)})")
+        self._check_operators(name, number)
+        return {"name": name, "shape": shape, "blocks": blocks, "local": local}
 
-    def _read(self, number: int) -> Step:
+    def _blocks(self, name: str) -> list[dict]:
+        """The step's blocks of variable ``name``: ``start`` (None where ADIOS2 cannot say), ``count``,
+        ``writer`` (None where unknown), in the file's C order."""
         s = self._stream
-        available = s.available_variables()
-        zyx = self._shape_of(self.var, available, number)
+        try:
+            info = s.engine.blocks_info(name, int(s.current_step()))
+        except UnicodeDecodeError:
+            # adios2's Python blocks_info returns the min/max of (u)int8 blocks as characters, which
+            # fail to decode above 127: take each block's count from the variable instead
+            var, out = s.inquire_variable(name), []
+            while True:
+                try:
+                    var.set_block_selection(len(out))
+                    count = list(var.count())
+                except Exception:
+                    return out
+                out.append({"start": None, "count": count, "writer": None})
+        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+        return [{"start": ints(b["Start"]), "count": ints(b["Count"]), "writer": int(b.get("WriterID", 0))}
+                for b in info]
+
+    def _check_operators(self, name: str, number: int) -> None:
+        """SourceInputError when the variable is compressed with an operator this ADIOS2 lacks."""
+        try:
+            ops = [op.Type() for op in self._stream.inquire_variable(name).operations()]
+        except Exception:
+            ops = []
+        for op in ops:
+            if not _has_operator(op):
+                raise SourceInputError(_compressed_message(self.name, name, number, op))
+
+    def _plan(self, number: int) -> dict:
+        """Check this step's field before reading it: what this rank reads, where it lies, what masks.
+        _Unusable when the step cannot be used; SourceInputError when the file cannot be."""
+        field_ = self._variable(self.var, self._field, number)
+        colour = None
         if self.color_var is not None:
-            czyx = self._shape_of(self.color_var, available, number)
-            if czyx != zyx:
-                raise SourceInputError(f"{self.name}: colour variable {self.color_var!r} has shape {czyx}, "
-                                       f"expected the shape of {self.var!r} {zyx}")
+            colour = self._variable(self.color_var, field_variable(self._meta, self.color_var), number,
+                                    "colour variable")
+            if colour["shape"] != field_["shape"]:
+                raise _Unusable(f"colour variable {colour['name']!r} has shape {colour['shape']}, expected the shape "
+                                f"of {field_['name']!r} {field_['shape']} (step {number})")
+        geo = geometry(self._meta, field_["name"], self.name, self.origin, self.spacing)
+        axes = geo.axes
+        zyx = tuple(field_["shape"][a] for a in axes)
         gshape = tuple(reversed(zyx))                                  # (x, y, z)
         ext = block_extent(self.rank, split_dims(gshape, self.size), gshape)
-        start, count = list(reversed(ext.start)), list(reversed(ext.count))
+        start, count = [0, 0, 0], [0, 0, 0]
+        for d, a in enumerate(axes):                                   # our (z, y, x) -> the file's axes
+            start[a], count[a] = ext.start[2 - d], ext.count[2 - d]
+        plan = {"field": field_, "colour": colour, "geometry": geo, "ext": ext, "gshape": gshape,
+                "start": start, "count": count}
+        for key, var in (("field", field_), ("colour", colour)):
+            if var is not None:
+                plan[key + "_gap"] = self._uncovered(var, start, count, number)
+        return plan
+
+    def _uncovered(self, var: dict, start: list[int], count: list[int], number: int) -> np.ndarray | None:
+        """Where the variable's blocks leave this rank's selection uncovered (a sparse array): a mask of
+        the selection (file order), or None when covered. _Unusable unless ``nonfinite="outside"``
+        (then the uncovered samples read as NaN and count as outside the surface)."""
+        if var["local"]:
+            return None
+        total = int(np.prod(var["shape"]))
+        if any(b["start"] is None for b in var["blocks"]):
+            have = sum(int(np.prod(b["count"])) for b in var["blocks"])
+            if have >= total:
+                return None
+            raise _Unusable(f"variable {var['name']!r} at step {number} is a sparse array: its blocks hold {have} of "
+                            f"its {total} samples (the rest would read as 0), and for its type ADIOS2's Python "
+                            "reader does not say where the blocks lie, so the gap cannot be masked")
+        covered = np.zeros(count, dtype=bool)
+        for b in var["blocks"]:
+            lo = [max(s, bs) for s, bs in zip(start, b["start"])]
+            hi = [min(s + c, bs + bc) for s, c, bs, bc in zip(start, count, b["start"], b["count"])]
+            if all(h > l for l, h in zip(lo, hi)):
+                covered[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, start))] = True
+        if covered.all():
+            return None
+        if self.nonfinite != "outside":
+            k = np.argwhere(~covered)[0] + np.asarray(start)
+            raise _Unusable(f"variable {var['name']!r} at step {number} is a sparse array: its blocks do not cover "
+                            f"its global shape {var['shape']} (sample {tuple(int(i) for i in k)} of the file's "
+                            "[slowest, ..., fastest] index is in no block; it would read as 0); give "
+                            "input.nonfinite=outside to count the uncovered samples as outside the surface")
+        return ~covered
+
+    def _load(self, plan: dict, number: int) -> Step:
+        """Read this rank's block of the planned step."""
+        s = self._stream
         self._check_step_data(s)
-        try:
-            data = s.read(self.var, start, count)
-            fields = {self.color_var: s.read(self.color_var, start, count)} if self.color_var else {}
-        except Exception as e:
-            raise SourceInputError(f"{self.name}: reading {self.var!r} at step {number} failed "
-                                   f"({adios_message(e)})") from None
-        t = float(s.read("time")) if "time" in available and available["time"].get("SingleValue") == "true" \
-            else float(number)
-        block = Block(data, ext.start, gshape, ext.owned_lo, ext.owned_hi,
-                      self._attr3("origin", (0.0, 0.0, 0.0)), self._attr3("spacing", (1.0, 1.0, 1.0)), fields)
+        arrays = {}
+        for key in ("field", "colour"):
+            var = plan[key]
+            if var is None:
+                continue
+            try:
+                data = s.read(var["name"], plan["start"], plan["count"], **({"block_id": 0} if var["local"] else {}))
+            except Exception as e:
+                text = adios_message(e)
+                op = re.search(r"didn't compile with (\w+) library|does not support (\w+) operation", text)
+                if op:
+                    raise SourceInputError(_compressed_message(self.name, var["name"], number,
+                                                               op.group(1) or op.group(2))) from None
+                raise SourceInputError(f"{self.name}: reading {var['name']!r} at step {number} failed ({text})") from None
+            gap = plan[key + "_gap"]
+            if gap is not None:
+                data = data.astype(np.float64 if data.dtype.itemsize > 2 else np.float32)
+                data[gap] = np.nan
+            arrays[key] = np.ascontiguousarray(np.transpose(data, plan["geometry"].axes))
+        geo = plan["geometry"]
+        if geo.index_units:
+            self._say(f"insitu: warning: {self.name}: no {' or '.join(geo.index_units)} for {plan['field']['name']!r} "
+                      "in the file (attributes Fides_Origin/Fides_Spacing, openPMD gridGlobalOffset/gridSpacing, "
+                      "origin/spacing or vtk.xml): the model is in index units (origin 0, spacing 1); give "
+                      "input.origin and input.spacing")
+        t = step_time(self._meta, plan["field"]["name"], number, self.name, self.time_var)
+        ext = plan["ext"]
+        fields = {self.color_var: arrays["colour"]} if "colour" in arrays else {}
+        block = Block(arrays["field"], ext.start, plan["gshape"], ext.owned_lo, ext.owned_hi, geo.origin,
+                      geo.spacing, fields)
         return Step(number, t, block)
 
     def _steps(self) -> Iterator[Step]:
@@ -375,22 +523,33 @@ class _AdiosSource(_Source):
                 kind, number = self._begin_agreed()
                 if kind == "end":
                     return
-                keep = self.steps is None or number in self.steps
-                if keep:
-                    keep = arrived % self.every == 0
-                    arrived += 1
-                error, step = None, None
                 t0 = _time.perf_counter()
-                if keep:
+                plan, error, skip = None, None, None
+                if self.steps is None or number in self.steps:
                     try:
-                        step = self._read(number)
+                        plan = self._plan(number)
+                    except _Unusable as e:
+                        skip = str(e)
                     except SourceError as e:
                         error = e
+                skip = self._agree(error, skip)
+                if skip is not None:
+                    plan = None
+                    self.skipped.append((number, skip))
+                    self._say(f"{self.name}: step {number} skipped: {skip}")
+                step = None
+                if plan is not None:
+                    arrived += 1
+                    if (arrived - 1) % self.every == 0:
+                        try:
+                            step = self._load(plan, number)
+                        except SourceError as e:
+                            error = e
                 if error is None:
                     self._stream.end_step()
                 if step is not None:
                     self.read_seconds.append(_time.perf_counter() - t0)
-                self._agree_error(error)
+                self._agree(error)
                 self.last_step = number
                 if step is not None:
                     yield step
@@ -398,30 +557,58 @@ class _AdiosSource(_Source):
             self.close()
 
 
+NONFINITE = ("error", "outside")
+_NUMERIC = ("int8_t", "char", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t", "uint64_t",
+            "float", "double", "long double")
+_OPERATORS: dict[str, bool] = {}
+
+
+def _has_operator(kind: str) -> bool:
+    """Whether this ADIOS2 can (de)compress with operator ``kind`` (e.g. bzip2, zfp, sz, blosc)."""
+    if kind not in _OPERATORS:
+        try:
+            _adios2().Adios().define_operator("insitu-probe", kind)
+            _OPERATORS[kind] = True
+        except Exception:
+            _OPERATORS[kind] = False
+    return _OPERATORS[kind]
+
+
+def _compressed_message(where: str, name: str, number: int, op: str) -> str:
+    adios2 = _adios2()
+    return (f"{where}: variable {name!r} at step {number} is compressed with the {op} operator, which this ADIOS2 "
+            f"({adios2.__version__}, {Path(adios2.__file__).parent}) was built without (the PyPI package has no "
+            "compression operators); read it with an ADIOS2 built with it: README, 'An ADIOS2 built from source'")
+
+
 class BPSource(_AdiosSource):
-    """Replay an ADIOS2 BP file step by step; this rank reads only its block.
+    """Replay an ADIOS2 BP file (BP4 or BP5) step by step; this rank reads only its block.
 
     path:      the BP directory (e.g. ``gs.bp``) written with ``var`` as a global 3D array.
-    var:       the field to read; color_var: an optional second field on the same grid.
-    steps:     only these step numbers; every: then keep every k-th of those (0, k, 2k, ...).
+    var:       the field to read (in an openPMD series also a mesh record, e.g. ``rho``); color_var:
+               an optional second field on the same grid.
+    steps:     only these step numbers; every: then keep every k-th of those that can be used.
     timeout_s: a file still being written: give up when no new step comes for this long.
     comm:      optional MPI communicator of the readers: errors are then raised on every rank.
     probe:     first read all metadata in a child process (``probe_bp``), so that a corrupt
                file gives an error instead of crashing this process (rank 0 only with comm).
+    step_var, time_var, origin, spacing: override the file's conventions (insitu.conventions).
+    nonfinite: "outside": a sparse array's uncovered samples read as NaN (counted as outside the
+               surface by the driver); "error": a sparse step is skipped.
     """
-
-    engine = "BP5"
 
     def __init__(self, path: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
                  steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None,
-                 probe: bool = True):
+                 probe: bool = True, **conventions: Any):
         self._index = None
         self.numbers: list[int] | None = None    # every step number in the file (from the probe)
         error = None
         try:
-            self._index = check_bp5(path)
+            self._index = check_bp(path)
+            self.engine = self._index.engine
             if probe and (comm is None or comm.Get_rank() == 0):
-                self.numbers = probe_bp(path, timeout_s)
+                self.numbers = probe_bp(path, timeout_s, var=var, step_var=conventions.get("step_var"),
+                                        engine=self.engine)
                 if steps is not None and not set(steps) & set(self.numbers):
                     raise SourceInputError(
                         f"{path}: none of the steps asked for ({', '.join(map(str, sorted(set(steps))))}) is in "
@@ -437,7 +624,7 @@ class BPSource(_AdiosSource):
         if error is not None:
             raise error
         super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
-                         timeout_s=timeout_s, comm=comm)
+                         timeout_s=timeout_s, comm=comm, **conventions)
 
     def _params(self) -> dict[str, str]:
         return {"OpenTimeoutSecs": str(max(1, int(np.ceil(self.timeout_s))))}
@@ -450,36 +637,44 @@ class BPSource(_AdiosSource):
                                 f"{self._after()} ({adios_message(e)})")
 
     def _check_step_data(self, stream) -> None:
-        """The step's data must be in the file (a truncated last step would hang ADIOS2)."""
+        """The step's data must be in the file (a truncated last step would hang ADIOS2). BP4: every
+        step's data is checked by check_bp; BP5: the last step's, from its blocks' sizes."""
         if self._index is None:
             return
         i = int(stream.current_step())
         if i >= len(self._index.steps):               # the file grew since it was opened
-            self._index = check_bp5(self.name)
-            if self._index is None or i >= len(self._index.steps):
+            self._index = check_bp(self.name)
+            if i >= len(self._index.steps):
                 return
-        if i + 1 < len(self._index.steps):
-            return                                    # check_bp5 saw step i+1 start inside the file
-        need: dict[int, int] = {}
+        if self._index.version == 4 or i + 1 < len(self._index.steps):
+            return                                    # check_bp saw step i+1 start inside the file
+        need: dict[int | None, int] = {}
         for var, info in stream.available_variables().items():
             if info.get("SingleValue") == "true" or stream.inquire_variable(var).operations():
                 continue
             itemsize = np.dtype(_adios_dtype(info.get("Type", ""))).itemsize
-            for b in stream.engine.blocks_info(var, i):
-                count = [int(c) for c in b["Count"].split(",") if c.strip()]
-                w = int(b.get("WriterID", 0))
-                need[w] = need.get(w, 0) + int(np.prod(count)) * itemsize
+            for b in self._blocks(var):
+                need[b["writer"]] = need.get(b["writer"], 0) + int(np.prod(b["count"])) * itemsize
         corrupt = f"{self.name}: truncated or corrupt BP5 file"
+        what = f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})"
+        files = [Path(self.name) / f"data.{n}" for n in self._index.subfile]
+        starts = self._index.steps[i][2]
         for w, nbytes in need.items():
-            if w < len(self._index.subfile):
-                need_bytes(Path(self.name) / f"data.{self._index.subfile[w]}", self._index.steps[i][2][w] + nbytes,
-                           corrupt, f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})")
+            if w is not None and w < len(files):
+                need_bytes(files[w], starts[w] + nbytes, corrupt, what)
+        if None in need:          # blocks whose writer ADIOS2 does not name: the subfiles together must hold them
+            room = sum(max(0, f.stat().st_size - min(p for p, g in zip(starts, files) if g == f))
+                       for f in set(files) if f.is_file())
+            total = sum(need.values())
+            if room < total:
+                raise SourceInputError(f"{corrupt} (the data subfiles hold {room} bytes after the start of {what}, "
+                                       f"which needs at least {total})")
 
 
 def _adios_dtype(name: str):
     table = {"int8_t": np.int8, "char": np.int8, "uint8_t": np.uint8, "int16_t": np.int16,
              "uint16_t": np.uint16, "int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64,
-             "uint64_t": np.uint64, "float": np.float32, "double": np.float64,
+             "uint64_t": np.uint64, "float": np.float32, "double": np.float64, "long double": np.longdouble,
              "float complex": np.complex64, "complex": np.complex64, "double complex": np.complex128}
     return table.get(name, np.uint8)
 
@@ -491,7 +686,9 @@ class SSTSource(_AdiosSource):
                relative to the writer's working directory).
     timeout_s: how long to wait for the writer to appear, and then for each next step.
     The writer must expect this rank as a reader: ``RendezvousReaderCount`` = number of
-    reader ranks (each is its own cohort), or 0. A writer that closes the stream ends the
+    reader ranks (each is its own cohort), or 0, and send its data over the WAN transport
+    (``DataTransport=WAN``, or unset where its ADIOS2 then picks WAN): this reader, the serial
+    ADIOS2 of PyPI, has no MPI, RDMA or UCX transport. A writer that closes the stream ends the
     iteration; a writer that dies raises SourceError after the last completed step.
     Other arguments as for BPSource.
     """
@@ -499,25 +696,97 @@ class SSTSource(_AdiosSource):
     engine = "SST"
 
     def __init__(self, name: str | Path, var: str, *, rank: int = 0, size: int = 1, color_var: str | None = None,
-                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None):
+                 steps: Sequence[int] | None = None, every: int = 1, timeout_s: float = 60.0, comm: Any = None,
+                 **conventions: Any):
         self._opened_at = _time.monotonic()
         super().__init__(name, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
-                         timeout_s=timeout_s, comm=comm)
+                         timeout_s=timeout_s, comm=comm, **conventions)
 
     def _params(self) -> dict[str, str]:
         return {"OpenTimeoutSecs": str(max(1, int(np.ceil(self.timeout_s)))), "DataTransport": "WAN"}
 
+    def _open(self) -> None:
+        with _stderr_copied():              # _open_error reads what ADIOS2 printed meanwhile
+            super()._open()
+
     def _open_error(self, e: Exception) -> SourceError:
         contact = Path(self.name + ".sst")
         waited = _time.monotonic() - self._opened_at
+        reason = sst_open_reason(_stderr_copied.current())
+        if reason is not None:
+            return SourceError(f"{self.name}: cannot connect to the SST writer: {reason}")
         if contact.exists() and waited < self.timeout_s:
-            return SourceError(f"{self.name}: the writer's contact file {contact} exists but its writer does not "
-                               f"answer (it died without closing the stream; remove the stale file) "
-                               f"({adios_message(e)})")
+            return SourceError(
+                f"{self.name}: the writer's contact file {contact} exists but the connection to its writer failed: "
+                f"either the writer died without closing the stream (then remove the stale file), or it runs with "
+                f"settings this reader cannot use: another ADIOS2 version than this reader's "
+                f"{_adios2().__version__}, or a DataTransport other than WAN; {SST_WORKS} ({adios_message(e)})")
         if not contact.exists():
             return SourceError(f"{self.name}: no SST writer appeared within {self.timeout_s:g} s "
                                f"(no contact file {contact}; is the simulation running, in this directory?)")
-        return SourceError(f"{self.name}: cannot connect to the SST writer ({adios_message(e)})")
+        return SourceError(f"{self.name}: cannot connect to the SST writer ({adios_message(e)}); {SST_WORKS}")
+
+
+SST_WORKS = ("writer settings that work with this reader: DataTransport=WAN (or unset where the writer's ADIOS2 "
+             "then picks WAN), RendezvousReaderCount = the number of reader ranks (or 0), and the same ADIOS2 "
+             "version (README, 'SST streams')")
+
+
+def sst_open_reason(said: str) -> str | None:
+    """The cause of a failed SST open, from what ADIOS2's SST layer printed (it says more on its
+    standard error than in the exception); None when it names none."""
+    m = re.search(r"writer is using the (\S+) DataPlane", said)
+    if m:
+        return (f"the writer sends its data over the {m.group(1)!r} transport (DataTransport), which this reader "
+                f"(ADIOS2 {_adios2().__version__}, without MPI, RDMA or UCX) cannot load; set the writer's "
+                f"DataTransport=WAN (in its adios2.xml or engine parameters); {SST_WORKS}")
+    if re.search(r"is not an ADIOS2 SST Engine Contact file", said):
+        return ("the contact file is not an SST contact file (another program's file of that name, or an SST "
+                f"of an incompatible ADIOS2 version); {SST_WORKS}")
+    if "The writer exited before contact could be made" in said:
+        return "the writer exited before the reader could connect"
+    return None
+
+
+class _stderr_copied:
+    """Copy what C code writes to file descriptor 2 while the block runs (it still reaches stderr):
+    ADIOS2's SST layer prints the causes of failures there, not in its exceptions."""
+
+    _active: list["_stderr_copied"] = []
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile(mode="w+b")
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        self._text = None
+        _stderr_copied._active.append(self)
+        return self
+
+    def text(self) -> str:
+        """What was written so far (the whole of it once the block ended)."""
+        if self._text is not None:
+            return self._text
+        self._file.flush()
+        self._file.seek(0)
+        return self._file.read().decode(errors="replace")
+
+    @classmethod
+    def current(cls) -> str:
+        return cls._active[-1].text() if cls._active else ""
+
+    def __exit__(self, *exc) -> None:
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._text = self.text()
+        self._file.close()
+        _stderr_copied._active.remove(self)
+        if self._text:
+            sys.stderr.write(self._text)
+            sys.stderr.flush()
 
 
 _KINDS = {"array": "array", "raw": "raw", "bp": "bp", "replay": "bp", "sst": "sst", "stream": "sst"}
@@ -568,12 +837,16 @@ def open_source(*args: Any, comm: Any = None) -> _Source:
     if kind in ("array", "raw") and inp.color_var is not None:
         raise SourceInputError(f"input.color_var={inp.color_var!r}: a colour field needs a BP or SST source "
                                f"with that variable; a {kind} source has one field")
+    geo = {"origin": tuple(inp.origin or (0.0, 0.0, 0.0)), "spacing": tuple(inp.spacing or (1.0, 1.0, 1.0)),
+           "nonfinite": inp.nonfinite}
     if kind == "array":
         if not isinstance(target, np.ndarray):
             raise SourceInputError(f"array source: expected a numpy array, got {type(target).__name__}")
-        return ArraySource(target, rank=rank, size=size, downsample=inp.downsample, name=inp.var)
+        return ArraySource(target, rank=rank, size=size, downsample=inp.downsample, name=inp.var, **geo)
     if kind == "raw":
-        return RawSource(target, rank=rank, size=size, dims=inp.dims, dtype=inp.dtype, downsample=inp.downsample)
+        return RawSource(target, rank=rank, size=size, dims=inp.dims, dtype=inp.dtype, downsample=inp.downsample,
+                         **geo)
     cls = BPSource if kind == "bp" else SSTSource
     return cls(str(target), inp.var, rank=rank, size=size, color_var=inp.color_var, steps=inp.steps,
-               every=inp.every, timeout_s=inp.timeout_s, comm=comm)
+               every=inp.every, timeout_s=inp.timeout_s, comm=comm, step_var=inp.step_var, time_var=inp.time_var,
+               origin=inp.origin, spacing=inp.spacing, nonfinite=inp.nonfinite)

@@ -68,10 +68,12 @@ class Block:
         return tuple(self.shape_xyz) == tuple(self.global_shape)
 
 
-def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0)) -> np.ndarray:
+def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0), nonfinite: str = "error") -> np.ndarray:
     """Validate a 3D scalar field: 3 dimensions, at least 2 samples per axis, finite.
 
-    offset: global index (x, y, z) of ``array[0, 0, 0]``, for the positions in messages.
+    offset:    global index (x, y, z) of ``array[0, 0, 0]``, for the positions in messages.
+    nonfinite: "error": NaN/Inf samples are an InputError; "outside": they are let through (a mask,
+               filled by :func:`outside_value` before the step trains).
     """
     array = np.asarray(array)
     if array.ndim != 3:
@@ -80,13 +82,14 @@ def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0)) -> np.
         raise InputError(f"{name}: expected at least 2 samples along each axis, got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
         raise InputError(f"{name}: expected a real numeric array, got dtype {array.dtype}")
-    if np.issubdtype(array.dtype, np.floating):
+    if np.issubdtype(array.dtype, np.floating) and nonfinite == "error":
         bad = ~np.isfinite(array)
         if bad.any():
             k, j, i = np.argwhere(bad)[0]
             x, y, z = i + offset[0], j + offset[1], k + offset[2]
             raise InputError(f"{name}: contains {int(bad.sum())} NaN/Inf value(s), "
-                             f"first at (x={x}, y={y}, z={z}) = {array[k, j, i]}")
+                             f"first at (x={x}, y={y}, z={z}) = {array[k, j, i]}; if they mask a region "
+                             "(e.g. land), give input.nonfinite=outside to count them as outside the surface")
     return array
 
 
@@ -232,3 +235,31 @@ def downsample(array: np.ndarray, factor: int) -> np.ndarray:
     nz, ny, nx = (s // factor * factor for s in array.shape)
     a = np.asarray(array[:nz, :ny, :nx], dtype=np.float32)
     return a.reshape(nz // factor, factor, ny // factor, factor, nx // factor, factor).mean(axis=(1, 3, 5))
+
+
+def outside_value(lo: float, hi: float, isos) -> float:
+    """The value that stands for a masked (NaN/Inf) sample with ``input.nonfinite: outside``, given
+    the finite samples' global range ``lo..hi``: the mirror of ``hi`` below the lowest iso value
+    (or ``lo``, if lower). It is below every iso value, so a surface that reaches the mask closes
+    along its edge, and between a sample ``f > iso`` and a masked one the surface crosses at most
+    half a cell from the sample (``(f - iso) / (f - fill) <= 1/2``): it never reaches past the
+    middle of the cell into the mask. The range at most doubles, so the field's scale is kept."""
+    iso = min(float(v) for v in np.atleast_1d(isos))
+    fill = min(float(lo), 2.0 * iso - float(hi))
+    if not fill < iso:                       # no finite sample above the iso value (then no surface)
+        fill = iso - max(abs(iso), 1.0)
+    return fill
+
+
+def fill_nonfinite(array: np.ndarray, value: float) -> np.ndarray:
+    """``array`` with its NaN/Inf samples set to ``value`` (a copy; unchanged when all are finite),
+    in a float type that holds ``value`` below the iso values it was chosen for."""
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return array
+    out = np.array(array, dtype=np.result_type(array.dtype, np.float32))
+    fill = out.dtype.type(value)
+    if fill > value:                        # rounded up: take the next value below
+        fill = np.nextafter(fill, out.dtype.type(-np.inf))
+    out[bad] = fill
+    return out

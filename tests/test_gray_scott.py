@@ -1,5 +1,5 @@
 """The Gray-Scott mini-app: physics against a plain numpy model, the same field for any
-number of ranks, and its BP5 output replayed by BPSource on 1 and 2 ranks."""
+number of ranks, and its BP5 and BP4 output replayed by BPSource on 1 and 2 ranks."""
 from __future__ import annotations
 
 import json
@@ -93,7 +93,7 @@ def test_run_calls_the_consumer_every_plotgap_steps():
 
 
 def test_settings_are_checked_up_front(capsys):
-    with pytest.raises(ValueError, match="engine: expected one of BP5, SST, none, got 'HDF5'"):
+    with pytest.raises(ValueError, match="engine: expected one of BP5, BP4, SST, none, got 'HDF5'"):
         GrayScottSettings(engine="HDF5").validate()
     with pytest.raises(ValueError, match="plotgap: expected >= 1, got 0"):
         GrayScottSettings(plotgap=0).validate()
@@ -106,7 +106,7 @@ def test_settings_are_checked_up_front(capsys):
 
 @pytest.fixture(scope="module")
 def bp_runs(tmp_path_factory) -> Path:
-    """The same run written by 1 rank and by 2 ranks (gathered to rank 0)."""
+    """The same run written by 1 rank and by 2 ranks (gathered to rank 0), and by 2 ranks through BP4."""
     tmp = tmp_path_factory.mktemp("gs")
     args = ["--L", "18", "--steps", "30", "--plotgap", "10", "--noise", "0.1", "--seed", "7", "--engine", "BP5"]
     one = _run([sys.executable, SIM, *args, "--output", "one.bp"], tmp)
@@ -115,6 +115,8 @@ def bp_runs(tmp_path_factory) -> Path:
     two = _run([MPIEXEC, "-n", "2", sys.executable, SIM, *args, "--output", "two.bp"], tmp)
     assert two.returncode == 0, two.stderr
     assert "ranks=2" in two.stdout
+    bp4 = _run([MPIEXEC, "-n", "2", sys.executable, SIM, *args[:-1], "BP4", "--output", "two4.bp"], tmp)
+    assert bp4.returncode == 0 and "engine=BP4" in bp4.stdout, bp4.stderr
     return tmp
 
 
@@ -136,8 +138,9 @@ def test_one_and_two_ranks_give_the_same_global_field(bp_runs):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_bp_output_replays_block_by_block(bp_runs, ranks):
-    cmd = [sys.executable, WORKER, "bp", "two.bp", "U", "one.bp", "--out", f"replay{ranks}"]
+@pytest.mark.parametrize("name", ["two.bp", "two4.bp"], ids=["BP5", "BP4"])
+def test_bp_output_replays_block_by_block(bp_runs, ranks, name):
+    cmd = [sys.executable, WORKER, "bp", name, "U", "one.bp", "--out", f"replay{ranks}"]
     proc = _run([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, bp_runs)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for r in range(ranks)

@@ -156,32 +156,36 @@ def test_bp_origin_and_spacing_come_from_attributes(tmp_path):
         list(BPSource(write_bp(tmp_path / "c.bp", {"f": a}, {"spacing": [1, 2]}), "f"))
 
 
-def test_bp_missing_variable_lists_the_variables_present(gs_bp):
-    with pytest.raises(SourceInputError, match=r"no variable 'W' at step 10; variables present: U, V, step, time"):
-        list(BPSource(gs_bp, "W"))
-    with pytest.raises(SourceInputError, match="no variable 'C' at step 10"):
-        list(BPSource(gs_bp, "U", color_var="C"))
+def test_bp_missing_variable_skips_the_step_listing_the_variables_present(gs_bp):
+    src = BPSource(gs_bp, "W")
+    assert list(src) == [] and len(src.skipped) == 6
+    assert src.skipped[0] == (10, "no variable 'W' at step 10; variables present: U, V, step, time")
+    src = BPSource(gs_bp, "U", color_var="C", steps=[10])
+    assert list(src) == [] and src.skipped == [(10, "no colour variable 'C' at step 10; variables present: U, V, "
+                                                    "step, time")]
 
 
 def test_bp_variable_that_is_not_3d(tmp_path, gs_bp):
     path = write_bp(tmp_path / "flat.bp", {"plane": np.zeros((4, 5)), "thin": np.zeros((1, 4, 5)),
                                            "f": np.zeros((2, 4, 5)), "g": np.zeros((3, 4, 5))})
-    with pytest.raises(SourceInputError, match=r"'plane' is shape \(4, 5\) \(double\), expected a 3D global array"):
-        list(BPSource(path, "plane"))
-    with pytest.raises(SourceInputError, match=r"'thin' is shape \(1, 4, 5\)"):
-        list(BPSource(path, "thin"))
-    with pytest.raises(SourceInputError, match="'step' is a single value"):
-        list(BPSource(gs_bp, "step"))
-    with pytest.raises(SourceInputError, match=r"colour variable 'g' has shape \(3, 4, 5\), expected the shape "
-                                               r"of 'f' \(2, 4, 5\)"):
-        list(BPSource(path, "f", color_var="g"))
+
+    def reason(*args, **kw) -> str:
+        src = BPSource(*args, **kw)
+        assert list(src) == []
+        return src.skipped[0][1]
+    assert reason(path, "plane") == ("variable 'plane' is shape (4, 5) (double) at step 0, expected a 3D global "
+                                     "array [z, y, x] with >= 2 samples per axis")
+    assert reason(path, "thin").startswith("variable 'thin' is shape (1, 4, 5)")
+    assert reason(gs_bp, "step", steps=[10]).startswith("variable 'step' is a single value (int64_t) at step 10")
+    assert reason(path, "f", color_var="g") == ("colour variable 'g' has shape (3, 4, 5), expected the shape of 'f' "
+                                                "(2, 4, 5) (step 0)")
 
 
 def test_bp_file_that_does_not_exist(tmp_path):
     with pytest.raises(SourceInputError, match="nope.bp: no such file or directory"):
         BPSource(tmp_path / "nope.bp", "U")
     (tmp_path / "file.bp").write_text("not a BP directory")
-    with pytest.raises(SourceInputError, match="expected an ADIOS2 BP directory"):
+    with pytest.raises(SourceInputError, match="expected an ADIOS2 BP4 or BP5 directory, got a file"):
         BPSource(tmp_path / "file.bp", "U")
     (tmp_path / "empty.bp").mkdir()
     with pytest.raises(SourceInputError, match="not an ADIOS2 BP directory .no md.idx"):
@@ -319,7 +323,9 @@ def test_sst_stale_contact_file_of_a_dead_writer(tmp_path, monkeypatch):
     finish(writer)
     assert contact.exists()
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SourceError, match="stale.sst exists but its writer does not answer"):
+    with pytest.raises(SourceError, match="stale.sst exists but the connection to its writer failed: either the "
+                                          r"writer died without closing the stream \(then remove the stale file\), "
+                                          "or it runs with settings this reader cannot use"):
         SSTSource("stale", "U", timeout_s=5)
 
 

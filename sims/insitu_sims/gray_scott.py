@@ -16,7 +16,7 @@ the same seed gives the same global field whatever the number of ranks.
 
 Every ``plotgap`` steps the fields are written as global 3D arrays ``U`` and ``V``
 (shape ``(L, L, L)``, C order ``[z, y, x]``) with scalars ``step`` and ``time`` and the
-attributes ``origin`` and ``spacing`` (x, y, z), one ADIOS2 step per output, through BP5
+attributes ``origin`` and ``spacing`` (x, y, z), one ADIOS2 step per output, through BP5 or BP4
 (file) or SST (stream). With a serial ADIOS2 (the PyPI wheel) the blocks are gathered to
 rank 0, which writes; with an MPI-enabled ADIOS2 every rank writes its own block.
 
@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-ENGINES = ("BP5", "SST", "none")
+ENGINES = ("BP5", "BP4", "SST", "none")
 SST_POLICIES = ("Block", "Discard")
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
@@ -45,7 +45,7 @@ Consumer = Callable[[int, float, dict, tuple, tuple], None]
 class GrayScottSettings:
     """Parameters of one run (defaults: the ADIOS2 Gray-Scott tutorial).
 
-    engine:           "BP5" writes the file ``output``; "SST" streams under the name
+    engine:           "BP5" or "BP4" writes the file ``output``; "SST" streams under the name
                       ``output`` (readers open the same name); "none" writes nothing.
     sst_readers:      SST ``RendezvousReaderCount``: the writer's open waits for this many
                       readers (each serial reader process is its own reader cohort, so a
@@ -409,7 +409,7 @@ def parse_args(argv: list[str] | None = None) -> GrayScottSettings:
         "k": "kill rate", "dt": "time step", "steps": "number of steps",
         "plotgap": "write every this many steps", "noise": "amplitude of the uniform noise on U",
         "seed": "noise seed (same seed, same field for any number of ranks)",
-        "output": "BP5 file / SST stream name", "engine": "output engine",
+        "output": "BP5/BP4 file or SST stream name", "engine": "output engine",
         "sst_readers": "SST RendezvousReaderCount (0: do not wait for readers)",
         "sst_queue_limit": "SST QueueLimit (0: unlimited)", "sst_policy": "SST QueueFullPolicy",
         "sst_open_timeout_s": "SST OpenTimeoutSecs",
