@@ -35,6 +35,8 @@
 #   stepprof one step of ~4M Gaussians at 2048^2 on 1 GPU against bare gsplat, then 10 steps under torch.profiler,
 #           the SSIM loss alone and its kernels' tile sizes (bench_ssim.py --tune), Adam's block sizes (bench_adam.py),
 #           SH colours + Adam against gsplat's SH + Adam, and the SH kernels' block sizes (bench_shading.py)
+#   fidelity `insitu run` of the fidelity cases with the defaults (bonsai 1024^2 cold then warm, engine lit and sh,
+#           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -167,6 +169,24 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               --eval-every 100 --device cuda > "$OUT/warm.json" 2> "$OUT/warm.log"; cat "$OUT/warm.json" ;;
     summary) python benchmarks/speed_protocol.py --dir "$OUT" --out benchmarks/results/speed_protocol.json \
               > "$OUT/speed_protocol.json"; cat "$OUT/speed_protocol.json" ;;
+    fidelity) # the fidelity cases, each an `insitu run` as a user runs it (defaults: the lit colour model, close-up
+            # training views, held-out sets 2x / 3x closer and off the orbit); the first process is cold
+            fid() {   # fid NAME SECONDS ARGS...: one `insitu run`, its metrics.json as $OUT/fid_NAME.json
+              local name=$1 t=$2; shift 2; rm -rf /tmp/fid_$name
+              CUDA_VISIBLE_DEVICES=0 timeout $t python -m insitu run "$@" --quiet --out /tmp/fid_$name \
+                > "$OUT/fid_$name.log" 2>&1; tail -n 1 "$OUT/fid_$name.log"
+              cp /tmp/fid_$name/step_000000/metrics.json "$OUT/fid_$name.json" 2>/dev/null
+            }
+            FID="--views 448 --resolution 1024 --iterations 4000 --budget 500000"
+            fid bonsai_cold 150 "$BONSAI" --iso 40 $FID
+            fid bonsai 120 "$BONSAI" --iso 40 $FID
+            fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID
+            fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --set train.color_model=sh \
+              --set views.closeups=0 --set seeds.density=0                     # as before the lit model
+            fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 --iterations 4000 --budget 4000000 \
+              --set seeds.fill=true
+            CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet > "$OUT/fid_demo.log" 2>&1
+            tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -251,21 +251,39 @@ def seed_count(cfg: Config, total_area: float, block: Block) -> int:
     """How many Gaussians the whole surface (``total_area``, world units) starts with: ``seeds.density`` per
     pixel of its area as the orbit's views see it (:func:`insitu.views.pixels_per_area`; one Gaussian per
     marching-cubes vertex would leave a coarse grid's surface at a few thousand Gaussians however large the
-    images), at most ``seeds.budget``; with ``seeds.density: 0``, the budget."""
-    if cfg.seeds.density <= 0:
+    images), at most ``seeds.budget``; with ``seeds.fill`` (points drawn on the triangles up to the budget)
+    or ``seeds.density: 0``, the budget."""
+    if cfg.seeds.fill or cfg.seeds.density <= 0:
         return cfg.seeds.budget
     lo, hi = block.global_box
     wanted = cfg.seeds.density * total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg)
     return int(min(cfg.seeds.budget, max(1, math.ceil(wanted))))
 
 
-def surface_targets(comm, seeds: Seeds, per_rank: int = 256, seed: int = 0) -> np.ndarray:
-    """``[M, 3]`` points on the whole surface, the same on every rank (collective): up to ``per_rank``
-    of each rank's seeds, drawn with ``seed``, in rank order. Close-up cameras look at them."""
-    rng = np.random.default_rng(seed + comm.rank)
-    mine = (seeds.points[rng.choice(len(seeds), size=min(per_rank, len(seeds)), replace=False)] if len(seeds)
-            else np.zeros((0, 3), np.float32))
-    return np.concatenate(comm.mpi.allgather(np.asarray(mine, np.float64)))
+def surface_targets(comm, seeds: Seeds, count: int = 512, seed: int = 0) -> np.ndarray:
+    """``[M, 3]`` points on the whole surface (M <= ``count``), the same on every rank and for any number of
+    ranks (collective): the seed points whose coordinates hash lowest (:func:`point_hash`), over every rank's
+    seeds; a vertex on a seam between blocks, which both blocks hold, counts once. Close-up cameras look at
+    them, so the close-up views do not change with the decomposition."""
+    keys = point_hash(seeds.points, seed)
+    mine = np.argsort(keys, kind="stable")[:count]
+    parts = comm.mpi.allgather((keys[mine], np.asarray(seeds.points[mine], np.float64)))
+    all_keys = np.concatenate([k for k, _ in parts])
+    all_points = np.concatenate([p for _, p in parts]).reshape(-1, 3)
+    _, first = np.unique(all_keys, return_index=True)          # sorted by key, one of each
+    return all_points[first[:count]]
+
+
+def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``[M]`` uint64 keys of ``points: [M, 3]``, a function of their coordinates rounded to 1e-3 and of
+    ``seed`` alone (a 64-bit integer mix), so the same point gets the same key on any rank."""
+    q = np.round(np.asarray(points, np.float64).reshape(-1, 3) * 1000.0).astype(np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
+        for axis in range(3):
+            h = (h ^ q[:, axis]) * np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return h
 
 
 def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seeding:
@@ -275,8 +293,9 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     collective."""
     lit = cfg.train.color_model == "lit"
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
+    value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
     with comm.phase("seeds"):
-        seeds = extract_seeds(block, cfg.input.iso)
+        seeds = extract_seeds(block, cfg.input.iso, value_range=value_range)
     total_area = comm.mpi.allreduce(seeds.total_area)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     budget = int(round(seed_count(cfg, total_area, block) * share))
@@ -539,14 +558,15 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
     whole model's Gaussians before and after training. ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
-        "step": step, "time": time, "ranks": comm.size, "device": comm.device.type,
-        "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
-        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_foreground": q.psnr_foreground, "psnr_white": q.psnr_white,
-        "ssim_foreground": q.ssim_foreground, "psnr_foreground_initial": log.initial.psnr_foreground,
-        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
+        "step": step, "time": time,             # the surface's figures first: what a user looks at
+        "psnr_foreground": q.psnr_foreground, "ssim_foreground": q.ssim_foreground,
         **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
-           for key in ("psnr", "psnr_foreground", "ssim_foreground")},
-        "color_model": trainer.cfg.color_model,
+           for key in ("psnr_foreground", "ssim_foreground", "psnr")},
+        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
+        "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
+        "psnr_foreground_initial": log.initial.psnr_foreground,
+        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_white": q.psnr_white,
+        "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,

@@ -56,15 +56,15 @@ def owned_samples(block: Block) -> tuple[np.ndarray, np.ndarray]:
     return block.data[lo[2]:hi[2], lo[1]:hi[1], lo[0]:hi[0]], np.asarray(block.owned_lo)
 
 
-def extract_seeds(block: Block, iso: float | list[float]) -> Seeds:
+def extract_seeds(block: Block, iso: float | list[float], *, value_range: tuple[float, float] | None = None) -> Seeds:
     """Marching cubes (scikit-image) at each iso value over the block's owned cells.
 
     A sample equal to an iso value counts as above it (as in the ray caster, ``f >= iso``), so a
     surface through samples, a plane of them on the boundary between two blocks included, is the
     crossing next to them and lies in exactly one block's cells: every rank count gives the same
     seeds. The field is brought to unit size around the iso value first
-    (:func:`insitu.volume.unit_field`), so any magnitude or offset that float64 holds gives the
-    surface of the same field at unit scale. A block whose owned cells do not cross an iso value
+    (:func:`insitu.volume.unit_field`, by the whole field's ``value_range`` when given), so any
+    magnitude or offset that float64 holds gives the surface of the same field at unit scale. A block whose owned cells do not cross an iso value
     gives no seeds (not an error: the caller checks that the surface exists somewhere in the
     global field).
     """
@@ -73,7 +73,7 @@ def extract_seeds(block: Block, iso: float | list[float]) -> Seeds:
     parts = []
     if min(sub.shape) >= 2:
         for level in values:
-            unit, (zero,) = unit_field(sub, [level])
+            unit, (zero,) = unit_field(sub, [level], value_range)
             unit = np.asarray(unit, np.float32) - np.float32(zero)
             unit[unit == 0] = _ABOVE                # on the iso value: above it
             if not unit.min() < 0 < unit.max():

@@ -190,9 +190,14 @@ def iso_distance(block: Block, isos, points: np.ndarray) -> np.ndarray:
 _EXACT_IN_FLOAT32 = (np.uint8, np.int8, np.uint16, np.int16)
 
 
-def unit_field(data: np.ndarray, isos) -> tuple[np.ndarray, list[float]]:
+def unit_field(data: np.ndarray, isos, value_range: tuple[float, float] | None = None) -> tuple[np.ndarray, list[float]]:
     """``data: [nz, ny, nx]`` and its iso values mapped by one affine map ``f -> (f - shift) / scale`` so
     that the samples lie within [-1, 1] around the iso values, as float32; returns ``(field, isos)``.
+
+    value_range: ``(min, max)`` of the whole field (every rank's block), so that every rank maps its block
+    by the same map and its samples are the very float32 values one rank would have (a block's own range
+    would round them differently, and a ray grazing the surface could hit on one rank count and miss on
+    another); default this block's range.
 
     The map keeps every isosurface where it is and every gradient's direction, so surfaces, normals and
     shading do not change; what it removes is the magnitude: a density of 1e-24 (cgs units) squared in
@@ -206,7 +211,7 @@ def unit_field(data: np.ndarray, isos) -> tuple[np.ndarray, list[float]]:
     if data.dtype.type in _EXACT_IN_FLOAT32:
         return data, values
     shift = 0.5 * (min(values) + max(values))
-    lo, hi = float(np.min(data)), float(np.max(data))
+    lo, hi = (float(np.min(data)), float(np.max(data))) if value_range is None else map(float, value_range)
     scale = max(hi - shift, shift - lo, max(values) - shift)
     if not np.isfinite(scale) or scale <= 0:
         scale = 1.0

@@ -145,7 +145,8 @@ def test_replicated_training_matches_one_rank(tmp_path):
     assert two["psnr"] > two["psnr_initial"] + 0.2, two
     assert abs(two["psnr"] - one["psnr"]) < 0.2, (two["psnr"], one["psnr"])
     assert abs(two["ssim"] - one["ssim"]) < 0.005, (two["ssim"], one["ssim"])
-    assert two["ply_psnr"] == pytest.approx(two["psnr"], abs=0.05), two       # one model, drawn whole either way
+    # model.ply holds the lit model's SH fit: drawn whole on rank 0, near the trained model's figure
+    assert two["color_model"] == "lit" and two["psnr"] - 1.5 < two["ply_psnr"] < two["psnr"] + 0.05, two
     warm = json.loads((tmp_path / "metrics_2_warm.json").read_text())            # warm from the ranks' shards
     assert warm["iterations"] == 30 and sum(warm["per_rank"]) == warm["gaussians"], warm
     assert warm["psnr_initial"] > two["psnr_initial"] + 0.2, (warm["psnr_initial"], two["psnr_initial"])
@@ -235,7 +236,8 @@ def test_a_surface_on_the_boundary_between_the_ranks_blocks_is_seeded_once(tmp_p
         out_dir = tmp_path / f"out{ranks}"
         out = launch(ranks, "-m", "insitu", "run", str(field), "--iso", "7", "--views", "8", "--resolution", "24",
                      "--iterations", "5", "--budget", "1000", "--device", "cpu", "--backend", "torch", "--quiet",
-                     "--out", str(out_dir), "--set", "views.supersample=1", "--set", "output.images=1", timeout=120)
+                     "--out", str(out_dir), "--set", "views.supersample=1", "--set", "output.images=1",
+                     "--set", "seeds.density=0", timeout=120)               # one Gaussian per vertex
         assert out.returncode == 0, out.stdout
         counts.append(json.loads((out_dir / "step_000000" / "metrics.json").read_text())["gaussians_initial"])
     assert counts[0] == counts[1] >= 256, counts

@@ -108,7 +108,8 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
             color=(0.85, 0.8, 0.7), color_field: str | None = None, color_range: tuple[float, float] | None = None,
             colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
             device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
-            progress: Callable[[int, int], None] | None = None, backend: str = "auto") -> tuple[Tensor, Tensor]:
+            progress: Callable[[int, int], None] | None = None, backend: str = "auto",
+            value_range: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
     """Ray-cast the isosurface(s) of ``block``'s field, inside its owned box, for C cameras.
 
     Args:
@@ -133,6 +134,9 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         backend: "triton" (one fused kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``),
             "torch" (the reference: rays marched as tensors, in chunks of ``chunk_rays``),
             or "auto": triton on CUDA devices when Triton is installed, torch elsewhere.
+        value_range: (min, max) of the whole field, every rank's block: the field is brought to unit size
+            by that range (:func:`insitu.volume.unit_field`), so that every block is cast from the samples
+            one rank would have; default this block's range.
 
     Returns:
         rgba: [C, H, W, 4] premultiplied colour and coverage (alpha = fraction of rays that hit), float32.
@@ -142,7 +146,7 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
                                    color=color, color_field=color_field, color_range=color_range,
                                    colormap=colormap, supersample=supersample, step=step, refine=refine,
                                    device=device, chunk_rays=chunk_rays, progress=progress,
-                                   backend=backend)))[1:]
+                                   backend=backend, value_range=value_range)))[1:]
 
 
 def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
@@ -150,7 +154,8 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
                   color_field: str | None = None, color_range: tuple[float, float] | None = None,
                   colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
                   device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
-                  progress: Callable[[int, int], None] | None = None, backend: str = "auto"):
+                  progress: Callable[[int, int], None] | None = None, backend: str = "auto",
+                  value_range: tuple[float, float] | None = None):
     """:func:`raycast` for ``views_per_call`` views at a time, the field prepared once.
 
     Yields ``(ids [c], rgba [c, H, W, 4], depth [c, H, W])`` for consecutive groups of the
@@ -169,7 +174,7 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
     if backend == "triton" and triton is None:
         raise ValueError("backend: 'triton' needs the triton package (it ships with CUDA builds of torch)")
     scene = prepare_scene(block, isos_list, color=color, color_field=color_field, color_range=color_range,
-                          colormap=colormap, step=step, refine=refine, device=device)
+                          colormap=colormap, step=step, refine=refine, device=device, value_range=value_range)
     all_cams = Cameras.make(viewmats.to(device=device, dtype=torch.float32),
                             Ks.to(device=device, dtype=torch.float32))
     C = viewmats.shape[0]

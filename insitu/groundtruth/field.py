@@ -156,11 +156,12 @@ class CastScene:
 
 def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | None,
                   color_range: tuple[float, float] | None, colormap: str, step: float, refine: int,
-                  device: torch.device) -> CastScene:
+                  device: torch.device, value_range: tuple[float, float] | None = None) -> CastScene:
     """The :class:`CastScene` of ``block`` for the sorted iso values ``isos`` (checked arguments of
     :func:`insitu.groundtruth.raycast`): the field at unit size (any magnitude gives the same
-    surface), the colour field mapped to [0, 1] through ``color_range``."""
-    data, unit_isos = unit_field(block.data, isos)              # any magnitude: the same surface at unit size
+    surface; by ``value_range``, the whole field's, when given), the colour field mapped to [0, 1] through
+    ``color_range``."""
+    data, unit_isos = unit_field(block.data, isos, value_range)  # any magnitude: the same surface at unit size
     iso_values = torch.tensor(unit_isos, dtype=torch.float32, device=device)
     field = prepare_field(data, iso_values, device)
     color_volume = (as_volume(unit_colors(block.fields[color_field], *color_range), device)
