@@ -10,13 +10,15 @@ direction to the camera, either side of the surface facing it):
 The ray caster shades its hits with it (:mod:`insitu.groundtruth`, whose Triton kernel writes
 these numbers out), and the lit colour model of the Gaussians (:mod:`insitu.appearance`) shades
 each Gaussian with it, per camera, from its own normal and base colour. The report's viewer
-draws the lit model with the same numbers (``report.json``'s ``lighting``).
+draws the lit model with the same numbers (a lit step's ``lighting`` in ``report.json``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from torch import Tensor
+if TYPE_CHECKING:                       # torch only for the annotations: the report server need not load it
+    from torch import Tensor
 
 
 @dataclass(frozen=True)

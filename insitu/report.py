@@ -42,6 +42,7 @@ import yaml
 
 from .files import atomic_write, plain, read_csv, write_json
 from .folder import STEP_DIR
+from .lighting import HEADLIGHT
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
@@ -157,6 +158,11 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+# the surface's figures (the foreground of the held-out orbit views and of each set off the orbit)
+SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",
+                   "psnr_foreground_off", "ply_psnr_foreground")
+
+
 def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
     """What the report shows of one step folder (missing files leave their entries empty)."""
     metrics: dict[str, Any] = {}
@@ -170,18 +176,20 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
     def link(name: str) -> str | None:
         return f"{rel}/{quote(name)}" if (d / name).is_file() else None
 
-    history = [{k: _number(h.get(k)) for k in ("iteration", "psnr", "ssim")}
+    history = [{k: _number(h.get(k)) for k in ("iteration", "psnr", "ssim", "psnr_foreground", "ssim_foreground")}
                for h in metrics.get("history") or [] if isinstance(h, Mapping)]
     stages = {"seeds": "seeds_seconds", "ground truth": "ground_truth_seconds", "training": "train_seconds",
               "export": "export_seconds"}
     return {
         "step": step, "dir": d.name, "time": _number(metrics.get("time")),
         "psnr": _number(metrics.get("psnr")), "ssim": _number(metrics.get("ssim")),
+        **{key: _number(metrics.get(key)) for key in SURFACE_FIGURES},
         "gaussians": _number(metrics.get("gaussians")), "iterations": _number(metrics.get("iterations")),
         "history": history, "stages": {name: _number(metrics.get(key)) for name, key in stages.items()},
         "model": link("model.spz"), "ply": link("model.ply"), "cameras": link("cameras.json"),
         "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
         "background": background,
+        "lighting": HEADLIGHT.as_dict() if metrics.get("color_model") == "lit" else None,
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
                    for p in sorted(d.rglob("*.png"))],
     }

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from insitu.export import StepWriter
+from insitu.lighting import HEADLIGHT
 from insitu.ply import read_ply
 from insitu.gaussians import Gaussians
 from insitu.report import cameras_json, look_at_point, make_server, viewer_camera, write_report
@@ -145,9 +146,10 @@ def test_report_holds_every_step_with_its_model_cameras_and_figures(tmp_path):
     gt = torch.rand(12, 12, 3)
     for step in (0, 300):
         metrics = {"step": step, "psnr": 20.0 + step / 100, "ssim": 0.8, "gaussians": 50, "seeds_seconds": 0.1,
-                   "ground_truth_seconds": 0.2, "train_seconds": 3.0,
+                   "ground_truth_seconds": 0.2, "train_seconds": 3.0, "psnr_foreground": 15.0 + step / 100,
+                   "ssim_foreground": 0.7, "psnr_foreground_near2": 14.0, "color_model": "sh" if step else "lit",
                    "history": [{"iteration": 0, "psnr": 10.0, "ssim": 0.3}, {"iteration": 100, "psnr": 20.0,
-                                                                            "ssim": 0.8}]}
+                                                                            "ssim": 0.8, "psnr_foreground": 16.0}]}
         d = writer.write(step, random_gaussians(50, 1, seed=step), [("view_000", gt, gt)], metrics, None,
                          cameras=views)
         assert sorted(p.name for p in d.iterdir()) == ["cameras.json", "metrics.json", "model.ply", "model.spz",
@@ -162,7 +164,12 @@ def test_report_holds_every_step_with_its_model_cameras_and_figures(tmp_path):
     assert [s["step"] for s in data["steps"]] == [0, 300]
     s = data["steps"][1]
     assert s["model"] == "step_000300/model.spz" and s["cameras"] == "step_000300/cameras.json"
-    assert s["psnr"] == 23.0 and s["history"][1] == {"iteration": 100.0, "psnr": 20.0, "ssim": 0.8}
+    assert s["psnr"] == 23.0 and s["history"][1] == {"iteration": 100.0, "psnr": 20.0, "ssim": 0.8,
+                                                     "psnr_foreground": 16.0, "ssim_foreground": None}
+    assert s["psnr_foreground"] == 18.0 and s["ssim_foreground"] == 0.7 and s["psnr_foreground_near2"] == 14.0
+    assert s["psnr_foreground_near3"] is None                      # not measured: empty
+    # a lit model's step carries the headlight the viewer shades it with; an SH model's none
+    assert data["steps"][0]["lighting"] == HEADLIGHT.as_dict() and s["lighting"] is None
     assert s["stages"] == {"seeds": 0.1, "ground truth": 0.2, "training": 3.0, "export": m["export_seconds"]}
     assert s["images"] == [{"name": "view_000", "src": "step_000300/views/view_000.png"}]
     page = (out / "report.html").read_text()

@@ -154,12 +154,13 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    """Two steps of random Gaussians (SH degree 1) with orbit cameras, served in this process: (out, URL, views)."""
+    """Three steps of random Gaussians (SH degree 1; step 5 a lit model's) with orbit cameras, served in this process: (out, URL, views)."""
     import threading
 
     import torch
 
     from insitu.export import StepWriter
+    from insitu.gaussians import Gaussians, rgb_to_sh0
     from insitu.report import make_server
     from insitu.views import orbit_views
     from test_report import random_gaussians
@@ -167,10 +168,17 @@ def synthetic(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic") / "out"
     views = orbit_views([-5, -5, -5], [5, 5, 5], 16, 96)
     writer = StepWriter(out)
-    for step in (0, 10):
+    for step in (0, 5, 10):
         g = random_gaussians(300, 1, seed=step, extent=4.0)
         g.log_scales -= 1.0
-        writer.write(step, g, [("view_000", torch.zeros(96, 96, 3), torch.zeros(96, 96, 3))], {"psnr": 20.0}, None,
+        metrics = {"psnr": 20.0}
+        if step == 5:                             # a lit model: base colours (degree 0), shaded by the viewer
+            g.log_scales[:, 2] -= 2.0             # discs, as training makes them
+            base = torch.rand(len(g), 3, generator=torch.Generator().manual_seed(5)) * 0.7 + 0.2
+            g = Gaussians(g.means, g.log_scales, g.quats, g.opacity_logits, rgb_to_sh0(base)[:, None, :],
+                          torch.zeros(len(g), 0, 3))
+            metrics["color_model"] = "lit"
+        writer.write(step, g, [("view_000", torch.zeros(96, 96, 3), torch.zeros(96, 96, 3))], metrics, None,
                      cameras=views)
     server = make_server(out, port=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -203,6 +211,41 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
         assert value >= 30.0, (view_id, value, dt.log[-20:])
         mirrored = psnr(shot[:, ::-1], ours)                   # a mirrored camera would not pass
         assert mirrored < value - 5, (view_id, value, mirrored)
+
+
+def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
+    """A lit model's step: the viewer shades each Gaussian's base colour with the headlight for its
+    camera, as the lit colour model does (:func:`insitu.appearance.lit_colors`): its canvas against the
+    rasterizer's render of those colours, and not the unshaded base colours."""
+    import torch
+
+    from insitu.appearance import lit_colors
+    from insitu.rendering import rasterize
+    from insitu.webmodel import read_spz
+
+    out, base, views = synthetic
+    dt = browser
+    dt.send("Page.navigate", url=base + "report.html")
+    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    assert dt.eval("insituReport.data.steps[1].lighting.shininess") == 32
+    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '1';"
+            " s.dispatchEvent(new Event('input')); })()")
+    dt.wait_for("insituViewer.state().url === 'step_000005/model.spz'")
+    g = read_spz(out / "step_000005" / "model.spz")
+    quats = g.quats / g.quats.norm(dim=1, keepdim=True)
+    flat = g.sh[:, 0] * 0.28209479177387814 + 0.5
+    for view_id in (0, 6):
+        shot = show_view(dt, view_id)
+        ids = [view_id]
+        campos = torch.linalg.inv(views.viewmats[ids])[:, :3, 3]
+        rendered = {}
+        for name, colors in (("lit", lit_colors(g.means, quats, flat, campos)), ("unshaded", flat[None])):
+            rgb, _, _ = rasterize(g.means, quats, g.scales, g.opacities, colors, views.viewmats[ids], views.Ks[ids],
+                                  96, 96, backend="torch")
+            rendered[name] = psnr(shot, (rgb[0].clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
+        print(f"lit model, view {view_id}: viewer vs rasterizer {rendered}")
+        assert rendered["lit"] >= 30.0 and rendered["unshaded"] < rendered["lit"] - 5, (view_id, rendered,
+                                                                                         dt.log[-20:])
 
 
 def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:

@@ -25,8 +25,7 @@
     report.index = index;
     const s = steps[index];
     $("slider").value = String(index);
-    $("step-label").textContent = `step ${s.step} (${index + 1}/${steps.length})` +
-      (s.psnr != null ? `: PSNR ${s.psnr.toFixed(2)} dB, SSIM ${s.ssim != null ? s.ssim.toFixed(3) : "?"}` : "");
+    $("step-label").textContent = `step ${s.step} (${index + 1}/${steps.length})` + figures(s);
     const images = $("images");
     images.textContent = "";
     for (const image of s.images) {
@@ -39,6 +38,20 @@
       images.appendChild(a);
     }
     document.dispatchEvent(new CustomEvent("insitu-step", { detail: { index } }));
+  }
+
+  // The step's figures, the surface's first: its held-out orbit views' foreground, then the views
+  // 2x and 3x closer and off the orbit, then the whole image (black background included).
+  function figures(s) {
+    const db = (v) => (v != null ? v.toFixed(2) : "?");
+    if (s.psnr_foreground == null) {
+      return s.psnr != null ? `: PSNR ${db(s.psnr)} dB, SSIM ${s.ssim != null ? s.ssim.toFixed(3) : "?"}` : "";
+    }
+    const closer = [["2x closer", s.psnr_foreground_near2], ["3x closer", s.psnr_foreground_near3],
+                    ["off the orbit", s.psnr_foreground_off]].filter(([, v]) => v != null);
+    return `: surface PSNR ${db(s.psnr_foreground)} dB, SSIM ${s.ssim_foreground != null ? s.ssim_foreground.toFixed(3) : "?"}` +
+      closer.map(([name, v]) => `; ${name} ${db(v)} dB`).join("") +
+      ` (whole image ${db(s.psnr)} dB)`;
   }
 
   function setSteps(data) {
@@ -156,12 +169,19 @@
     const perStep = (key) => steps.map((s) => ({ name: `step ${s.step}`,
                                                   points: s.history.map((h) => [h.iteration, h[key]]) }));
     const stageNames = steps.length ? Object.keys(steps[0].stages) : [];
+    const fg = steps.some((s) => s.psnr_foreground != null);   // older folders: the whole image's only
+    const [p, q, what] = fg ? ["psnr_foreground", "ssim_foreground", "surface"] : ["psnr", "ssim", "held-out"];
+    const perTimestep = (series) => series.map(([name, key]) => ({ name, points: steps.map((s) => [s.step, s[key]]) }))
+      .filter((s) => s.points.some((pt) => pt[1] != null));
     const charts = [
-      lineChart("held-out PSNR during training", perStep("psnr"), "iteration", "PSNR (dB)"),
-      lineChart("held-out SSIM during training", perStep("ssim"), "iteration", "SSIM"),
-      lineChart("held-out PSNR per timestep", [{ name: "", points: steps.map((s) => [s.step, s.psnr]) }],
+      lineChart(`${what} PSNR during training`, perStep(p), "iteration", "PSNR (dB)"),
+      lineChart(`${what} SSIM during training`, perStep(q), "iteration", "SSIM"),
+      lineChart(`${what} PSNR per timestep`, perTimestep(fg ? [["orbit", p], ["2x closer", "psnr_foreground_near2"],
+                                                               ["3x closer", "psnr_foreground_near3"],
+                                                               ["off the orbit", "psnr_foreground_off"],
+                                                               ["whole image", "psnr"]] : [["", p]]),
                 "timestep", "PSNR (dB)"),
-      lineChart("held-out SSIM per timestep", [{ name: "", points: steps.map((s) => [s.step, s.ssim]) }],
+      lineChart(`${what} SSIM per timestep`, perTimestep(fg ? [["orbit", q], ["whole image", "ssim"]] : [["", q]]),
                 "timestep", "SSIM"),
       stackedBars("time per stage", steps.map((s) => ({ x: s.step, parts: stageNames.map((n) => s.stages[n]) })),
                   stageNames, "timestep", "seconds"),

@@ -2,10 +2,12 @@
 // report.js owns the page state (the selected step); this module follows it through the
 // "insitu-step" event. Cameras come converted from the project's convention by
 // insitu.report.viewer_camera (position, look-at target, up, vertical fov, aspect).
-// window.insituViewer is the interface the browser test drives.
+// A lit model (metrics "color_model": "lit"; report data "lighting") holds each Gaussian's base
+// colour; the viewer shades it with the ground truth's headlight, as training did: one colour per
+// Gaussian per camera (headlightModifier). window.insituViewer is the interface the browser test drives.
 import * as THREE from "three";
 import { OrbitControls } from "three/addons/controls/OrbitControls.js";
-import { SparkRenderer, SplatMesh } from "@sparkjsdev/spark";
+import { SparkRenderer, SplatMesh, dyno } from "@sparkjsdev/spark";
 
 const report = window.insituReport;
 const box = document.getElementById("viewer");
@@ -27,6 +29,37 @@ const invalidate = () => { dirty = 2; };
 const spark = new SparkRenderer({ renderer, preBlurAmount: 0.3, maxStdDev: 3.0, minAlpha: 1.0 / 255.0,
                                   sortRadial: false, onDirty: invalidate });
 scene.add(spark);
+
+// The headlight (insitu.lighting.Headlight): colour = clamp(base * (ambient + diffuse c +
+// specular c^shininess), 0, 1), c = |n . v|, n the disc's normal (the local z axis of its rotation),
+// v the unit direction from the Gaussian to the camera. `eye` follows the camera (world frame).
+const eye = dyno.dynoVec3(new THREE.Vector3());
+let litShown = false;                             // the shown mesh is lit: a camera move regenerates it
+
+function headlightModifier(light) {
+  const num = (x) => Number(x).toFixed(6);
+  return dyno.dynoBlock({ gsplat: dyno.Gsplat }, { gsplat: dyno.Gsplat }, ({ gsplat }) => {
+    const shade = new dyno.Dyno({
+      inTypes: { gsplat: dyno.Gsplat, eye: "vec3" },
+      outTypes: { gsplat: dyno.Gsplat },
+      globals: () => [dyno.unindent(`
+        float insituHeadlight(vec4 q, vec3 center, vec3 eyePos) {
+          q = normalize(q);                                        // (x, y, z, w)
+          vec3 n = vec3(2.0 * (q.x * q.z + q.w * q.y), 2.0 * (q.y * q.z - q.w * q.x),
+                        1.0 - 2.0 * (q.x * q.x + q.y * q.y));
+          float c = clamp(abs(dot(normalize(n), normalize(eyePos - center))), 0.0, 1.0);
+          return ${num(light.ambient)} + ${num(light.diffuse)} * c + ${num(light.specular)} * pow(c, ${num(light.shininess)});
+        }
+      `)],
+      statements: ({ inputs, outputs }) => dyno.unindentLines(`
+        ${outputs.gsplat} = ${inputs.gsplat};
+        ${outputs.gsplat}.rgba.rgb = clamp(${inputs.gsplat}.rgba.rgb *
+          insituHeadlight(${inputs.gsplat}.quaternion, ${inputs.gsplat}.center, ${inputs.eye}), 0.0, 1.0);
+      `),
+    });
+    return { gsplat: shade.apply({ gsplat, eye }).gsplat };
+  });
+}
 
 let controls = null;
 let fixedSize = null;                             // [W, H] while showing an exact orbit view
@@ -89,13 +122,17 @@ function loadCameras(url) {
   return camerasByUrl.get(url);
 }
 
-function loadMesh(url) {
+function loadMesh(url, light) {
   let entry = meshes.get(url);
   if (!entry) {
     const mesh = new SplatMesh({ url });
+    if (light) {
+      mesh.worldModifier = headlightModifier(light);
+      mesh.updateGenerator();
+    }
     mesh.visible = false;
     scene.add(mesh);
-    entry = { mesh, ready: mesh.initialized };
+    entry = { mesh, ready: mesh.initialized, lit: Boolean(light) };
     meshes.set(url, entry);
   }
   meshes.delete(url);                              // most recently used last
@@ -137,7 +174,7 @@ async function show(index) {
     return;
   }
   say(shown ? "" : `loading step ${step.step}...`);
-  const entry = loadMesh(step.model);
+  const entry = loadMesh(step.model, step.lighting);
   const cams = step.cameras ? await loadCameras(step.cameras).catch(() => null) : null;
   await entry.ready;
   if (mine !== token) return;                       // a later step was asked for meanwhile
@@ -149,11 +186,13 @@ async function show(index) {
   }
   for (const e of meshes.values()) e.mesh.visible = e === entry;
   shown = { index, url: step.model, mesh: entry.mesh };
+  litShown = entry.lit;
+  if (entry.lit) entry.mesh.updateVersion();          // shaded for the eye it had when last shown
   const bg = step.background || [0, 0, 0];
   scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
   if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
   const kb = step.web_model_bytes ? `, ${(step.web_model_bytes / 1e6).toFixed(2)} MB` : "";
-  info.textContent = `${step.gaussians ?? "?"} Gaussians${kb}`;
+  info.textContent = `${step.gaussians ?? "?"} Gaussians${kb}${entry.lit ? ", lit by a headlight" : ""}`;
   say("");
   invalidate();
 }
@@ -180,6 +219,11 @@ function nextFrame() {
 renderer.setAnimationLoop(() => {
   if (dirty > 0) {
     dirty -= 1;
+    if (litShown && !eye.value.equals(camera.position)) {     // the headlight moved with the camera
+      eye.value.copy(camera.position);
+      shown.mesh.updateVersion();
+      dirty = Math.max(dirty, 2);
+    }
     renderer.render(scene, camera);
   }
 });
