@@ -136,6 +136,8 @@ class OutputConfig:
     dir: str = "out"
     images: int = constrained(4, NON_NEGATIVE)  # how many held-out views to write as GT | render PNGs
     ply: bool = True
+    ply_fit_views: int = constrained(32, NON_NEGATIVE)  # a lit model's SH fit for model.ply: each Gaussian's
+                                        # sides weighted as this many training views saw them; 0: both alike
     ply_metrics: bool = True            # ply_psnr/ply_ssim and model.spz: the whole model gathered on rank 0
                                         # and drawn there; off for models larger than one GPU or host
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"))   # a folder that holds results

@@ -22,7 +22,9 @@ DEMO_DEFAULTS = {
     "views.held_out": 4,                # the sets off the orbit: 12 views more for the CPU's ray caster
     "views.closeups": 0.0,              # close views cost the CPU's rasterizer their many more pixels per Gaussian
     "seeds.budget": 6000, "seeds.opacity": 0.8,
-    "train.iterations": 600, "train.sh_degree": 1, "train.sh_increase_every": 200,
+    "train.iterations": 600, "train.sh_increase_every": 200,
+    "train.sh_degree": 3,                # the lit model trains no SH: the degree is model.ply's fit
+    "output.ply_fit_views": 16,          # one footprint render per view, on the CPU's rasterizer
     "train.densify_from": 100, "train.densify_every": 100, "train.densify_until": 500,
     "train.opacity_reset_every": 0, "train.max_gaussians": 20000, "train.eval_every": 100,
     "insitu.mode": "background", "insitu.queue": 1, "insitu.policy": "block",

@@ -38,7 +38,7 @@ from .progress import note, progress_bar
 from .rendering import gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, render_bands
+from .training import Trainer, colors_from_images, footprint_errors, render_bands, view_footprints
 from .views import HELD_OUT, Views, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
 
@@ -55,9 +55,10 @@ class StepResult:
     sh_degree: the SH degree training had reached (a warm start goes on from it).
     step, time: the simulation's step number and time.
     model:     the merged model on rank 0 (``output.ply_metrics``), else None: for the web copy.
+    ply:       this rank's shard of ``model.ply`` (:func:`ply_shard`; the shard itself for an SH model).
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
-    :func:`write_step` writes the outputs and then drops ``model`` and ``images``.
+    :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
     """
 
     gaussians: Gaussians
@@ -66,6 +67,7 @@ class StepResult:
     step: int = 0
     time: float = 0.0
     model: Gaussians | None = None
+    ply: Gaussians | None = None
     images: list = field(default_factory=list)
     cameras: Views | None = None
 
@@ -520,25 +522,35 @@ def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) 
             for role in HELD_OUT[1:] if len(scene.views.ids(role))}
 
 
-def model_figures(shard: Gaussians, scene: Scene, layout: Layout,
+def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout,
                   cfg: Config) -> tuple[Gaussians | None, Quality | None]:
     """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
-    on the other ranks) and the figures of what ``model.ply`` holds as a viewer draws it
-    (:func:`ply_colors`, :func:`model_quality`, on every rank); else ``(None, None)``. Collective."""
+    on the other ranks) and the figures of what ``model.ply`` holds (this rank's shard of it: ``ply``) as
+    a viewer draws it (:func:`model_quality`, on every rank); else ``(None, None)``. Collective."""
     if not cfg.output.ply_metrics:
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
-    ply = ply_colors(merged, cfg)
-    quality, _ = layout.evaluate(lambda comm: (model_quality(ply, scene, comm, backend=cfg.train.backend), []))
+    whole = gather_gaussians(ply.to("cpu"), layout.comm.mpi) if ply is not shard else merged
+    quality, _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, backend=cfg.train.backend), []))
     return merged, quality
 
 
-def ply_colors(gaussians: Gaussians | None, cfg: Config) -> Gaussians | None:
-    """What ``model.ply`` holds of a shard: SH colours of degree ``train.sh_degree``, fitted to a lit
-    model's appearance (:meth:`insitu.appearance.ColorModel.as_sh`), an SH model's as trained."""
-    if gaussians is None:
-        return None
-    return ColorModel(cfg.train.color_model).as_sh(gaussians, cfg.train.sh_degree)
+def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
+    """What ``model.ply`` holds of the trainer's lit model ``gaussians`` (its :meth:`Trainer.gaussians`):
+    SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour over the sphere's
+    directions, each side of it weighted by its footprint in the views on that side, of
+    ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.view_footprints`,
+    :func:`insitu.appearance.fit_sh`); 0 views: both sides alike. Collective over the layout's training ranks."""
+    train = scene.views.train_ids
+    k = min(cfg.output.ply_fit_views, len(train))
+    model = ColorModel(cfg.train.color_model)
+    if k == 0:
+        return model.as_sh(gaussians, cfg.train.sh_degree)
+    ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
+    footprints = view_footprints(trainer.params, scene.views, ids, scene.order, layout.train_comm, rows=scene.rows,
+                                 backend=cfg.train.backend, transfer=cfg.parallel.transfer)
+    cameras = scene.views.positions[ids].to(gaussians.means.device)
+    return model.as_sh(gaussians, cfg.train.sh_degree, cameras=cameras, footprints=footprints.to(gaussians.means.device))
 
 
 def target_reached(q, tc) -> bool:
@@ -573,7 +585,8 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
         "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),
-        "train_seconds": round(seconds["train"], 3), "history": log.history,
+        "train_seconds": round(seconds["train"], 3), "ply_fit_seconds": round(seconds["ply fit"], 3),
+        "history": log.history,
         "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
         "evaluation_seconds": round(sum(evaluations), 3),
     }
@@ -597,12 +610,12 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
     offset in one file, then rank 0 the rest of the step (:class:`insitu.export.StepWriter`)."""
     t_write = _time.perf_counter()
-    writer.write_model(result.step, ply_colors(result.gaussians, cfg), comm)
+    writer.write_model(result.step, result.ply if result.ply is not None else result.gaussians, comm)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:
             writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras)
-    result.model, result.images = None, []      # written: a warm start needs only the shard
+    result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
 
 
 def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
@@ -642,10 +655,15 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
                                  keep_images=cfg.output.images)
     closer = closer_figures(trainer, scene, layout, cfg)
-    gaussians, total = layout.shard(trainer.gaussians())
-    merged, qm = model_figures(gaussians, scene, layout, cfg)
+    clock.lap("evaluation")
+    trained = trainer.gaussians()
+    gaussians, total = layout.shard(trained)
+    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] if cfg.train.color_model == "lit" \
+        else gaussians
+    clock.lap("ply fit")
+    merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
                            closer=closer)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, images=images, cameras=orbit)
+                      model=merged, ply=ply, images=images, cameras=orbit)

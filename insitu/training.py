@@ -161,6 +161,24 @@ def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order
     return grad.sum(0) if grad is not None else ones.new_zeros(n, 2)
 
 
+def view_footprints(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *, rows: tuple[int, int],
+                    backend: str = "auto", transfer: str = "float32") -> Tensor:
+    """``[V, N]`` for each of views ``ids: [V]`` and each Gaussian of this rank's shard its footprint in
+    that view as the composited render shows it: its blending weight summed over the view's pixels
+    (its projected area in pixels, times its opacity and the transmittance in front of it, across
+    ranks); 0 where it is hidden or off the image. One :func:`footprint_errors` per view (``rows``:
+    this rank's band of image rows); collective over ``comm``."""
+    n = params["means"].shape[0]
+    ids = torch.as_tensor(ids, device=params["means"].device)
+    out = params["means"].new_zeros(len(ids), n)
+    zero = params["means"].new_zeros(1, rows[1] - rows[0], views.width, 1)
+    with torch.no_grad():
+        for k in range(len(ids)):
+            out[k] = footprint_errors(params, views, ids[k:k + 1], order, comm, zero, backend=backend,
+                                      transfer=transfer)[:, 1]
+    return out
+
+
 @dataclass
 class DensifyState:
     """Per-Gaussian statistics between two refines: ``grad2d``, ``count`` (the screen-space gradient

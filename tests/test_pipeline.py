@@ -154,6 +154,24 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
         assert abs(m["ply_psnr"] - m["psnr"]) < 3.0
 
 
+
+def test_model_ply_of_a_lit_model_is_fitted_to_the_side_the_views_saw(comm):
+    """Opaque seeds on a sphere, SH degree 1 for model.ply: weighting each Gaussian's fit to the side of
+    it the training views saw (the outside; output.ply_fit_views) draws the surface better than the
+    fit over both sides alike (ply_fit_views 0: a constant colour at degree 1), the model the same."""
+    figures = {}
+    for views in (16, 0):
+        cfg = tiny_config(color_model="lit", iterations=1, sh_degree=1)
+        cfg.views.count, cfg.views.resolution, cfg.seeds.budget, cfg.seeds.opacity = 16, 48, 3000, 0.99
+        cfg.output.ply_fit_views = views
+        figures[views] = compute_step(whole_block(sphere_field()), cfg, comm, step=1).metrics
+    sided, even = figures[16], figures[0]
+    assert sided["psnr_foreground"] == pytest.approx(even["psnr_foreground"], abs=1e-6)
+    assert sided["ply_psnr_foreground"] > even["ply_psnr_foreground"] + 0.5, (sided["ply_psnr_foreground"],
+                                                                            even["ply_psnr_foreground"])
+    assert sided["ply_fit_seconds"] >= 0
+
+
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
     """Every iteration draws one background per view (the same on every rank: a seeded generator);
     the ground truth the loss sees is the premultiplied GT band on that background."""
