@@ -9,19 +9,20 @@ its error or None and every rank gets them all, then each raises the same error.
 """
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Any
 
+import numpy as np
+
+from .config import config_differences, config_hash, config_value
 from .errors import AgreementTimeout, ConfigError
 
 
 def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order, like ``mpi.allgather``, but waiting at most
     ``seconds`` for the other ranks; past that, raise :class:`AgreementTimeout` naming ``what``."""
-    import pickle
-
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI      # on first use: importing it initialises MPI (not for `insitu view`, `--help`)
 
     size = mpi.Get_size()
     if size == 1:
@@ -64,8 +65,6 @@ def first_error(errors: list[Any]) -> tuple[int, Any] | None:
 def compare_configs(mpi, cfg, seconds: float, extra: dict[str, Any] | None = None) -> None:
     """Collective: raise ConfigError on every rank unless every rank holds the same validated ``cfg``
     (and the same ``extra``, e.g. the command and its input); the error names the keys that differ."""
-    from .config import config_differences, config_hash, config_value
-
     mine = (config_hash(cfg), extra or {})
     gathered = allgather_within(mpi, mine, seconds, "comparing the configurations of the ranks")
     if all(g == gathered[0] for g in gathered):

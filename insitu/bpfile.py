@@ -9,12 +9,16 @@ process. Every problem raises :class:`insitu.errors.SourceInputError` naming the
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import struct
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .conventions import step_number
 from .errors import SourceInputError
 
 
@@ -262,12 +266,6 @@ def probe_bp(path: str | Path, timeout_s: float = 60.0, *, var: str | None = Non
     numbers (:func:`insitu.conventions.step_number`: ``step_var``, a ``step`` variable, the
     openPMD iteration of field ``var``, else the ADIOS step index) must be unique integers >= 0.
     """
-    import json
-    import os
-    import subprocess
-
-    from .conventions import step_number
-
     env = dict(os.environ)          # the child imports this package from where this process did
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
                                                     env.get("PYTHONPATH")) if p)

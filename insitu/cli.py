@@ -120,13 +120,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
              if dest.startswith(CONFIG_DEST) and value is not None}
     defaults = None
     if args.command == "demo":
-        from .demo import demo_defaults
+        from .demo import demo_defaults        # the demo's modules only for the demo
 
         defaults = demo_defaults(gpu=False)
     load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
     overrides.update(flags)
     if args.command == "demo" and load_config(args.config, overrides, defaults).parallel.device != "cpu":
-        import torch
+        import torch                            # seconds to import: only to size the demo
 
         if torch.cuda.is_available():                   # the demo's sizes for a GPU
             defaults = demo_defaults(gpu=True)
@@ -137,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "view":
-        from .report import serve
+        from .report import serve              # the report server needs no analysis modules
 
         return serve(args.out, args.port)
-    from .runner import run_command
+    from .runner import run_command             # after parsing: `--help` answers without it
 
     try:
         cfg = config_from_args(args)

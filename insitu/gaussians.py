@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .agreement import agree_errors
+
 SH_C0 = 0.28209479177387814
 
 
@@ -125,8 +127,6 @@ def gather_gaussians(local: Gaussians, mpi_comm: Any, *, everywhere: bool = Fals
     if mpi_comm is None or mpi_comm.Get_size() == 1:
         check_gaussians(local)
         return local
-    from .agreement import agree_errors
-
     rank = mpi_comm.Get_rank()
     error = None
     try:

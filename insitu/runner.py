@@ -31,8 +31,8 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
             is appended here as (step, message) and the next step is trained; without a list,
             the failure is raised.
     """
-    from .driver import StepDriver
-
+    from .driver import StepDriver             # torch and the analysis: imported when a command trains,
+                                                # so that `--help` and refused input answer at once
     driver, trained = StepDriver(cfg, comm, writer), 0
     items = iter(steps)
     while True:
@@ -86,7 +86,7 @@ def load_npy(path: Path) -> np.ndarray:
 
 def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
     """The single-step source of ``insitu run``: a raw file or a .npy array, cut for this rank."""
-    from .sources import ArraySource, RawSource
+    from .sources import ArraySource, RawSource     # as StepDriver above: torch on first use
 
     path, spacing = Path(args.input), tuple(args.spacing)
     if cfg.input.spacing is not None:
@@ -136,6 +136,7 @@ def check_input(args: argparse.Namespace, cfg: Config) -> None:
 
 
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
+    # torch and MPI on first use (see train_steps)
     from .agreement import compare_configs
     from .export import StepWriter, claim_output
     from .parallel import device_memory, init_comm, shutdown

@@ -35,6 +35,7 @@ import abc
 import os
 import re
 import sys
+import tempfile
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
@@ -755,8 +756,6 @@ class _stderr_copied:
     _active: list["_stderr_copied"] = []
 
     def __enter__(self):
-        import tempfile
-
         sys.stderr.flush()
         self._file = tempfile.TemporaryFile(mode="w+b")
         self._saved = os.dup(2)
