@@ -234,6 +234,14 @@ tables below work without it.</p>
    <button id='reset' type='button' title='back to the selected orbit camera'>reset</button>
    <span id='model-info'></span>
   </div>
+  <div class='controls' id='light' hidden>
+   light
+   <label>ambient <input id='light-ambient' type='range' min='0' max='1' step='0.01'></label>
+   <label>diffuse <input id='light-diffuse' type='range' min='0' max='1.5' step='0.01'></label>
+   <label>specular <input id='light-specular' type='range' min='0' max='1' step='0.01'></label>
+   <label>shininess <input id='light-shininess' type='range' min='1' max='128' step='1'></label>
+   <button id='light-reset' type='button' title="the ground truth's light, which the model was trained with">as trained</button>
+  </div>
  </div>
  <div id='images-panel'><h3>Held-out views: ground truth | render</h3><div id='images'></div></div>
 </div>

@@ -220,6 +220,7 @@ def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
     import torch
 
     from insitu.appearance import lit_colors
+    from insitu.lighting import HEADLIGHT, Headlight
     from insitu.rendering import rasterize
     from insitu.webmodel import read_spz
 
@@ -246,6 +247,24 @@ def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
         print(f"lit model, view {view_id}: viewer vs rasterizer {rendered}")
         assert rendered["lit"] >= 30.0 and rendered["unshaded"] < rendered["lit"] - 5, (view_id, rendered,
                                                                                          dt.log[-20:])
+    # the light controls: another light without retraining (the viewer's own sliders), then back as trained
+    assert dt.eval("document.getElementById('light').hidden") is False
+    ids = [0]
+    campos = torch.linalg.inv(views.viewmats[ids])[:, :3, 3]
+
+    def against(light):
+        rgb, _, _ = rasterize(g.means, quats, g.scales, g.opacities, lit_colors(g.means, quats, flat, campos, light),
+                              views.viewmats[ids], views.Ks[ids], 96, 96, backend="torch")
+        return psnr(shot, (rgb[0].clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
+    dull = Headlight(ambient=0.4, diffuse=0.3, specular=0.0, shininess=8)
+    got = dt.eval("insituViewer.setLight({ambient: 0.4, diffuse: 0.3, specular: 0, shininess: 8})")
+    assert got == pytest.approx(dull.as_dict()), got
+    assert float(dt.eval("document.getElementById('light-diffuse').value")) == pytest.approx(0.3)
+    shot = show_view(dt, 0)
+    assert against(dull) >= 30.0 and against(HEADLIGHT) < against(dull) - 5, (against(dull), against(HEADLIGHT))
+    dt.eval("document.getElementById('light-reset').click()")
+    shot = show_view(dt, 0)
+    assert against(HEADLIGHT) >= 30.0, against(HEADLIGHT)
 
 
 def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:

@@ -32,32 +32,68 @@ scene.add(spark);
 
 // The headlight (insitu.lighting.Headlight): colour = clamp(base * (ambient + diffuse c +
 // specular c^shininess), 0, 1), c = |n . v|, n the disc's normal (the local z axis of its rotation),
-// v the unit direction from the Gaussian to the camera. `eye` follows the camera (world frame).
+// v the unit direction from the Gaussian to the camera. `eye` follows the camera (world frame); the
+// coefficients are uniforms too, so the light controls change them without retraining or reloading.
 const eye = dyno.dynoVec3(new THREE.Vector3());
+const LIGHT_KEYS = ["ambient", "diffuse", "specular", "shininess"];
+const light = Object.fromEntries(LIGHT_KEYS.map((k) => [k, dyno.dynoFloat(0)]));
+let lightSet = null;                              // the coefficients the user chose (null: the step's own)
 let litShown = false;                             // the shown mesh is lit: a camera move regenerates it
 
-function headlightModifier(light) {
-  const num = (x) => Number(x).toFixed(6);
+function headlightModifier() {
   return dyno.dynoBlock({ gsplat: dyno.Gsplat }, { gsplat: dyno.Gsplat }, ({ gsplat }) => {
     const shade = new dyno.Dyno({
-      inTypes: { gsplat: dyno.Gsplat, eye: "vec3" },
+      inTypes: { gsplat: dyno.Gsplat, eye: "vec3", ambient: "float", diffuse: "float", specular: "float",
+                 shininess: "float" },
       outTypes: { gsplat: dyno.Gsplat },
       globals: () => [dyno.unindent(`
-        float insituHeadlight(vec4 q, vec3 center, vec3 eyePos) {
+        float insituHeadlight(vec4 q, vec3 center, vec3 eyePos, vec4 k) {
           q = normalize(q);                                        // (x, y, z, w)
           vec3 n = vec3(2.0 * (q.x * q.z + q.w * q.y), 2.0 * (q.y * q.z - q.w * q.x),
                         1.0 - 2.0 * (q.x * q.x + q.y * q.y));
           float c = clamp(abs(dot(normalize(n), normalize(eyePos - center))), 0.0, 1.0);
-          return ${num(light.ambient)} + ${num(light.diffuse)} * c + ${num(light.specular)} * pow(c, ${num(light.shininess)});
+          return k.x + k.y * c + k.z * pow(c, k.w);               // ambient, diffuse, specular, shininess
         }
       `)],
       statements: ({ inputs, outputs }) => dyno.unindentLines(`
         ${outputs.gsplat} = ${inputs.gsplat};
         ${outputs.gsplat}.rgba.rgb = clamp(${inputs.gsplat}.rgba.rgb *
-          insituHeadlight(${inputs.gsplat}.quaternion, ${inputs.gsplat}.center, ${inputs.eye}), 0.0, 1.0);
+          insituHeadlight(${inputs.gsplat}.quaternion, ${inputs.gsplat}.center, ${inputs.eye},
+                          vec4(${inputs.ambient}, ${inputs.diffuse}, ${inputs.specular}, ${inputs.shininess})),
+          0.0, 1.0);
       `),
     });
-    return { gsplat: shade.apply({ gsplat, eye }).gsplat };
+    return { gsplat: shade.apply({ gsplat, eye, ...light }).gsplat };
+  });
+}
+
+const lightPanel = document.getElementById("light");
+const lightInputs = Object.fromEntries(LIGHT_KEYS.map((k) => [k, document.getElementById(`light-${k}`)]));
+
+// Shade with `coeffs` ({ambient, diffuse, specular, shininess}); regenerate the shown lit model.
+function applyLight(coeffs) {
+  for (const k of LIGHT_KEYS) {
+    if (coeffs[k] === undefined || !isFinite(Number(coeffs[k]))) continue;
+    light[k].value = Number(coeffs[k]);
+    if (lightInputs[k]) lightInputs[k].value = String(coeffs[k]);
+  }
+  if (litShown) shown.mesh.updateVersion();
+  invalidate();
+}
+
+for (const k of LIGHT_KEYS) {
+  if (!lightInputs[k]) continue;
+  lightInputs[k].addEventListener("input", () => {
+    lightSet = Object.fromEntries(LIGHT_KEYS.map((j) => [j, Number(lightInputs[j].value)]));
+    applyLight(lightSet);
+  });
+}
+const lightReset = document.getElementById("light-reset");
+if (lightReset) {
+  lightReset.addEventListener("click", () => {
+    lightSet = null;
+    const step = report.data.steps[current.index];
+    if (step && step.lighting) applyLight(step.lighting);
   });
 }
 
@@ -122,17 +158,17 @@ function loadCameras(url) {
   return camerasByUrl.get(url);
 }
 
-function loadMesh(url, light) {
+function loadMesh(url, lighting) {
   let entry = meshes.get(url);
   if (!entry) {
     const mesh = new SplatMesh({ url });
-    if (light) {
-      mesh.worldModifier = headlightModifier(light);
+    if (lighting) {
+      mesh.worldModifier = headlightModifier();
       mesh.updateGenerator();
     }
     mesh.visible = false;
     scene.add(mesh);
-    entry = { mesh, ready: mesh.initialized, lit: Boolean(light) };
+    entry = { mesh, ready: mesh.initialized, lit: Boolean(lighting) };
     meshes.set(url, entry);
   }
   meshes.delete(url);                              // most recently used last
@@ -187,7 +223,8 @@ async function show(index) {
   for (const e of meshes.values()) e.mesh.visible = e === entry;
   shown = { index, url: step.model, mesh: entry.mesh };
   litShown = entry.lit;
-  if (entry.lit) entry.mesh.updateVersion();          // shaded for the eye it had when last shown
+  if (lightPanel) lightPanel.hidden = !entry.lit;
+  if (entry.lit) applyLight(lightSet || step.lighting);  // and shaded for this eye, not the last one it had
   const bg = step.background || [0, 0, 0];
   scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
   if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
@@ -238,6 +275,13 @@ window.insituViewer = {
     cameraSelect.value = String(v.id);
     setCamera(v.camera, [current.cameras.width, current.cameras.height]);
     return { width: current.cameras.width, height: current.cameras.height };
+  },
+  // the light of a lit model: {ambient, diffuse, specular, shininess} (missing keys: as now); null: the step's own
+  setLight(coeffs) {
+    const step = report.data.steps[current.index];
+    lightSet = coeffs ? { ...Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value])), ...coeffs } : null;
+    applyLight(lightSet || (step && step.lighting) || {});
+    return Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value]));
   },
   async frames(n = 2) {
     invalidate();
