@@ -68,15 +68,13 @@ class ColorModel:
             return coeffs, self.sh_degree
         return lit_colors(means, quats, coeffs[:, 0] * SH_C0 + 0.5, campos, self.light), None
 
-    def as_sh(self, gaussians: Gaussians, degree: int = 3, *, cameras: Tensor | None = None,
-              footprints: Tensor | None = None) -> Gaussians:
+    def as_sh(self, gaussians: Gaussians, degree: int = 3, *, sides: Tensor | None = None) -> Gaussians:
         """``gaussians`` with SH colours (what a standard 3DGS viewer draws): a lit shard's fitted
-        to its appearance (:func:`fit_sh`; from the views at ``cameras: [V, 3]`` with the Gaussians'
-        ``footprints: [V, N]`` in them, when given), an SH shard as it is."""
+        to its appearance (:func:`fit_sh`; each side weighted as the views saw it with ``sides: [N, 2]``),
+        an SH shard as it is."""
         if self.kind == "sh" or len(gaussians) == 0 and gaussians.sh_degree == degree:
             return gaussians
-        coeffs = fit_sh(gaussians.quats, gaussians.sh0[:, 0] * SH_C0 + 0.5, degree, self.light,
-                        means=gaussians.means, cameras=cameras, footprints=footprints)
+        coeffs = fit_sh(gaussians.quats, gaussians.sh0[:, 0] * SH_C0 + 0.5, degree, self.light, sides=sides)
         return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
                          coeffs[:, :1].contiguous(), coeffs[:, 1:].contiguous())
 
@@ -110,39 +108,34 @@ def lit_colors(means: Tensor, quats: Tensor, base: Tensor, campos: Tensor, light
 
 
 def fit_sh(quats: Tensor, base: Tensor, degree: int = 3, light: Headlight = HEADLIGHT, *,
-           directions: int = 512, means: Tensor | None = None, cameras: Tensor | None = None,
-           footprints: Tensor | None = None, floor: float = 0.05, chunk_floats: int = 1 << 25) -> Tensor:
+           directions: int = 512, sides: Tensor | None = None, floor: float = 0.05,
+           chunk_floats: int = 1 << 25) -> Tensor:
     """``[N, (degree + 1) ** 2, 3]`` SH coefficients whose colour (SH + 0.5, as gsplat evaluates it)
     is the least-squares fit of the lit colours of :func:`lit_colors` over ``directions`` view
     directions spread evenly on the sphere.
 
     quats: [N, 4] rotations (normal: local z); base: [N, 3] base colours.
+    sides: [N, 2] each Gaussian's footprint in the training views that see its front and in all of
+           them (:func:`insitu.training.footprint_sides`), or None.
 
     The lit colour depends on ``|n . v|`` only: fitted over the whole sphere alike, three bands hold
-    just its even part. With ``means: [N, 3]``, ``cameras: [V, 3]`` (camera centres) and
-    ``footprints: [V, N]`` (each Gaussian's blending weight summed over each view's pixels,
-    :func:`insitu.training.view_footprints`), each Gaussian's fit weights the directions on each side
-    of it by the share of its footprint that the views on that side saw (at least ``floor``): a
-    Gaussian on a closed surface is seen from one side only, and the fit spends its bands, the odd
-    ones too, on that side. A Gaussian no view shows gets the even fit. Fitting the cameras'
-    directions themselves overfits between them (with 42 views); the two sides' shares do not.
+    just its even part (at degree 1 a constant). With ``sides``, each Gaussian's fit weights the
+    directions on each side of it by the share of its footprint seen from that side (at least
+    ``floor``): a Gaussian on a closed surface is seen from one side only, and the fit spends its
+    bands, the odd ones too, on that side. A Gaussian no view shows gets the even fit. (Fitting the
+    cameras' own directions instead, weighted by the footprint in each, overfitted between 42 views.)
     """
     if not 0 <= degree <= MAX_SH_DEGREE:
         raise ValueError(f"fit_sh: expected a degree in 0..{MAX_SH_DEGREE}, got {degree}")
     n, device = quats.shape[0], quats.device
-    seen = cameras is not None
-    if seen:
-        if means is None or footprints is None:
-            raise ValueError("fit_sh: cameras need means and footprints too")
-        if cameras.ndim != 2 or cameras.shape[1] != 3 or tuple(footprints.shape) != (cameras.shape[0], n):
-            raise ValueError(f"fit_sh: expected cameras [V, 3] and footprints [V, {n}], got "
-                             f"{tuple(cameras.shape)} and {tuple(footprints.shape)}")
+    if sides is not None and tuple(sides.shape) != (n, 2):
+        raise ValueError(f"fit_sh: sides: expected [{n}, 2] (front, whole footprint), got {tuple(sides.shape)}")
     k = (degree + 1) ** 2
     dirs = torch.tensor(fibonacci_sphere(directions), dtype=torch.float64, device=device)   # [S, 3]
     # gsplat evaluates SH along (mean - camera), the opposite of the direction to the camera
-    basis = sh_basis(degree, -dirs).float()                                              # [S, K]
-    solve = torch.linalg.pinv(basis.double()).float()                                   # [K, S]
-    dirs = dirs.float()
+    basis = sh_basis(degree, -dirs)                                                      # [S, K]
+    solve = torch.linalg.pinv(basis).float()                                            # [K, S]
+    basis, dirs = basis.float(), dirs.float()
     chunk = max(1, chunk_floats // (directions * k))
     out = []
     with torch.no_grad():
@@ -152,13 +145,11 @@ def fit_sh(quats: Tensor, base: Tensor, degree: int = 3, light: Headlight = HEAD
             facing = normal @ dirs.T                                                      # [n, S]
             target = (b[:, None, :] * light.intensity(facing.abs().clamp(max=1.0))[..., None]).clamp(0.0, 1.0)
             target = target - 0.5                                                         # [n, S, 3]
-            if not seen:
+            if sides is None:
                 out.append(torch.einsum("ks,nsc->nkc", solve, target))
                 continue
-            w = footprints[:, lo:lo + chunk].T.float().clamp(min=0.0)                     # [n, V]
-            front = (cameras.float()[None] - means[lo:lo + chunk].float()[:, None, :]) @ normal[..., None]
-            plus, total = (w * (front[..., 0] > 0)).sum(1), w.sum(1)                      # [n]
-            share = torch.where(total > 0, plus / total.clamp(min=1e-30), torch.full_like(total, 0.5))
+            front, whole = sides[lo:lo + chunk].float().clamp(min=0.0).unbind(1)
+            share = torch.where(whole > 0, front / whole.clamp(min=1e-30), torch.full_like(whole, 0.5))
             weight = torch.where(facing > 0, share[:, None], 1.0 - share[:, None]).clamp(min=floor)   # [n, S]
             wb = weight[..., None] * basis                                                # [n, S, K]
             lhs = wb.transpose(1, 2) @ basis                                              # [n, K, K]

@@ -38,7 +38,7 @@ from .progress import note, progress_bar
 from .rendering import gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, render_bands, view_footprints
+from .training import Trainer, colors_from_images, footprint_errors, render_bands, footprint_sides
 from .views import HELD_OUT, Views, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
 
@@ -539,7 +539,7 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
     """What ``model.ply`` holds of the trainer's lit model ``gaussians`` (its :meth:`Trainer.gaussians`):
     SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour over the sphere's
     directions, each side of it weighted by its footprint in the views on that side, of
-    ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.view_footprints`,
+    ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.footprint_sides`,
     :func:`insitu.appearance.fit_sh`); 0 views: both sides alike. Collective over the layout's training ranks."""
     train = scene.views.train_ids
     k = min(cfg.output.ply_fit_views, len(train))
@@ -547,10 +547,9 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
     if k == 0:
         return model.as_sh(gaussians, cfg.train.sh_degree)
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
-    footprints = view_footprints(trainer.params, scene.views, ids, scene.order, layout.train_comm, rows=scene.rows,
-                                 backend=cfg.train.backend, transfer=cfg.parallel.transfer)
-    cameras = scene.views.positions[ids].to(gaussians.means.device)
-    return model.as_sh(gaussians, cfg.train.sh_degree, cameras=cameras, footprints=footprints.to(gaussians.means.device))
+    sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm, rows=scene.rows,
+                            backend=cfg.train.backend, transfer=cfg.parallel.transfer)
+    return model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
 
 
 def target_reached(q, tc) -> bool:

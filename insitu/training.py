@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .adam import ShardAdam
-from .appearance import ColorModel
+from .appearance import ColorModel, quat_normals
 from .bandloss import band_loss
 from .compositing import composite, over
 from .config import TrainConfig
@@ -161,22 +161,27 @@ def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order
     return grad.sum(0) if grad is not None else ones.new_zeros(n, 2)
 
 
-def view_footprints(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *, rows: tuple[int, int],
-                    backend: str = "auto", transfer: str = "float32") -> Tensor:
-    """``[V, N]`` for each of views ``ids: [V]`` and each Gaussian of this rank's shard its footprint in
-    that view as the composited render shows it: its blending weight summed over the view's pixels
-    (its projected area in pixels, times its opacity and the transmittance in front of it, across
-    ranks); 0 where it is hidden or off the image. One :func:`footprint_errors` per view (``rows``:
-    this rank's band of image rows); collective over ``comm``."""
-    n = params["means"].shape[0]
-    ids = torch.as_tensor(ids, device=params["means"].device)
-    out = params["means"].new_zeros(len(ids), n)
-    zero = params["means"].new_zeros(1, rows[1] - rows[0], views.width, 1)
+def footprint_sides(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
+                    rows: tuple[int, int], backend: str = "auto", transfer: str = "float32") -> Tensor:
+    """``[N, 2]`` for each Gaussian of this rank's shard its footprint in views ``ids`` (its blending
+    weight summed over their pixels, as the composited render shows it: its area in pixels times its
+    opacity and the transmittance in front of it, across ranks), summed over the views that see its
+    front (the side its normal, the local z axis of its rotation, points to) and over all of them.
+    One :func:`footprint_errors` per view (``rows``: this rank's band of image rows); collective over
+    ``comm``. Memory: the two sums only, whatever the number of views."""
+    means = params["means"]
+    ids = torch.as_tensor(ids, device=means.device)
+    sides = means.new_zeros(means.shape[0], 2)
+    zero = means.new_zeros(1, rows[1] - rows[0], views.width, 1)
     with torch.no_grad():
+        normals = quat_normals(params["quats"].detach())
         for k in range(len(ids)):
-            out[k] = footprint_errors(params, views, ids[k:k + 1], order, comm, zero, backend=backend,
-                                      transfer=transfer)[:, 1]
-    return out
+            w = footprint_errors(params, views, ids[k:k + 1], order, comm, zero, backend=backend,
+                                 transfer=transfer)[:, 1]
+            front = ((views.positions[ids[k]].to(means.device) - means.detach()) * normals).sum(1) > 0
+            sides[:, 0] += w * front
+            sides[:, 1] += w
+    return sides
 
 
 @dataclass

@@ -106,9 +106,9 @@ def test_the_sh_fit_is_the_least_squares_fit_of_the_lit_colours():
 
 
 def test_sh_fit_spends_its_bands_on_the_side_the_views_saw():
-    """Gaussians seen only from the +normal side (the cameras' footprints): the sides-weighted fit
+    """Gaussians seen only from the +normal side (their footprints' sides): the sides-weighted fit
     holds the lit colours on that side far better than the even fit over the whole sphere, at degree 1
-    (one odd band) and 3; a Gaussian no view shows gets the even fit; bad shapes are refused."""
+    (one odd band) and 3; a Gaussian no view shows gets the even fit; a bad shape is refused."""
     n = np.array([[0.0, 0.0, 1.0], [0.6, 0.0, 0.8], [0.0, -1.0, 0.0]])
     quats = torch.tensor(normal_to_quat(n), dtype=torch.float32)
     base = torch.tensor([[0.8, 0.6, 0.4], [0.5, 0.5, 0.9], [0.9, 0.9, 0.9]])
@@ -116,11 +116,10 @@ def test_sh_fit_spends_its_bands_on_the_side_the_views_saw():
     dirs = torch.tensor(fibonacci_sphere(512), dtype=torch.float32)              # directions to cameras
     normals = torch.tensor(n, dtype=torch.float32)
     cameras = 5.0 * dirs
-    footprints = ((dirs @ normals.T) > 0).float() * 10.0                          # [V, N]: the front side only
-    footprints[:, 2] = 0.0                                                        # the third: never shown
+    sides = torch.tensor([[300.0, 300.0], [120.0, 120.0], [0.0, 0.0]])          # front, whole: the third unseen
     for degree, better in ((1, 0.55), (3, 0.75)):
         even = fit_sh(quats, base, degree)
-        sided = fit_sh(quats, base, degree, means=means, cameras=cameras, footprints=footprints)
+        sided = fit_sh(quats, base, degree, sides=sides)
         assert sided.shape == even.shape == (3, (degree + 1) ** 2, 3)
         seen = lit_colors(means, quats, base, cameras)                            # [V, N, 3]
         front = (dirs @ normals.T) > 0                                            # [V, N]
@@ -131,10 +130,8 @@ def test_sh_fit_spends_its_bands_on_the_side_the_views_saw():
         for i in (0, 1):
             assert rms(sided, i) < better * rms(even, i), (degree, i, rms(sided, i), rms(even, i))
         torch.testing.assert_close(sided[2], even[2], atol=1e-4, rtol=0)          # unseen: the even fit
-    with pytest.raises(ValueError, match="footprints"):
-        fit_sh(quats, base, 3, means=means, cameras=cameras, footprints=footprints[:, :2])
-    with pytest.raises(ValueError, match="need means and footprints"):
-        fit_sh(quats, base, 3, cameras=cameras)
+    with pytest.raises(ValueError, match=r"sides: expected \[3, 2\]"):
+        fit_sh(quats, base, 3, sides=sides[:2])
 
 
 def test_color_model_gives_the_rasterizer_sh_or_per_camera_colours():
