@@ -68,7 +68,7 @@ def test_loss_and_gradients_do_not_depend_on_the_number_of_ranks(ranks):
     the real block edges, the images equal the one-rank render where an even split's order would
     be wrong, and loss and every Gaussian's gradients match the one-rank values within 1e-5, for SH
     colours and for the lit model shaded per pixel after compositing; each Gaussian's footprint error
-    sums match the one-rank sums."""
+    sums and its footprint's sides (model.ply's fit) match the one-rank sums."""
     out = run_worker(ranks, "dist_loss.py", timeout=240)
     assert all_ok(out, ranks), out.stdout
     if ranks == 5:                                          # 11 rows: bands of 3, 3, 3, 2 and an empty one
@@ -77,6 +77,7 @@ def test_loss_and_gradients_do_not_depend_on_the_number_of_ranks(ranks):
         for model in ("sh", "lit"):                         # SH colours, and the lit model shaded per pixel
             assert f"render ({model}): images max abs diff" in out.stdout, out.stdout
         assert "footprints: max relative diff" in out.stdout, out.stdout
+        assert "footprint sides: max relative diff" in out.stdout, out.stdout      # model.ply's fit
 
 
 def test_ground_truth_matches_one_rank():

@@ -34,7 +34,7 @@ from insitu.decomposition import cut_block
 from insitu.parallel import init_comm, shutdown
 from insitu.scene import block_decomposition, view_order
 from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import colors_from_images, footprint_errors, render_bands, to_params
+from insitu.training import colors_from_images, footprint_errors, footprint_sides, render_bands, to_params
 from insitu.views import Views, look_at, orbit_views
 from insitu.volume import Block
 
@@ -179,6 +179,32 @@ def render(comm, one, colors) -> None:
     if colors.kind == "sh":
         colours(comm, one, g, mine, vs, order, block)
         footprints(comm, one, g, mine, vs, order)
+        sides(comm, one, g, mine, vs, order)
+
+
+def sides(comm, one, g, mine, vs, order) -> None:
+    """``footprint_sides`` (model.ply's fit) on P ranks equals the one-rank sums; some Gaussians are
+    seen from both sides, the front's share is in [0, 1]."""
+    ids = torch.arange(len(vs))
+    got = footprint_sides(to_params(g.select(torch.from_numpy(mine))), vs, ids, order, comm,
+                          rows=band_rows(vs.height, comm.size)[comm.rank], backend="torch")
+    gathered = comm.mpi.gather((np.flatnonzero(mine), got.numpy()), root=0)
+    if comm.rank != 0:
+        return
+    whole = slab_block(spheres_field(), CUTS[1], 0)
+    ref = footprint_sides(to_params(g), vs, ids, view_order(vs, whole, block_decomposition(one, whole)), one,
+                          rows=(0, vs.height), backend="torch").numpy()
+    full = np.zeros_like(ref)
+    for idx, part in gathered:
+        full[idx] = part
+    err = np.abs(full - ref).max() / max(np.abs(ref).max(), 1e-300)
+    seen = ref[:, 1] > 0
+    share = ref[seen, 0] / ref[seen, 1]
+    if err > TOL or seen.sum() < 0.5 * len(ref) or not (share.min() >= -1e-12 and share.max() <= 1 + 1e-12):
+        fail(f"footprint sides: max relative diff to one rank {err:.3g}, {seen.sum()} seen, shares "
+             f"{share.min():.3g}..{share.max():.3g}")
+    print(f"footprint sides: max relative diff {err:.3g} to one rank, front share {share.mean():.3f} on average",
+          flush=True)
 
 
 def footprints(comm, one, g, mine, vs, order) -> None:
