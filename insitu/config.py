@@ -119,6 +119,9 @@ class TrainConfig:
     densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
                                         # error exceeds this many times the mean of all (0: off)
     densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine
+    min_scale_px: float = constrained(1.0, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
+                                        # least this many pixels of the nearest training view that sees it
+                                        # (0: no floor): zoomed in, no gaps open that the views' blur hid
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)

@@ -39,7 +39,7 @@ from .rendering import gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, render_bands, footprint_sides
-from .views import HELD_OUT, Views, pixels_per_area
+from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
 
 if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
@@ -406,7 +406,8 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
                            torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
                       max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
                       total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
-                      replicas=layout.replicas)
+                      replicas=layout.replicas,
+                      pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
     return trainer, scene
 
 

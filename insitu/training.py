@@ -229,7 +229,7 @@ class Trainer:
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
                  max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0,
-                 replicas=None):
+                 replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None):
         self.cfg = cfg
         self.replicas = replicas if replicas is not None and replicas.size > 1 else None
         self.images_per_step = cfg.batch * (self.replicas.size if self.replicas else 1)
@@ -250,6 +250,8 @@ class Trainer:
         self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
+        self.pixel_size = pixel_size if cfg.min_scale_px > 0 else None
+        self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -332,7 +334,25 @@ class Trainer:
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
+            if self.pixel_size is not None:             # in-plane axes (x, y; z is the disc's normal)
+                scales = self.params["scales"].data
+                scales[:, :2] = torch.maximum(scales[:, :2], self._scale_floor()[:, None])
         return loss.detach()
+
+    FLOOR_EVERY = 100                                   # iterations between refreshes of the scale floor
+
+    def _scale_floor(self) -> Tensor:
+        """``[N]`` the log of ``cfg.min_scale_px`` pixels of the nearest training view that sees each
+        Gaussian's centre (``pixel_size``; -inf where none does), refreshed every ``FLOOR_EVERY``
+        iterations and whenever densification changed the count. At the training views' distance the
+        rasterizer's 0.3 px^2 blur hides gaps between Gaussians smaller than a pixel; a camera closer
+        than every training view shows them (BENCHMARKS.md, CPU figures)."""
+        n = len(self)
+        if self._floor is None or self._floor.shape[0] != n or self.iteration % self.FLOOR_EVERY == 0:
+            size = self.pixel_size(self.params["means"].detach()) * self.cfg.min_scale_px
+            floor = torch.where(torch.isfinite(size), torch.log(size), torch.full_like(size, -math.inf))
+            self._floor = floor.to(self.params["scales"].dtype)
+        return self._floor
 
     def _refines_ahead(self) -> bool:
         """Whether a densification refine comes after this iteration (else its statistics go unused)."""

@@ -125,6 +125,29 @@ def pixels_per_area(lo, hi, resolution: int, fov_deg: float) -> float:
     return (focal / distance) ** 2
 
 
+def pixel_size(means: Tensor, views: Views, ids: Tensor, *, chunk: int = 64) -> Tensor:
+    """``[N]`` for each point ``means: [N, 3]`` (world) the width in world units of one pixel of the
+    nearest of views ``ids`` whose image holds it (``depth / fx`` there), ``inf`` where none does:
+    the finest detail those views resolve at the point. Views in chunks of ``chunk``."""
+    if means.ndim != 2 or means.shape[1] != 3:
+        raise ValueError(f"pixel_size: means: expected [N, 3], got {tuple(means.shape)}")
+    ids = torch.as_tensor(ids, device=views.viewmats.device).long()
+    points = means.detach().float()
+    best = torch.full((points.shape[0],), float("inf"), device=points.device)
+    for part in ids.split(max(int(chunk), 1)):
+        vm = views.viewmats[part].to(points.device, torch.float32)
+        Ks = views.Ks[part].to(points.device, torch.float32)
+        cam = torch.einsum("cij,nj->cni", vm[:, :3, :3], points) + vm[:, None, :3, 3]     # [c, N, 3]
+        z = cam[..., 2]
+        safe = z.clamp(min=1e-12)
+        u = Ks[:, 0, 0, None] * cam[..., 0] / safe + Ks[:, 0, 2, None]
+        v = Ks[:, 1, 1, None] * cam[..., 1] / safe + Ks[:, 1, 2, None]
+        inside = (z > 0) & (u >= 0) & (u < views.width) & (v >= 0) & (v < views.height)
+        size = torch.where(inside, z / Ks[:, 0, 0, None], torch.full_like(z, float("inf")))
+        best = torch.minimum(best, size.min(0).values)
+    return best
+
+
 def _intrinsics(count: int, resolution: int, fov_deg: float) -> np.ndarray:
     f = 0.5 * resolution / math.tan(math.radians(fov_deg) / 2)
     K = np.array([[f, 0.0, resolution / 2], [0.0, f, resolution / 2], [0.0, 0.0, 1.0]])

@@ -62,14 +62,15 @@ def train_config(**kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_gaussians=10**6, total=100):
+def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_gaussians=10**6, total=100,
+                 pixel_size=None):
     lo, hi = block.box
     if extent is None:
         extent = 0.5 * float(np.linalg.norm(hi - lo))
     if box is None:
         box = (torch.tensor(lo - 2.0, dtype=torch.float32), torch.tensor(hi + 2.0, dtype=torch.float32))
     return Trainer(shard, cfg, extent=extent, box=box, max_gaussians=max_gaussians, device=torch.device("cpu"),
-                   total_iterations=total)
+                   total_iterations=total, pixel_size=pixel_size)
 
 
 def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None, footprints: bool = False) -> float:
@@ -249,6 +250,32 @@ def test_means_stay_in_the_box_after_a_split(shard, block, scene, comm):
     step(trainer, scene, comm, 0)
     assert len(trainer) > len(shard)                # it did split
     assert_inside(trainer.params["means"], box)
+
+
+def test_scales_keep_the_floor_of_a_pixel_of_the_nearest_training_view(shard, block, scene, comm):
+    """With ``pixel_size`` (pipeline: the training views'), every step leaves each Gaussian's two in-plane
+    standard deviations at least ``min_scale_px`` pixels of the nearest training view that sees it, its
+    normal axis (z) as trained; a Gaussian no view sees has no floor; 0 turns the floor off."""
+    from insitu.views import pixel_size
+
+    g = dataclasses.replace(shard, log_scales=shard.log_scales.clone())
+    g.log_scales[::2] = math.log(1e-3)                  # far below a pixel
+    g.log_scales[::2, 2] = math.log(1e-4)
+    size = lambda means: pixel_size(means, scene.views, scene.views.train_ids)   # noqa: E731
+    cfg = train_config(min_scale_px=1.5)
+    trainer = make_trainer(g, block, cfg, pixel_size=size)
+    for it in range(2):
+        step(trainer, scene, comm, it)
+        kept = torch.exp(trainer._floor)                 # set by the first step, from the means it left
+        scales = torch.exp(trainer.params["scales"])
+        assert torch.isfinite(kept).all() and (scales[:, :2] >= kept[:, None]).all()
+        floor = 1.5 * size(trainer.params["means"])      # after the second step the means moved a little
+        torch.testing.assert_close(kept, floor, rtol=1e-5 if it == 0 else 1e-2, atol=0)
+    assert (scales[::2, 2] < 1e-3).all()                 # the disc's thin axis is not raised
+    assert (scales[::2, :2] < 1.05 * kept[::2, None]).all()   # raised to the floor (and a step's growth)
+    off = make_trainer(g, block, train_config(min_scale_px=0.0), pixel_size=size)
+    step(off, scene, comm, 0)
+    assert torch.exp(off.params["scales"][::2, :2]).max() < 0.01
 
 
 # ------------------------------------------------------------------------------------------ learning rates

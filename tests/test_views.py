@@ -2,7 +2,26 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.views import fibonacci_sphere, look_at, orbit_views
+from insitu.views import Views, fibonacci_sphere, look_at, orbit_views, pixel_size
+
+
+def test_pixel_size_is_depth_over_focal_of_the_nearest_view_that_sees_the_point():
+    """Two cameras on the z axis looking at the origin (focal 100 px, 64 x 64): a point at the origin
+    is 4 and 10 units from them, so one pixel there is 0.04 wide; a point that only the far camera holds
+    in its image (off the near one's, or behind it) gets that camera's size; one off both images is inf."""
+    eyes = np.array([[0.0, 0.0, 4.0], [0.0, 0.0, -10.0]])
+    vm = torch.tensor(np.stack([look_at(e, np.zeros(3)) for e in eyes]), dtype=torch.float32)
+    K = torch.tensor([[100.0, 0, 32], [0, 100.0, 32], [0, 0, 1]]).expand(2, 3, 3).contiguous()
+    views = Views(vm, K, 64, 64, torch.zeros(2, dtype=torch.int8))
+    points = torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 20.0], [50.0, 0.0, 0.0]])
+    got = pixel_size(points, views, torch.arange(2))
+    # (2, 0, 0): 2 units off-axis at depth 4 falls off the near image (200 px from the centre), not the far one;
+    # (0, 0, 20) is behind the near camera and 30 units in front of the far one
+    expect = torch.tensor([0.04, 0.10, 0.30, float("inf")])
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=0)
+    torch.testing.assert_close(pixel_size(points, views, torch.arange(2), chunk=1), expect, rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match=r"means: expected \[N, 3\]"):
+        pixel_size(points[:, :2], views, torch.arange(2))
 
 
 def test_fibonacci_sphere_is_even():
