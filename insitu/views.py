@@ -125,15 +125,18 @@ def pixels_per_area(lo, hi, resolution: int, fov_deg: float) -> float:
     return (focal / distance) ** 2
 
 
-def pixel_size(means: Tensor, views: Views, ids: Tensor, *, chunk: int = 64) -> Tensor:
+def pixel_size(means: Tensor, views: Views, ids: Tensor, *, chunk: int | None = None) -> Tensor:
     """``[N]`` for each point ``means: [N, 3]`` (world) the width in world units of one pixel of the
     nearest of views ``ids`` whose image holds it (``depth / fx`` there), ``inf`` where none does:
-    the finest detail those views resolve at the point. Views in chunks of ``chunk``."""
+    the finest detail those views resolve at the point. Views in chunks of ``chunk`` (default: as
+    many as keep each temporary near 2**24 points, so 100M Gaussians take one view at a time)."""
     if means.ndim != 2 or means.shape[1] != 3:
         raise ValueError(f"pixel_size: means: expected [N, 3], got {tuple(means.shape)}")
     ids = torch.as_tensor(ids, device=views.viewmats.device).long()
     points = means.detach().float()
     best = torch.full((points.shape[0],), float("inf"), device=points.device)
+    if chunk is None:
+        chunk = (1 << 24) // max(points.shape[0], 1)
     for part in ids.split(max(int(chunk), 1)):
         vm = views.viewmats[part].to(points.device, torch.float32)
         Ks = views.Ks[part].to(points.device, torch.float32)
