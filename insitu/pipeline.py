@@ -38,7 +38,7 @@ from .progress import note, progress_bar
 from .rendering import gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, render_bands, footprint_sides
+from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
 
@@ -655,7 +655,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
                                  keep_images=cfg.output.images)
     closer = closer_figures(trainer, scene, layout, cfg)
-    clock.lap("evaluation")
+    clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
     ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] if cfg.train.color_model == "lit" \

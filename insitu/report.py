@@ -158,9 +158,10 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-# the surface's figures (the foreground of the held-out orbit views and of each set off the orbit)
+# the surface's figures the page leads with (the foreground of the held-out orbit views and of each
+# set off the orbit; report.js); every other figure is in the table (metrics.csv)
 SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",
-                   "psnr_foreground_off", "ply_psnr_foreground")
+                   "psnr_foreground_off")
 
 
 def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:

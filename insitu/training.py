@@ -175,10 +175,11 @@ def footprint_sides(params: dict[str, Tensor], views: Views, ids: Tensor, order:
     zero = means.new_zeros(1, rows[1] - rows[0], views.width, 1)
     with torch.no_grad():
         normals = quat_normals(params["quats"].detach())
+        cameras = views.positions[ids].to(means.device)
         for k in range(len(ids)):
             w = footprint_errors(params, views, ids[k:k + 1], order, comm, zero, backend=backend,
                                  transfer=transfer)[:, 1]
-            front = ((views.positions[ids[k]].to(means.device) - means.detach()) * normals).sum(1) > 0
+            front = ((cameras[k] - means.detach()) * normals).sum(1) > 0
             sides[:, 0] += w * front
             sides[:, 1] += w
     return sides
@@ -335,8 +336,7 @@ class Trainer:
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
             if self.pixel_size is not None:             # in-plane axes (x, y; z is the disc's normal)
-                scales = self.params["scales"].data
-                scales[:, :2] = torch.maximum(scales[:, :2], self._scale_floor()[:, None])
+                self.params["scales"].data[:, :2].clamp_(min=self._scale_floor()[:, None])
         return loss.detach()
 
     FLOOR_EVERY = 100                                   # iterations between refreshes of the scale floor
