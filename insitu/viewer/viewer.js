@@ -88,14 +88,16 @@ for (const k of LIGHT_KEYS) {
     applyLight(lightSet);
   });
 }
-const lightReset = document.getElementById("light-reset");
-if (lightReset) {
-  lightReset.addEventListener("click", () => {
-    lightSet = null;
-    const step = report.data.steps[current.index];
-    if (step && step.lighting) applyLight(step.lighting);
-  });
+// The light the user chooses: {ambient, diffuse, specular, shininess} (missing keys: as now); null: the
+// shown step's own. Returns the coefficients in use.
+function setLight(coeffs) {
+  const step = report.data.steps[current.index];
+  lightSet = coeffs ? { ...Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value])), ...coeffs } : null;
+  applyLight(lightSet || (step && step.lighting) || {});
+  return Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value]));
 }
+const lightReset = document.getElementById("light-reset");
+if (lightReset) lightReset.addEventListener("click", () => setLight(null));
 
 let controls = null;
 let fixedSize = null;                             // [W, H] while showing an exact orbit view
@@ -276,13 +278,7 @@ window.insituViewer = {
     setCamera(v.camera, [current.cameras.width, current.cameras.height]);
     return { width: current.cameras.width, height: current.cameras.height };
   },
-  // the light of a lit model: {ambient, diffuse, specular, shininess} (missing keys: as now); null: the step's own
-  setLight(coeffs) {
-    const step = report.data.steps[current.index];
-    lightSet = coeffs ? { ...Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value])), ...coeffs } : null;
-    applyLight(lightSet || (step && step.lighting) || {});
-    return Object.fromEntries(LIGHT_KEYS.map((k) => [k, light[k].value]));
-  },
+  setLight,                                         // the light of a lit model (see setLight above)
   async frames(n = 2) {
     invalidate();
     for (let i = 0; i < n; i++) await nextFrame();
