@@ -36,7 +36,9 @@
 #           the SSIM loss alone and its kernels' tile sizes (bench_ssim.py --tune), Adam's block sizes (bench_adam.py),
 #           SH colours + Adam against gsplat's SH + Adam, and the SH kernels' block sizes (bench_shading.py)
 #   fidelity `insitu run` of the fidelity cases with the defaults (bonsai 1024^2 cold then warm, engine lit and sh,
-#           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py
+#           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py;
+#           FID_CASES="bonsai_cold bonsai engine engine_sh bonsai4m demo" (the default) chooses among them
+#   anatomy where the bonsai's surface error lies, initial and trained (bench_anatomy.py; ANATOMY_ARGS: more flags)
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -178,15 +180,21 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               cp /tmp/fid_$name/step_000000/metrics.json "$OUT/fid_$name.json" 2>/dev/null
             }
             FID="--views 448 --resolution 1024 --iterations 4000 --budget 500000"
-            fid bonsai_cold 150 "$BONSAI" --iso 40 $FID
-            fid bonsai 120 "$BONSAI" --iso 40 $FID
-            fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID
-            fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --set train.color_model=sh \
-              --set views.closeups=0 --set seeds.density=0                     # as before the lit model
-            fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 --iterations 4000 --budget 4000000 \
-              --set seeds.fill=true
-            CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet > "$OUT/fid_demo.log" 2>&1
-            tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;
+            for case in ${FID_CASES:-bonsai_cold bonsai engine engine_sh bonsai4m demo}; do case $case in
+              bonsai_cold|bonsai) fid $case $([ $case = bonsai ] && echo 120 || echo 150) "$BONSAI" --iso 40 $FID ;;
+              engine) fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID ;;
+              engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID \
+                --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model
+              bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 --iterations 4000 \
+                --budget 4000000 --set seeds.fill=true ;;
+              demo) CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet \
+                  > "$OUT/fid_demo.log" 2>&1
+                tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;
+            esac; done ;;
+    anatomy) # where the bonsai's surface error is, before and after training with the defaults (bench_anatomy.py)
+            CUDA_VISIBLE_DEVICES=0 timeout ${ANATOMY_TIMEOUT:-150} python benchmarks/bench_anatomy.py --data "$BONSAI" \
+              --iso 40 --resolution 1024 --iterations 4000 ${ANATOMY_ARGS:-} --images "$OUT/anatomy" \
+              --json "$OUT/anatomy.json" > "$OUT/anatomy.log" 2>&1; tail -c 600 "$OUT/anatomy.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
