@@ -122,10 +122,6 @@ class TrainConfig:
     min_scale_px: float = constrained(1.0, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
                                         # least this many pixels of the nearest training view that sees it
                                         # (0: no floor): zoomed in, no gaps open that the views' blur hid
-    on_surface: bool = False            # after every step each centre moved onto the isosurface, its disc turned
-                                        # to the field's normal (sort-last and one rank: insitu.surface)
-    surface_thickness: float = constrained(0.1, NON_NEGATIVE)  # on_surface: a disc's thickness at most this
-                                        # fraction of its smaller in-plane scale (0: not held)
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)

@@ -38,7 +38,6 @@ from .progress import note, progress_bar
 from .rendering import gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .surface import SurfaceHold
 from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, check_field, iso_distance, unit_field
@@ -340,15 +339,6 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
     return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
-def surface_hold(block: Block, cfg: Config, device) -> SurfaceHold:
-    """The isosurfaces of this rank's block that ``train.on_surface`` holds its Gaussians on."""
-    unit, levels = unit_field(block.data, cfg.input.iso)
-    samples = BlockSamples(torch.from_numpy(np.ascontiguousarray(unit)).to(device), origin=block.origin,
-                           spacing=block.spacing, start=block.start)
-    return SurfaceHold(samples, torch.tensor(levels, dtype=torch.float32, device=device),
-                       thickness=cfg.train.surface_thickness or None)
-
-
 def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
                keep: float = 0.5, near: float = 1.0) -> tuple[Gaussians, Tensor]:
     """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
@@ -417,8 +407,7 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
                       max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
                       total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
                       replicas=layout.replicas,
-                      pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids),
-                      hold=surface_hold(block, cfg, device) if tc.on_surface and layout.replicas is None else None)
+                      pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
     return trainer, scene
 
 

@@ -27,7 +27,6 @@ from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import rasterize
 from .shading import deferred_sh_gradients
-from .surface import SurfaceHold
 from .views import Views
 
 PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats", "opacities": "opacity_logits"}
@@ -229,13 +228,11 @@ class Trainer:
                   with all ``cfg.batch * P`` views (learning rate and betas scaled for that batch).
     pixel_size:   ``pixel_size(means [N, 3]) -> [N]`` the world size of a pixel of the nearest training
                   view at each centre: the scale floor's (``cfg.min_scale_px``).
-    hold:         the isosurface the Gaussians are held on after every step (``cfg.on_surface``), or None.
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
                  max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0,
-                 replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None,
-                 hold: SurfaceHold | None = None):
+                 replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None):
         self.cfg = cfg
         self.replicas = replicas if replicas is not None and replicas.size > 1 else None
         self.images_per_step = cfg.batch * (self.replicas.size if self.replicas else 1)
@@ -258,7 +255,6 @@ class Trainer:
         self.iteration = 0
         self.pixel_size = pixel_size if cfg.min_scale_px > 0 else None
         self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
-        self.hold = hold
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -343,8 +339,6 @@ class Trainer:
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
             if self.pixel_size is not None:             # in-plane axes (x, y; z is the disc's normal)
                 self.params["scales"].data[:, :2].clamp_(min=self._scale_floor()[:, None])
-            if self.hold is not None:
-                self.hold.apply(self.params["means"].data, self.params["quats"].data, self.params["scales"].data)
         return loss.detach()
 
     FLOOR_EVERY = 100                                   # iterations between refreshes of the scale floor
