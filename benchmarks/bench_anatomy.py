@@ -36,7 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu.appearance import BlockSamples, quat_normals  # noqa: E402
-from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.config import load_config  # noqa: E402
 from insitu.files import write_png  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
@@ -45,7 +45,9 @@ from insitu.pipeline import (PhaseClock, check_input, init_colors, make_trainer,
 from insitu.scene import make_scene  # noqa: E402
 from insitu.training import render_bands  # noqa: E402
 from insitu.views import HELD_OUT, pixel_size  # noqa: E402
-from insitu.volume import downsample, iso_distance, read_raw, unit_field, whole_block  # noqa: E402
+from insitu.volume import iso_distance, unit_field, whole_block  # noqa: E402
+
+from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 
 CONTRAST_BINS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, math.inf)
 
@@ -157,23 +159,11 @@ def model_stats(trainer, scene, block, cfg) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="a raw volume NAME_XxYxZ_DTYPE.raw")
-    ap.add_argument("--iso", type=float, required=True)
-    ap.add_argument("--downsample", type=int, default=1)
-    ap.add_argument("--resolution", type=int, default=1024)
-    ap.add_argument("--views", type=int, default=448)
-    ap.add_argument("--iterations", type=int, default=4000)
-    ap.add_argument("--budget", type=int, default=500_000)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    volume_arguments(ap)
     ap.add_argument("--images", type=Path, help="write ground truth | render | error PNGs here")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    volume = downsample(read_raw(args.data), args.downsample)
-    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-                 "train.iterations": args.iterations, "seeds.budget": args.budget, "train.progress": False,
-                 "parallel.device": args.device}
-    overrides.update(dict(parse_override(s) for s in args.set))
+    volume, overrides = base_settings(args)
     cfg = load_config(None, overrides)
     if args.images is not None:
         args.images.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ KEYS = ("psnr", "psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "
         "train_seconds", "evaluation_seconds", "total_seconds", "peak_gpu_memory_gb")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def volume_arguments(ap: argparse.ArgumentParser) -> None:
+    """The volume and the base settings of one training (this script's and bench_anatomy.py's)."""
     ap.add_argument("--data", required=True, help="a raw volume NAME_XxYxZ_DTYPE.raw")
     ap.add_argument("--iso", type=float, required=True)
     ap.add_argument("--downsample", type=int, default=1)
@@ -42,16 +42,27 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4000)
     ap.add_argument("--budget", type=int, default=500_000)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a base setting for every variant")
-    ap.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,KEY=VALUE",
-                    help="a variant: its name, then its settings separated by commas (none: the base)")
-    ap.add_argument("--json", help="write the variants' figures here")
-    args = ap.parse_args()
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a base setting")
+
+
+def base_settings(args: argparse.Namespace):
+    """``(volume, overrides)``: the volume of ``--data`` and the settings of :func:`volume_arguments`."""
     volume = downsample(read_raw(args.data), args.downsample)
     base = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
             "train.iterations": args.iterations, "seeds.budget": args.budget, "train.progress": False,
             "parallel.device": args.device}
     base.update(dict(parse_override(s) for s in args.set))
+    return volume, base
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    volume_arguments(ap)
+    ap.add_argument("--variant", action="append", required=True, metavar="NAME=KEY=VALUE,KEY=VALUE",
+                    help="a variant: its name, then its settings separated by commas (none: the base)")
+    ap.add_argument("--json", help="write the variants' figures here")
+    args = ap.parse_args()
+    volume, base = base_settings(args)
     comm = init_comm(device=args.device)
     rows = []
     try:
