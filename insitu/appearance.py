@@ -134,7 +134,7 @@ def fit_sh(quats: Tensor, base: Tensor, degree: int = 3, light: Headlight = HEAD
     dirs = torch.tensor(fibonacci_sphere(directions), dtype=torch.float64, device=device)   # [S, 3]
     # gsplat evaluates SH along (mean - camera), the opposite of the direction to the camera
     basis = sh_basis(degree, -dirs)                                                      # [S, K]
-    solve = torch.linalg.pinv(basis).float()                                            # [K, S]
+    solve = torch.linalg.pinv(basis).float() if sides is None else None                 # [K, S]: one for all
     basis, dirs = basis.float(), dirs.float()
     chunk = max(1, chunk_floats // (directions * k))
     out = []

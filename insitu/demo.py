@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from .config import ViewConfig
 from .progress import summary
 
 DEMO_DEFAULTS = {
@@ -35,7 +36,7 @@ DEMO_DEFAULTS = {
 DEMO_DEFAULTS_GPU = {
     **DEMO_DEFAULTS,
     "views.count": 96, "views.resolution": 512, "views.held_out": 16,
-    "views.closeups": 0.25,             # the package's: what a user zooms to is trained (the CPU's demo has none)
+    "views.closeups": ViewConfig().closeups,    # the package's: what a user zooms to is trained (not on the CPU)
     "seeds.budget": 200_000,
     "train.iterations": 3000, "train.sh_degree": 3, "train.sh_increase_every": 300,
     "train.densify_from": 300, "train.densify_every": 100, "train.densify_until": 2500,
