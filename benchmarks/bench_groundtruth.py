@@ -3,7 +3,10 @@
     python benchmarks/bench_groundtruth.py --data /path/bonsai_256x256x256_uint8.raw --iso 40
     python benchmarks/bench_groundtruth.py --data sphere --views 4 --resolution 32 --device cpu
 
-Prints one line: views, resolution, supersampling, seconds, views/s, peak GPU memory.
+Prints one line: views, resolution, supersampling, seconds, views/s, peak GPU memory. With
+``--caster FILE`` the Triton backend runs the kernel of FILE, another version of
+``insitu/groundtruth/triton_caster.py`` (e.g. ``git show REV:insitu/groundtruth/triton_caster.py``),
+to time two versions side by side.
 
 With ``--pipeline`` (run under ``mpirun -n P``), times what ``insitu run`` does instead:
 ``make_scene`` on P ranks (each ray-casts its block, the bands are composited sort-last),
@@ -50,7 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--pipeline", action="store_true", help="time make_scene on the MPI ranks")
+    parser.add_argument("--caster", help="another version of insitu/groundtruth/triton_caster.py to run")
     args = parser.parse_args(argv)
+    if args.caster:
+        use_caster(args.caster)
     if args.pipeline:
         return pipeline(args)
 
@@ -84,6 +90,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"groundtruth {name} iso={iso}: views={len(views)} resolution={args.resolution}^2 "
           f"supersample={args.supersample}x{args.supersample} device={device} seconds={seconds:.3f} "
           f"views/s={len(views) / seconds:.2f} coverage={float(rgba[..., 3].mean()):.3f} peak_gpu_memory={peak}")
+
+
+def use_caster(path: str) -> None:
+    """Make the Triton backend run ``raycast_triton`` of the module at ``path`` (a version of
+    ``insitu/groundtruth/triton_caster.py``; its relative imports resolve in ``insitu.groundtruth``)."""
+    import importlib.util
+
+    import insitu.groundtruth as gt
+
+    spec = importlib.util.spec_from_file_location("insitu.groundtruth._bench_caster", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    gt.raycast_triton = module.raycast_triton
 
 
 def pipeline(args) -> None:

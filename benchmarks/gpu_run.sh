@@ -39,6 +39,9 @@
 #           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py;
 #           FID_CASES="bonsai_cold bonsai engine engine_sh bonsai4m demo" (the default) chooses among them
 #   anatomy where the bonsai's surface error lies, initial and trained (bench_anatomy.py; ANATOMY_ARGS: more flags)
+#   compile the fidelity stage's bonsai run (the defaults) in a first process on the machine (an empty kernel cache),
+#           then again (warm), then both with parallel.compile_ahead off: what compiles when, on which thread, how
+#           long (bench_compile.py); then the ray caster's throughput against $OLD_CASTER (another triton_caster.py)
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
@@ -191,6 +194,23 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
                   > "$OUT/fid_demo.log" 2>&1
                 tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;
             esac; done ;;
+    compile) # cold and warm processes of the same `insitu run`, with and without the kernels compiled ahead
+            for v in cold:kc1: warm:kc1: cold_off:kc2:--set=parallel.compile_ahead=false \
+                     warm_off:kc2:--set=parallel.compile_ahead=false; do
+              IFS=: read -r name cache extra <<< "$v"; rm -rf /tmp/cmp_$name
+              CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_compile.py --cache /tmp/$cache \
+                --json "$OUT/compile_$name.json" -- run "$BONSAI" --iso 40 --views 448 --resolution 1024 \
+                --iterations 4000 --budget 500000 ${extra/=/ } --quiet --out /tmp/cmp_$name > "$OUT/compile_$name.log" 2>&1
+              cp /tmp/cmp_$name/step_000000/metrics.json "$OUT/compile_${name}_metrics.json" 2>/dev/null
+              python -c "import json, sys; c = json.load(open(sys.argv[1])); m = json.load(open(sys.argv[2]))
+print(sys.argv[3], 'wall', c['wall_s'], 'compiled', c['compiled'], 'loaded', c['loaded'], c['seconds_by_thread'],
+      {k: m.get(k) for k in ('total_seconds', 'seeds_seconds', 'ground_truth_seconds', 'train_seconds',
+                             'psnr_foreground', 'psnr')})" "$OUT/compile_$name.json" "$OUT/compile_${name}_metrics.json" $name
+            done
+            for caster in "" ${OLD_CASTER:-}; do
+              CUDA_VISIBLE_DEVICES=0 python benchmarks/bench_groundtruth.py --data "$BONSAI" --views 448 \
+                --resolution 2048 ${caster:+--caster $caster} 2>&1 | tee -a "$OUT/compile_gt.log" | tail -n 1
+            done ;;
     anatomy) # where the bonsai's surface error is, before and after training with the defaults (bench_anatomy.py)
             CUDA_VISIBLE_DEVICES=0 timeout ${ANATOMY_TIMEOUT:-150} python benchmarks/bench_anatomy.py --data "$BONSAI" \
               --iso 40 --resolution 1024 --iterations 4000 ${ANATOMY_ARGS:-} --images "$OUT/anatomy" \

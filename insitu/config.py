@@ -153,6 +153,8 @@ class ParallelConfig:
     transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"))  # the composited colour bands
     threads: int = constrained(0, NON_NEGATIVE)     # torch CPU threads per rank (0: torch's default); in situ
                                                     # on CPU ranks, fewer leave cores to the simulation
+    compile_ahead: bool = True                      # compile the step's Triton kernels on background threads
+                                                    # while it seeds (CUDA; insitu.compilation)
     layout: str = constrained("sort-last", choices=("sort-last", "replicated"))   # how ranks share training:
                                                     # each its block's Gaussians (sort-last), or each the whole
                                                     # model and its own views (replicated: models that fit one device)
@@ -190,6 +192,7 @@ SPACING_RANGE = (1e-3, 1e8)             # a cell's size: the cameras' near and f
 # kept steps are compared with the new run on every other key).
 RUN_KEYS = frozenset({"output.dir", "output.existing", "train.progress", "input.steps", "input.every",
                       "input.timeout_s", "parallel.timeout_s", "parallel.threads", "parallel.device",
+                      "parallel.compile_ahead",
                       "insitu.mode", "insitu.queue", "insitu.policy"})
 
 

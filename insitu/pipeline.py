@@ -6,9 +6,10 @@ do (sort-last compositing; :mod:`insitu.layouts`). Failures on one rank are agre
 boundaries, so every rank ends with the same clear error instead of waiting in a collective.
 
 :func:`compute_step` reads as the step's phases, each a function of its own: :func:`check_input`,
-:func:`seed_shard`, :func:`insitu.scene.make_scene`, :func:`init_colors`, :func:`make_trainer`,
-:func:`train`, :func:`evaluate_trainer`, the layout's shards, :func:`model_figures` and
-:func:`step_metrics`; a :class:`PhaseClock` times them.
+:func:`insitu.compilation.compile_ahead` (the step's GPU kernels, on background threads),
+:func:`seed_shard`, :func:`insitu.scene.make_scene`, :func:`init_colors`, :func:`make_trainer`, :func:`train`,
+:func:`evaluate_trainer`, the layout's shards, :func:`model_figures` and :func:`step_metrics`; a
+:class:`PhaseClock` times them.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from mpi4py import MPI
 from torch import Tensor
 
 from .appearance import BlockSamples, ColorModel, base_colors
+from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
 from .decomposition import Decomposition
@@ -636,10 +638,12 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     decomposition = check_input(block, cfg, comm)
     preload_evaluation()                            # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
+    ahead = compile_ahead(cfg, comm.device, train_size=layout.train_comm.size, train_rank=layout.train_comm.rank)
     seeding = seed_shard(block, cfg, comm, warm)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     seconds = clock.lap("seeds", sync=False)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({seconds:.1f} s)", show)
+    ahead.wait("ray caster")
     scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets)
     clock.lap("scene")
     shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
@@ -650,6 +654,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                                   warm=warm)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
+    ahead.wait()
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show)
     clock.lap("train")
     q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,

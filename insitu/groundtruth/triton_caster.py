@@ -22,6 +22,10 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 # it in registers and writes the pixel's averaged RGBA and nearest depth. Same lattice, same
 # empty-space jumps (checked before every sample instead of every pass: the jumps are exact,
 # so the samples taken outside skipped space are the same), same bisection, secant and shading.
+# The refinement, the bracket's two ends and the gradient's six samples each sit in a loop rather
+# than in unrolled copies: Triton's coalescing pass grows faster than linearly with the memory
+# operations of a kernel (eight loads a trilinear sample), and with the 18 copies unrolled it
+# took 23 of the 25 s that compiling this kernel cost (benchmarks/bench_compile.py; 2.9 s now).
 
 if triton is not None:
     @triton.jit
@@ -160,10 +164,15 @@ if triton is not None:
                 active = active & ~crossed & (tn < t_exit)
             # bisection, then a secant step
             iso = tl.load(isos + iso_i, mask=hit, other=0.0)
-            fa = _tri_sample(vol, qox + ta * qdx, qoy + ta * qdy, qoz + ta * qdz, nx, ny, nz)
-            fb = _tri_sample(vol, qox + tb * qdx, qoy + tb * qdy, qoz + tb * qdz, nx, ny, nz)
+            fa = tl.zeros((BLOCK,), dtype=tl.float32)
+            fb = tl.zeros((BLOCK,), dtype=tl.float32)
+            for e in range(2):
+                te = tl.where(e == 0, ta, tb)
+                fe = _tri_sample(vol, qox + te * qdx, qoy + te * qdy, qoz + te * qdz, nx, ny, nz)
+                fa = tl.where(e == 0, fe, fa)
+                fb = tl.where(e == 1, fe, fb)
             side_a = fa >= iso
-            for _ in tl.static_range(REFINE):
+            for _ in range(REFINE):
                 tm = 0.5 * (ta + tb)
                 fm = _tri_sample(vol, qox + tm * qdx, qoy + tm * qdy, qoz + tm * qdz, nx, ny, nz)
                 same = (fm >= iso) == side_a
@@ -179,21 +188,24 @@ if triton is not None:
             qx = qox + th * qdx
             qy = qoy + th * qdy
             qz = qoz + th * qdz
-            topx = (nx - 1).to(tl.float32)
-            topy = (ny - 1).to(tl.float32)
-            topz = (nz - 1).to(tl.float32)
-            xp, xm = tl.minimum(qx + 1.0, topx), tl.maximum(qx - 1.0, 0.0)
-            yp, ym = tl.minimum(qy + 1.0, topy), tl.maximum(qy - 1.0, 0.0)
-            zp, zm = tl.minimum(qz + 1.0, topz), tl.maximum(qz - 1.0, 0.0)
-            qyc = tl.minimum(qy, topy)
-            qzc = tl.minimum(qz, topz)
-            qxc = tl.minimum(qx, topx)
-            gx = (_tri_sample(vol, xp, qyc, qzc, nx, ny, nz) - _tri_sample(vol, xm, tl.maximum(qy, 0.0),
-                  tl.maximum(qz, 0.0), nx, ny, nz)) / ((xp - xm) * spx)
-            gy = (_tri_sample(vol, qxc, yp, qzc, nx, ny, nz) - _tri_sample(vol, tl.maximum(qx, 0.0), ym,
-                  tl.maximum(qz, 0.0), nx, ny, nz)) / ((yp - ym) * spy)
-            gz = (_tri_sample(vol, qxc, qyc, zp, nx, ny, nz) - _tri_sample(vol, tl.maximum(qx, 0.0),
-                  tl.maximum(qy, 0.0), zm, nx, ny, nz)) / ((zp - zm) * spz)
+            # the field's gradient by central differences, one axis a pass (the sample clamps the
+            # other coordinates itself)
+            gx = tl.zeros((BLOCK,), dtype=tl.float32)
+            gy = tl.zeros((BLOCK,), dtype=tl.float32)
+            gz = tl.zeros((BLOCK,), dtype=tl.float32)
+            for a in range(3):
+                qa = tl.where(a == 0, qx, tl.where(a == 1, qy, qz))
+                top = tl.where(a == 0, nx - 1, tl.where(a == 1, ny - 1, nz - 1)).to(tl.float32)
+                hi = tl.minimum(qa + 1.0, top)
+                lo = tl.maximum(qa - 1.0, 0.0)
+                d = (_tri_sample(vol, tl.where(a == 0, hi, qx), tl.where(a == 1, hi, qy), tl.where(a == 2, hi, qz),
+                                 nx, ny, nz)
+                     - _tri_sample(vol, tl.where(a == 0, lo, qx), tl.where(a == 1, lo, qy),
+                                   tl.where(a == 2, lo, qz), nx, ny, nz)) \
+                    / ((hi - lo) * tl.where(a == 0, spx, tl.where(a == 1, spy, spz)))
+                gx = tl.where(a == 0, d, gx)
+                gy = tl.where(a == 1, d, gy)
+                gz = tl.where(a == 2, d, gz)
             vx = -qdx * spx
             vy = -qdy * spy
             vz = -qdz * spz

@@ -1,0 +1,181 @@
+"""The step's Triton kernels compiled ahead, on background threads, while the step seeds.
+
+A process compiles each Triton kernel on its first launch, and a first process on a machine (an
+empty kernel cache: a new node, container or job allocation without a shared home) would pay for
+every kernel of the step one after the other, in the middle of its phases. :func:`compile_ahead`
+starts, once the step's input is checked, one background thread per group of kernels: each runs
+the step's own functions (the ray caster, the image loss forward and backward, the Adam update,
+the SH colours of ``model.ply``'s figures) once on a tiny input of the step's shapes and flags,
+which compiles exactly the specialisations the step will launch (Triton specialises on sizes'
+divisibility and on compile-time flags) and keeps them in the kernels' in-process caches. Triton
+releases Python's lock while it optimises and assembles, so the groups compile side by side and
+beside seeding. The step waits for a group just before its first use (:meth:`Ahead.wait`); a
+group that fails is ignored there, and the kernel then compiles at its first launch as before.
+
+With a warm cache (``TRITON_CACHE_DIR``, by default ``~/.triton/cache``) each group loads its
+kernels from disk in milliseconds; on CPUs nothing starts.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .bandloss import HALF, KERNEL
+from .compositing import band_rows
+from .config import Config
+from .gaussians import Gaussians
+from .groundtruth import raycast_views
+from .shading import MAX_SH_DEGREE, deferred_sh_gradients, sh_colors
+from .ssim import ssim_l1_loss, ssim_map
+from .training import Trainer
+from .views import orbit_views
+from .volume import whole_block
+
+try:                                    # Triton ships with CUDA builds of torch
+    import triton
+except ImportError:                     # pragma: no cover - CPU-only installs
+    triton = None
+
+# what this process has started, by group and the arguments that set its specialisations
+_STARTED: dict[tuple, Future] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass
+class Ahead:
+    """The groups of kernels being compiled: ``futures[name]`` ends when group ``name`` is compiled."""
+
+    futures: dict[str, Future] = field(default_factory=dict)
+
+    def wait(self, *names: str) -> None:
+        """Wait for the groups ``names`` (all without names); their failures are ignored."""
+        for name in names or tuple(self.futures):
+            future = self.futures.get(name)
+            if future is not None:
+                future.exception()
+
+
+def compile_ahead(cfg: Config, device: torch.device, *, train_size: int = 1, train_rank: int = 0) -> Ahead:
+    """Start compiling the Triton kernels of a step of ``cfg`` on ``device`` (returns at once).
+
+    train_size, train_rank: the ranks the training renders are composited over and this rank's
+                            place among them (its band of rows sets the loss's image shape).
+    Nothing starts off CUDA, without Triton, with ``parallel.compile_ahead`` off, or for a group
+    this process has started before with the same shapes.
+    """
+    if device.type != "cuda" or triton is None or not cfg.parallel.compile_ahead:
+        return Ahead()
+    ahead = Ahead()
+    with _LOCK:
+        for name, (key, job) in kernel_groups(cfg, train_size=train_size, train_rank=train_rank).items():
+            if key not in _STARTED:
+                _STARTED[key] = start(name, job, device)
+            ahead.futures[name] = _STARTED[key]
+    return ahead
+
+
+def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
+                  ) -> dict[str, tuple[tuple, Callable[[torch.device], None]]]:
+    """``{name: (key, job)}``: the step's groups of kernels; ``job(device)`` runs the step's functions
+    once on a tiny input (on any device: off CUDA, their torch code), ``key`` is what sets the
+    group's specialisations."""
+    res, tc = cfg.views.resolution, cfg.train
+    sh_degree = 0 if tc.color_model == "lit" else tc.sh_degree
+    rows = band_rows(res, train_size)[train_rank]
+    return {
+        "ray caster": (("ray caster", res, len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var),
+                        cfg.views.supersample), lambda device: _ray_caster(cfg, device)),
+        "loss": (("loss", res, rows, train_size, tc.ssim_weight > 0),
+                 lambda device: _loss(res, rows, train_size, tc.ssim_weight, device)),
+        "adam": (("adam", tc.color_model, sh_degree), lambda device: _adam(cfg, sh_degree, device)),
+        "sh colours": (("sh colours", tc.color_model, tc.sh_degree),
+                       lambda device: _sh_colours(tc.sh_degree, tc.color_model == "sh", device)),
+    }
+
+
+def start(name: str, job: Callable[[torch.device], None], device: torch.device) -> Future:
+    """Run ``job(device)`` on a background thread (daemon) named for ``name``; its future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            if device.type == "cuda":
+                with torch.cuda.device(device):     # the thread's current device is the step's
+                    job(device)
+                    torch.cuda.synchronize(device)
+            else:
+                job(device)
+            future.set_result(None)
+        except BaseException as e:                  # noqa: BLE001 - the kernel then compiles at its first launch
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=f"insitu-compile-{name}", daemon=True).start()
+    return future
+
+
+def _ray_caster(cfg: Config, device: torch.device) -> None:
+    """One view of a 4^3 block at the step's resolution: the step's iso count, colour field, colour
+    map and rays per pixel."""
+    data = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(4, 4, 4)
+    var = cfg.input.color_var
+    block = whole_block(data, fields={var: data} if var else None)
+    views = orbit_views(*block.global_box, 1, cfg.views.resolution)
+    isos = np.linspace(0.3, 0.7, len(cfg.input.iso)).tolist()
+    cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, isos, views_per_call=1,
+                         color_field=var, color_range=(0.0, 1.0) if var else None, colormap=cfg.views.colormap,
+                         supersample=cfg.views.supersample, device=device, value_range=(0.0, 1.0))
+    for _ in cast:
+        pass
+
+
+def _loss(res: int, rows: tuple[int, int], size: int, ssim_weight: float, device: torch.device) -> None:
+    """The image loss's SSIM kernels, forward and backward, on this rank's band shape
+    (:func:`insitu.bandloss.band_loss`: fused with L1 on one rank, the SSIM map of the band and its
+    halo on several)."""
+    if ssim_weight <= 0 or res < KERNEL:
+        return
+    h = rows[1] - rows[0] if size == 1 else min(rows[1] + HALF, res) - max(rows[0] - HALF, 0)
+    if h < KERNEL:
+        return
+    x = torch.zeros(1, h, res, 3, device=device, requires_grad=True)
+    y = torch.zeros(1, h, res, 3, device=device)
+    loss = ssim_l1_loss(x, y, ssim_weight=ssim_weight) if size == 1 else ssim_map(x, y).sum()
+    loss.backward()
+
+
+def _adam(cfg: Config, sh_degree: int, device: torch.device) -> None:
+    """One update of a one-Gaussian trainer: the step's parameters and learning-rate layout, and
+    for SH colours their gradient left factored (:meth:`insitu.training.Trainer.step`)."""
+    k = (sh_degree + 1) ** 2
+    z = lambda *shape: torch.zeros(*shape, device=device)    # noqa: E731
+    one = Gaussians(means=z(1, 3), log_scales=z(1, 3), quats=torch.tensor([[1.0, 0, 0, 0]], device=device),
+                    opacity_logits=z(1), sh0=z(1, 1, 3), shN=z(1, k - 1, 3))
+    trainer = Trainer(one, cfg.train, extent=1.0, box=(z(3), z(3) + 1), max_gaussians=1, device=device)
+    params = trainer.params
+    for name in ("scales", "quats", "opacities"):
+        params[name].grad = torch.zeros_like(params[name])
+    with deferred_sh_gradients() as sh:
+        if cfg.train.color_model == "sh":
+            sh_colors(params["means"], params["colors"], z(1, 3) + 1, 0).sum().backward()
+        else:
+            params["means"].grad = torch.zeros_like(params["means"])
+            params["colors"].grad = torch.zeros_like(params["colors"])
+    trainer.adam.step(sh)
+
+
+def _sh_colours(degree: int, train: bool, device: torch.device) -> None:
+    """The SH colours of ``model.ply``'s figures (degree ``degree``), and with ``train`` their
+    training forward and backward."""
+    degree = min(degree, MAX_SH_DEGREE)
+    means = torch.zeros(1, 3, device=device, requires_grad=train)
+    coeffs = torch.zeros(1, (degree + 1) ** 2, 3, device=device, requires_grad=train)
+    campos = torch.ones(1, 3, device=device)
+    with torch.no_grad():
+        sh_colors(means, coeffs, campos, degree)
+    if train:
+        sh_colors(means, coeffs, campos, degree).sum().backward()

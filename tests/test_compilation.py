@@ -1,0 +1,121 @@
+"""The step's Triton kernels compiled ahead on background threads (insitu.compilation)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from insitu import compilation
+from insitu.compilation import Ahead, compile_ahead, kernel_groups, start
+from insitu.config import Config
+from insitu.parallel import init_comm, shutdown
+from insitu.pipeline import compute_step
+from insitu.volume import whole_block
+
+
+def small_config(color_model: str = "lit", **views) -> Config:
+    cfg = Config()
+    cfg.input.iso = [5.0]
+    cfg.views.count, cfg.views.resolution, cfg.views.held_out = 10, 32, 2
+    for k, v in views.items():
+        setattr(cfg.views, k, v)
+    cfg.seeds.budget = 200
+    t = cfg.train
+    t.iterations, t.progress, t.color_model, t.sh_degree = 10, False, color_model, 1
+    t.densify_from, t.opacity_reset_every = 10**6, 0
+    return cfg
+
+
+def sphere(n: int = 16) -> np.ndarray:
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
+    c = (n - 1) / 2
+    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
+
+
+def test_nothing_starts_off_cuda_and_waiting_for_nothing_returns():
+    ahead = compile_ahead(small_config(), torch.device("cpu"))
+    assert ahead.futures == {}
+    ahead.wait()
+    ahead.wait("ray caster")
+    Ahead().wait()
+
+
+@pytest.mark.parametrize("color_model", ["lit", "sh"])
+@pytest.mark.parametrize("size, rank", [(1, 0), (2, 0), (2, 1), (3, 2)])
+def test_every_group_runs_the_steps_own_functions_on_a_tiny_input(color_model, size, rank):
+    """Off CUDA the same jobs run the functions' torch code: their arguments are ones the functions take."""
+    cfg = small_config(color_model, colormap="gray")
+    cfg.input.color_var = "c"
+    cfg.input.iso = [4.0, 6.0]
+    groups = kernel_groups(cfg, train_size=size, train_rank=rank)
+    assert set(groups) == {"ray caster", "loss", "adam", "sh colours"}
+    for name, (key, job) in groups.items():
+        job(torch.device("cpu"))
+
+
+def test_the_keys_follow_what_sets_the_specialisations():
+    a, b = small_config(), small_config(resolution=64)
+    ka = {n: k for n, (k, _) in kernel_groups(a).items()}
+    kb = {n: k for n, (k, _) in kernel_groups(b).items()}
+    assert ka["ray caster"] != kb["ray caster"] and ka["loss"] != kb["loss"]
+    assert ka["adam"] == kb["adam"]
+    two = {n: k for n, (k, _) in kernel_groups(a, train_size=2, train_rank=1).items()}
+    assert two["loss"] != ka["loss"]
+    sh = {n: k for n, (k, _) in kernel_groups(small_config("sh")).items()}
+    assert sh["adam"] != ka["adam"] and sh["sh colours"] != ka["sh colours"]
+
+
+def test_a_group_runs_on_its_own_thread_and_its_failure_is_left_to_the_first_launch():
+    seen = []
+
+    def fine(device):
+        seen.append((threading.current_thread().name, device))
+
+    def broken(device):
+        raise RuntimeError("no compiler here")
+
+    ahead = Ahead({"fine": start("fine", fine, torch.device("cpu")),
+                   "broken": start("broken", broken, torch.device("cpu"))})
+    ahead.wait()                                            # no exception: the failure is ignored here
+    assert seen == [("insitu-compile-fine", torch.device("cpu"))]
+    assert isinstance(ahead.futures["broken"].exception(), RuntimeError)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("color_model", ["lit", "sh"])
+def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, monkeypatch):
+    """With the kernels' in-process caches emptied, the background threads compile (or load) every
+    Triton kernel the step launches: none reaches the compiler on the step's own thread."""
+    from triton.runtime.jit import JITFunction
+
+    from insitu import adam, shading, ssim
+    from insitu.groundtruth import triton_caster
+
+    for fn in (triton_caster._raycast_kernel, ssim._moments_cols, ssim._ssim_rows, ssim._spread_cols,
+               ssim._spread_rows, adam._adam_kernel, shading._sh_forward, shading._sh_backward):
+        fn.device_caches.clear()
+    monkeypatch.setattr(compilation, "_STARTED", {})
+    compiled = []
+    do_compile = JITFunction._do_compile
+
+    def spy(self, *a, **k):
+        compiled.append((self._fn_name, threading.current_thread().name))
+        return do_compile(self, *a, **k)
+
+    monkeypatch.setattr(JITFunction, "_do_compile", spy)
+    comm = init_comm(device="cuda")
+    try:
+        cfg = small_config(color_model)
+        ahead = compile_ahead(cfg, comm.device)
+        assert set(ahead.futures) == {"ray caster", "loss", "adam", "sh colours"}
+        ahead.wait()
+        assert all(f.exception() is None for f in ahead.futures.values())
+        before = len(compiled)
+        assert {name for name, _ in compiled} >= {"_raycast_kernel", "_moments_cols", "_adam_kernel", "_sh_forward"}
+        assert all(thread.startswith("insitu-compile-") for _, thread in compiled)
+        compute_step(whole_block(sphere()), cfg, comm)
+        assert compiled[before:] == []
+    finally:
+        shutdown(comm)
