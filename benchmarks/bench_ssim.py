@@ -1,10 +1,12 @@
 """SSIM loss forward + backward: torchmetrics against insitu.ssim (Triton kernels on CUDA).
 
-    python benchmarks/bench_ssim.py --size 2048 --batch 1 [--tune]
+    python benchmarks/bench_ssim.py --size 2048 --batch 1 [--tune] [--against OLD_SSIM_PY]
 
-Prints one JSON line: milliseconds of each (median, events via triton.testing.do_bench), the
-largest differences of loss, map and gradient from float64 on the same random images, and with
-``--tune`` the same for several tile shapes and warp counts of the kernels.
+Prints one JSON line: milliseconds of each (median, events via triton.testing.do_bench), also of
+the training loss (``ssim_l1_loss``, the L1 term fused in), the largest differences of loss, map
+and gradient from float64 on the same random images, with ``--tune`` the same for several tile
+shapes and warp counts of the kernels, and with ``--against FILE`` the milliseconds of the
+kernels of FILE, another version of ``insitu/ssim.py`` (``git show REV:insitu/ssim.py``).
 """
 from __future__ import annotations
 
@@ -14,7 +16,32 @@ import json
 import torch
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim_tm
 
+import insitu.ssim
 from insitu.ssim import ssim_map, ssim_map_reference
+
+
+def load_version(path: str):
+    """The module at ``path``, a version of ``insitu/ssim.py`` (relative imports resolve in ``insitu``)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("insitu._bench_ssim", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernel_ms(mod, pred, gt, do_bench) -> dict:
+    """Milliseconds of ``mod``'s SSIM map and training loss, forward and backward."""
+    def map_step():
+        (1 - mod.ssim_map(pred, gt).mean()).backward()
+
+    def loss_step():
+        mod.ssim_l1_loss(pred, gt, ssim_weight=0.2).backward()
+
+    return {"fused_ms": round(do_bench(map_step, warmup=50, rep=300, return_mode="median"), 3),
+            "loss_ms": round(do_bench(loss_step, warmup=50, rep=300, return_mode="median"), 3)}
 
 
 def main() -> None:
@@ -23,6 +50,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tune", action="store_true",
                     help="also time the kernels' tile sizes and warps (insitu.ssim._TH, _TW, _WARPS)")
+    ap.add_argument("--against", help="another version of insitu/ssim.py, timed the same way")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -38,7 +66,8 @@ def main() -> None:
         loss.backward()
 
     ms_tm = do_bench(tm_step, warmup=50, rep=300, return_mode="median")
-    ms_fused = do_bench(fused_step, warmup=50, rep=300, return_mode="median")
+    ours = kernel_ms(insitu.ssim, pred, gt, do_bench)
+    against = kernel_ms(load_version(args.against), pred, gt, do_bench) if args.against else None
     a = ssim_map(pred, gt)
     ga, = torch.autograd.grad(a.mean(), pred)
     b = ssim_map_reference(pred.double(), gt.double())
@@ -57,8 +86,8 @@ def main() -> None:
                 "ms": round(ms, 3), "map_max_diff": float((m.detach().double() - b.detach()).abs().max()),
                 "grad_max_diff": float((g.double() - gb).abs().max())}
         mod._TH, mod._TW, mod._WARPS = chosen
-    print(json.dumps({"size": args.size, "batch": args.batch, "torchmetrics_ms": round(ms_tm, 3),
-                      "fused_ms": round(ms_fused, 3),
+    print(json.dumps({"size": args.size, "batch": args.batch, "torchmetrics_ms": round(ms_tm, 3), **ours,
+                      **({"against": args.against, "against_ms": against} if against else {}),
                       "loss_diff_vs_float64": float((a.mean() - b.mean()).abs()),
                       "map_max_diff": float((a.double() - b).abs().max()),
                       "grad_max_diff": float((ga.double() - gb).abs().max()),

@@ -270,6 +270,9 @@ class Adaptor:
         if self.rank == 0 and self._done:
             self._writer.publish()           # metrics.csv and the report of the kept steps, rebuilt
         self._driver = StepDriver(cfg, self._work, self._writer, process=process)
+        from .compilation import compile_ahead
+
+        compile_ahead(cfg, self._work)       # the GPU kernels compile while the simulation computes its first steps
         self.stats = AdaptorStats()
         self.status: dict[int, StepStatus] = {}
         self._closed = False

@@ -29,6 +29,7 @@ from .bandloss import HALF, KERNEL
 from .compositing import band_rows
 from .config import Config
 from .gaussians import Gaussians
+from .layouts import training_ranks
 from .groundtruth import raycast_views
 from .shading import MAX_SH_DEGREE, deferred_sh_gradients, sh_colors
 from .ssim import ssim_l1_loss, ssim_map
@@ -44,6 +45,7 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 # what this process has started, by group and the arguments that set its specialisations
 _STARTED: dict[tuple, Future] = {}
 _LOCK = threading.Lock()
+_READY = threading.Lock()
 
 
 @dataclass
@@ -60,14 +62,16 @@ class Ahead:
                 future.exception()
 
 
-def compile_ahead(cfg: Config, device: torch.device, *, train_size: int = 1, train_rank: int = 0) -> Ahead:
-    """Start compiling the Triton kernels of a step of ``cfg`` on ``device`` (returns at once).
+def compile_ahead(cfg: Config, comm) -> Ahead:
+    """Start compiling the Triton kernels of a step of ``cfg`` on this rank of ``comm`` (its device;
+    the training's band of rows, :func:`insitu.layouts.training_ranks`, sets the loss's image
+    shape); returns at once, and may be called before the step's data comes (at a run's start).
 
-    train_size, train_rank: the ranks the training renders are composited over and this rank's
-                            place among them (its band of rows sets the loss's image shape).
     Nothing starts off CUDA, without Triton, with ``parallel.compile_ahead`` off, or for a group
     this process has started before with the same shapes.
     """
+    device = comm.device
+    train_size, train_rank = training_ranks(cfg, comm)
     if device.type != "cuda" or triton is None or not cfg.parallel.compile_ahead:
         return Ahead()
     ahead = Ahead()
@@ -105,6 +109,7 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device) 
     def run() -> None:
         try:
             if device.type == "cuda":
+                _triton_ready()
                 with torch.cuda.device(device):     # the thread's current device is the step's
                     job(device)
                     torch.cuda.synchronize(device)
@@ -116,6 +121,18 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device) 
 
     threading.Thread(target=run, name=f"insitu-compile-{name}", daemon=True).start()
     return future
+
+
+def _triton_ready() -> None:
+    """Triton's one-time cost in a process, paid on one thread while the others wait instead of on
+    every thread at once: the cache key of its own build, a hash of its compiler's library (some
+    400 MB; seconds on the GPU machine, BENCHMARKS.md run 40)."""
+    with _READY:
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:                     # pragma: no cover - another Triton: each thread pays as it comes
+            return
+        triton_key()                            # (cached for the process)
 
 
 def _ray_caster(cfg: Config, device: torch.device) -> None:

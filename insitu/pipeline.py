@@ -18,7 +18,7 @@ import math
 import sys
 import threading
 import time as _time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -140,6 +140,11 @@ class Training:
 
 
 _PRELOAD: list[threading.Thread] = []
+
+
+def importing_metrics() -> bool:
+    """Whether :func:`preload_evaluation`'s import is still under way."""
+    return any(t.is_alive() for t in _PRELOAD)
 
 
 def preload_evaluation() -> None:
@@ -416,8 +421,9 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
 def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: PhaseClock, *, iterations: int,
           step: int, gaussians: int, show: bool) -> Training:
     """``iterations`` optimiser steps of ``trainer`` on the training views (collective); the held-out
-    views evaluated first and every ``train.eval_every`` iterations, training stopped once the
-    quality target is met. ``gaussians``: the initial model's; ``show``: progress on this rank."""
+    views evaluated first (scored after training while the metrics still import:
+    :func:`render_now_score_later`) and every ``train.eval_every`` iterations, training stopped once
+    the quality target is met. ``gaussians``: the initial model's; ``show``: progress on this rank."""
     tc = cfg.train
 
     def scored(colors: ColorModel):
@@ -429,10 +435,15 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
         return {"iteration": iteration, "psnr": q.psnr, "ssim": q.ssim, "psnr_foreground": q.psnr_foreground,
                 "ssim_foreground": q.ssim_foreground, "gaussians": count, "seconds": seconds}
 
-    q0 = scored(trainer.colors)
-    history = [row(q0, 0, gaussians, 0.0)]
-    note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface "
-         f"({clock.spans['evaluation'][0]:.1f} s)", show)
+    later = None
+    if layout.comm.mpi.allreduce(importing_metrics(), op=MPI.LOR):  # drawn now, scored after training
+        with clock.span("evaluation"):
+            later = render_now_score_later(trainer, scene, layout, cfg)
+    else:
+        q0 = scored(trainer.colors)
+        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface "
+             f"({clock.spans['evaluation'][0]:.1f} s)", show)
+    history = []
     bar = progress_bar(iterations, f"step {step} train", show)
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
     reached = None
@@ -448,7 +459,11 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
                 reached = it + 1
                 break
     bar.close()
-    return Training(q0, history, reached)
+    if later is not None:
+        with clock.span("evaluation"):
+            q0 = later()
+        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface", show)
+    return Training(q0, [row(q0, 0, gaussians, 0.0)] + history, reached)
 
 
 @torch.no_grad()
@@ -462,14 +477,7 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
-    black = torch.zeros_like(scene.background)
-    views = scene.views
-    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
-        chosen = torch.tensor(group, device=comm.device)
-        pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
-                                  colors=colors, backend=backend)
-        full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
-        full_gt = gather_bands(scene.gt[chosen].float(), comm)
+    for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids):
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -478,6 +486,54 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
     q = acc.result() if comm.rank == 0 else None
     q = comm.mpi.bcast(q, root=0)
     return q, images
+
+
+def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str,
+               ids: list[int] | None = None, gt: bool = True) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+    """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
+    (:func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
+    rank 0 (gathered from the bands; ``gt`` False: None); collective."""
+    black = torch.zeros_like(scene.background)
+    views = scene.views
+    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        with torch.no_grad():
+            pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
+                                      colors=colors, backend=backend)
+            full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
+            full_gt = gather_bands(scene.gt[chosen].float(), comm) if gt else None
+        yield group, full_pred, full_gt
+
+
+def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Callable[[], Quality]:
+    """The held-out figures of the trainer's model as it is now, for when torchmetrics is still
+    importing (:func:`preload_evaluation`): the composites are drawn now and kept on rank 0's host
+    (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
+    pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
+    so that training need not wait for the import."""
+    colors, backend = trainer.colors, cfg.train.backend
+
+    def render(comm):
+        kept = [(group, pred.half().cpu()) for group, pred, _ in
+                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False)]
+        return None, kept if comm.rank == 0 else []
+
+    _, kept = layout.evaluate(render)
+
+    def score() -> Quality:
+        def work(comm):
+            from .metrics import QualityAccumulator
+
+            acc = QualityAccumulator() if comm.rank == 0 else None
+            views = scene.views
+            for n, group in enumerate(view_groups(views.test_ids.tolist(), views.width, views.height)):
+                full_gt = gather_bands(scene.gt[torch.tensor(group, device=comm.device)].float(), comm)
+                if comm.rank == 0:
+                    acc.add_rgba(kept[n][1].to(comm.device).float(), full_gt, scene.background)
+            return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0), []
+        return layout.evaluate(work)[0]
+
+    return score
 
 
 @torch.no_grad()
@@ -638,7 +694,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     decomposition = check_input(block, cfg, comm)
     preload_evaluation()                            # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
-    ahead = compile_ahead(cfg, comm.device, train_size=layout.train_comm.size, train_rank=layout.train_comm.rank)
+    ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     seconds = clock.lap("seeds", sync=False)

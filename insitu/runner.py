@@ -138,6 +138,7 @@ def check_input(args: argparse.Namespace, cfg: Config) -> None:
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
     # torch and MPI on first use (see train_steps)
     from .agreement import compare_configs
+    from .compilation import compile_ahead
     from .export import StepWriter, claim_output
     from .parallel import device_memory, init_comm, shutdown
     from .rendering import gsplat_import_error
@@ -165,6 +166,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                                                      command=command) if comm.rank == 0 else None)
         lock, done = claimed if claimed is not None else (None, None)
         done = comm.mpi.bcast(done, root=0)
+        compile_ahead(cfg, comm)                # the GPU kernels compile while the input is read
         writer = StepWriter(out, ply=cfg.output.ply, done=done, provenance=provenance)
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt

@@ -479,3 +479,20 @@ def test_a_surface_on_the_boundary_between_two_blocks_is_seeded_and_trained(comm
     cfg.input.iso = [7.0]
     result = compute_step(whole_block(x), cfg, comm)
     assert result.metrics["gaussians"] > 50 and result.metrics["psnr"] > 10
+
+
+def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_initial_model(comm, monkeypatch):
+    """While torchmetrics still imports, the initial model's held-out views are drawn before training
+    and scored after it (training does not wait): the same figures, to the kept images' float16."""
+    import insitu.pipeline as p
+
+    want = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
+    drawn = []
+    real = p.render_now_score_later
+    monkeypatch.setattr(p, "importing_metrics", lambda: True)
+    monkeypatch.setattr(p, "render_now_score_later", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    got = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
+    assert drawn == [1]
+    for key in ("psnr_initial", "psnr_foreground_initial"):
+        assert abs(got[key] - want[key]) < 0.01, key
+    assert got["psnr_foreground"] == want["psnr_foreground"]        # training itself is the same
