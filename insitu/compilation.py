@@ -96,9 +96,11 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
                         cfg.views.supersample), lambda device: _ray_caster(cfg, device)),
         "loss": (("loss", res, rows, train_size, tc.ssim_weight > 0),
                  lambda device: _loss(res, rows, train_size, tc.ssim_weight, device)),
-        "adam": (("adam", tc.color_model, sh_degree), lambda device: _adam(cfg, sh_degree, device)),
-        "sh colours": (("sh colours", tc.color_model, tc.sh_degree),
-                       lambda device: _sh_colours(tc.sh_degree, tc.color_model == "sh", device)),
+        # one thread for both: SH training launches the SH kernels from Adam's job too, and two threads
+        # that first launch one kernel at once would each build its in-process cache, one of them lost
+        "colours and adam": (("colours and adam", tc.color_model, tc.sh_degree),
+                             lambda device: (_sh_colours(tc.sh_degree, tc.color_model == "sh", device),
+                                             _adam(cfg, sh_degree, device))),
     }
 
 

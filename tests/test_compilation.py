@@ -54,7 +54,7 @@ def test_every_group_runs_the_steps_own_functions_on_a_tiny_input(color_model, s
     cfg.input.color_var = "c"
     cfg.input.iso = [4.0, 6.0]
     groups = kernel_groups(cfg, train_size=size, train_rank=rank)
-    assert set(groups) == {"ray caster", "loss", "adam", "sh colours"}
+    assert set(groups) == {"ray caster", "loss", "colours and adam"}
     for name, (key, job) in groups.items():
         job(torch.device("cpu"))
 
@@ -64,11 +64,11 @@ def test_the_keys_follow_what_sets_the_specialisations():
     ka = {n: k for n, (k, _) in kernel_groups(a).items()}
     kb = {n: k for n, (k, _) in kernel_groups(b).items()}
     assert ka["ray caster"] != kb["ray caster"] and ka["loss"] != kb["loss"]
-    assert ka["adam"] == kb["adam"]
+    assert ka["colours and adam"] == kb["colours and adam"]
     two = {n: k for n, (k, _) in kernel_groups(a, train_size=2, train_rank=1).items()}
     assert two["loss"] != ka["loss"]
     sh = {n: k for n, (k, _) in kernel_groups(small_config("sh")).items()}
-    assert sh["adam"] != ka["adam"] and sh["sh colours"] != ka["sh colours"]
+    assert sh["colours and adam"] != ka["colours and adam"]
 
 
 def test_a_group_runs_on_its_own_thread_and_its_failure_is_left_to_the_first_launch():
@@ -113,7 +113,7 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
     try:
         cfg = small_config(color_model)
         ahead = compile_ahead(cfg, comm)
-        assert set(ahead.futures) == {"ray caster", "loss", "adam", "sh colours"}
+        assert set(ahead.futures) == {"ray caster", "loss", "colours and adam"}
         ahead.wait()
         assert all(f.exception() is None for f in ahead.futures.values())
         before = len(compiled)
