@@ -101,10 +101,11 @@ def ssim_map_reference(pred: Tensor, gt: Tensor) -> Tensor:
     return s.mean(1)
 
 
-# The channels (and the backward's nine coefficient planes) are run-time loops, the 11 taps of the
-# window unrolled: Triton's coalescing pass grows faster than linearly with a kernel's memory
-# operations, and with the channels unrolled too the four kernels took 11 s to compile instead of
-# 2.7 (benchmarks/bench_compile.py, a CPU host; the milliseconds in BENCHMARKS.md, bench_ssim.py --against).
+# _ssim_rows runs its channels as a run-time loop, the window's taps unrolled: Triton's coalescing
+# pass grows faster than linearly with a kernel's memory operations, and with its 165 loads
+# unrolled it took 4.3 of the four kernels' 11 s to compile (0.9 s so; a CPU host,
+# benchmarks/bench_compile.py). The other kernels keep their channels unrolled: run-time loops
+# there cost a third more time at 2048^2 (bench_ssim.py --against, BENCHMARKS.md run 42).
 if triton is not None:
     @triton.jit
     def _moments_cols(x_ptr, y_ptr, w_ptr, vm_ptr, l1_ptr, H, W, Ho, L1: tl.constexpr,
@@ -122,7 +123,7 @@ if triton is not None:
         dst = rows[:, None] * W + cols[None, :]
         xb = x_ptr + b * H * W * 3              # the image; 32-bit offsets within it
         yb = y_ptr + b * H * W * 3
-        for ch in range(3):
+        for ch in tl.static_range(3):
             sx = tl.zeros((TH, TW), dtype=tl.float32)
             sy = tl.zeros((TH, TW), dtype=tl.float32)
             sxx = tl.zeros((TH, TW), dtype=tl.float32)
@@ -205,7 +206,7 @@ if triton is not None:
         ok = (rows < H)[:, None] & (cols < Wo)[None, :]
         dst = rows[:, None] * Wo + cols[None, :]
         g = tl.load(go_ptr) if GO_SCALAR else 0.0
-        for k in range(9):
+        for k in tl.static_range(9):
             acc = tl.zeros((TH, TW), dtype=tl.float32)
             for i in tl.static_range(11):
                 o = rows - i
@@ -228,7 +229,7 @@ if triton is not None:
         rows = tl.program_id(1) * TH + tl.arange(0, TH)
         cols = tl.program_id(0) * TW + tl.arange(0, TW)
         ok = (rows < H)[:, None] & (cols < W)[None, :]
-        for ch in range(3):
+        for ch in tl.static_range(3):
             p = tl.zeros((TH, TW), dtype=tl.float32)
             q = tl.zeros((TH, TW), dtype=tl.float32)
             r = tl.zeros((TH, TW), dtype=tl.float32)

@@ -104,8 +104,11 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
     compiled = []
     do_compile = JITFunction._do_compile
 
+    keys = []
+
     def spy(self, *a, **k):
         compiled.append((self.fn.__name__, threading.current_thread().name))
+        keys.append(a[0] if a else k.get("key"))        # the specialisation (sizes' divisibility, flags)
         return do_compile(self, *a, **k)
 
     monkeypatch.setattr(JITFunction, "_do_compile", spy)
@@ -121,6 +124,6 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
                                                   "_spread_rows", "_adam_kernel", "_sh_forward"}
         assert "MainThread" not in {thread for _, thread in compiled}     # (backward passes: autograd's thread)
         compute_step(whole_block(sphere()), cfg, comm)
-        assert compiled[before:] == []
+        assert compiled[before:] == [], (compiled, keys)
     finally:
         shutdown(comm)
