@@ -12,6 +12,15 @@ its thread (``insitu-compile-*``: :mod:`insitu.compilation`'s background threads
 each stage (``ttir``, ``ttgir``: the optimisation passes, ``llir``, ``ptx``, ``cubin``: ptxas).
 Prints and writes one JSON object: the command's wall time (from this script's start, imports
 included), the records, and per thread the seconds spent in the compiler.
+
+    python benchmarks/bench_compile.py --offline [--caster FILE] [--ssim FILE]
+
+compiles the kernels instead, for an H100/H200 (sm_90) on any host, a GPU or none (Triton's
+compiler and ptxas only; ``pip install triton`` where torch has none): the ray caster (the
+bonsai's case: one iso value, no colour field), the loss's four SSIM kernels at 1024^2 and Adam's
+kernel, each in an empty cache, with the seconds of each stage and of the coalescing pass
+(``MLIR_ENABLE_TIMING``'s figure is the pass's share). ``--caster``/``--ssim``: another version of
+``insitu/groundtruth/triton_caster.py`` / ``insitu/ssim.py`` to compile instead.
 """
 from __future__ import annotations
 
@@ -29,14 +38,25 @@ from pathlib import Path  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", required=True, help="Triton's kernel cache for the command (TRITON_CACHE_DIR)")
+    ap.add_argument("--cache", default=None, help="Triton's kernel cache for the command (TRITON_CACHE_DIR)")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--offline", action="store_true", help="compile the kernels for sm_90 here, no command")
+    ap.add_argument("--caster", help="with --offline: another version of insitu/groundtruth/triton_caster.py")
+    ap.add_argument("--ssim", help="with --offline: another version of insitu/ssim.py")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the insitu command and its arguments")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.cache is None:
+        if not args.offline:
+            ap.error("--cache: expected a folder for the command's kernel cache")
+        import tempfile
+
+        args.cache = tempfile.mkdtemp()
     Path(args.cache).mkdir(parents=True, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = str(Path(args.cache).resolve())
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.offline:
+        return offline(args)
     records, version = record_compilations()
     from insitu.cli import main as insitu_main
 
@@ -91,6 +111,89 @@ def record_compilations() -> tuple[list[dict], str]:
     JITFunction._do_compile = timed
     knobs.runtime.add_stages_inspection_hook = stages
     return records, triton.__version__
+
+
+def load(path: str, name: str):
+    """The module at ``path`` (a version of an insitu module; relative imports resolve in ``insitu``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def offline(args) -> None:
+    """Compile the kernels for sm_90 in empty caches; print one JSON object of their seconds."""
+    import tempfile
+
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import insitu.adam as adam
+    if args.caster:
+        caster = load(args.caster, "insitu.groundtruth._bench_caster")
+    else:
+        import insitu.groundtruth.triton_caster as caster
+    ssim = load(args.ssim, "insitu._bench_ssim") if args.ssim else __import__("insitu.ssim").ssim
+    stages: dict[str, float] = {}
+
+    def hook(backend, st, options, language, capability):
+        for name, f in list(st.items()):
+            def timed(src, metadata, f=f, name=name):
+                t = time.perf_counter()
+                try:
+                    return f(src, metadata)
+                finally:
+                    stages[name] = round(time.perf_counter() - t, 3)
+            st[name] = timed
+
+    knobs.runtime.add_stages_inspection_hook = hook
+
+    def compile_one(fn, ints=(), floats=(), constexprs=None, div16=(), num_warps=4) -> dict:
+        """``fn`` with pointers (float32, 16-byte aligned), the named int32 (``div16``: multiples of
+        16) and float32 arguments and the compile-time constants; its stages' seconds."""
+        constexprs = dict(constexprs or {})
+        sig = {n: "constexpr" if n in constexprs else "i32" if n in ints else "fp32" if n in floats else "*fp32"
+               for n in fn.arg_names}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
+                 if sig[n] == "*fp32" or n in div16}
+        knobs.cache.dir = tempfile.mkdtemp()
+        stages.clear()
+        t = time.perf_counter()
+        triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps})
+        return {"seconds": round(time.perf_counter() - t, 2), **stages}
+
+    f = caster._raycast_kernel
+    out = {"triton": triton.__version__, "target": "sm_90", "caster": args.caster or "insitu",
+           "ssim": args.ssim or "insitu"}
+    out["_raycast_kernel"] = compile_one(
+        f, ints={"nx", "ny", "nz", "mx", "my", "mz", "width", "height", "S", "n_cmap"},
+        floats={"ox", "oy", "oz", "spx", "spy", "spz", "blx", "bly", "blz", "bhx", "bhy", "bhz", "dlx", "dly",
+                "dlz", "dhx", "dhy", "dhz", "step", "cr", "cg", "cb", "c_lo", "c_hi"},
+        constexprs={"n_iso": 1, "REFINE": 6, "HAS_CFIELD": False, "BLOCK": 128}, div16={"width", "height"})
+    tiles = {"TH": ssim._TH, "TW": ssim._TW}
+    for name, ints, flags, div16 in (("_moments_cols", {"H", "W", "Ho"}, {"L1": True}, {"H", "W"}),
+                                     ("_ssim_rows", {"W", "Ho", "Wo"}, {"SAVE": True}, {"W"}),
+                                     ("_spread_cols", {"H", "Ho", "Wo"}, {"GO_SCALAR": True}, {"H"}),
+                                     ("_spread_rows", {"H", "W", "Wo"}, {"L1": True}, {"H", "W"})):
+        out[name] = compile_one(getattr(ssim, name), ints=ints, constexprs={**flags, **tiles}, div16=div16,
+                                num_warps=ssim._WARPS)
+    fa = adam._adam_kernel
+    names = fa.arg_names
+    out["_adam_kernel"] = compile_one(
+        fa, ints={n for n in names if n[0] in "ns" and n[1:].isdigit()} | {"C", "G", "KD"},
+        floats={n for n in names if n[0] in "ac" and n[1:].isdigit()} | {"b1", "b2", "eps", "bc2_sqrt"},
+        constexprs={**{f"R{i}": 0 for i in range(4)}, "R4": 3, **{f"F{i}": False for i in range(5)},
+                    "BLOCK": adam._BLOCK}, num_warps=adam._WARPS)
+    text = json.dumps(out)
+    print(text, flush=True)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -194,7 +194,6 @@ def _sh_colours(degree: int, train: bool, device: torch.device) -> None:
     means = torch.zeros(1, 3, device=device, requires_grad=train)
     coeffs = torch.zeros(1, (degree + 1) ** 2, 3, device=device, requires_grad=train)
     campos = torch.ones(1, 3, device=device)
-    with torch.no_grad():
-        sh_colors(means, coeffs, campos, degree)
+    sh_colors(means.detach(), coeffs.detach(), campos, degree)      # inputs without gradients: the figures'
     if train:
         sh_colors(means, coeffs, campos, degree).sum().backward()

@@ -124,6 +124,8 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
                                                   "_spread_rows", "_adam_kernel", "_sh_forward"}
         assert "MainThread" not in {thread for _, thread in compiled}     # (backward passes: autograd's thread)
         compute_step(whole_block(sphere()), cfg, comm)
-        assert compiled[before:] == [], (compiled, keys)
+        mine = [f"{name} on {thread}: {key}" for (name, thread), key in zip(compiled[before:], keys[before:])]
+        ahead_keys = [f"{name}: {key}" for (name, _), key in zip(compiled[:before], keys[:before])]
+        assert mine == [], "the step compiled:\n" + "\n".join(mine) + "\nahead:\n" + "\n".join(ahead_keys)
     finally:
         shutdown(comm)

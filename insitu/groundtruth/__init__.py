@@ -131,7 +131,7 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         chunk_rays: rays marched together, bounding memory (about 300 bytes a ray at the peak);
             large chunks keep the GPU busy: a chunk takes as many passes as its longest ray.
         progress: called as ``progress(views_done, C)`` each time a view is complete.
-        backend: "triton" (one fused kernel; CUDA, or CPU under ``TRITON_INTERPRET=1``),
+        backend: "triton" (one fused kernel; CUDA),
             "torch" (the reference: rays marched as tensors, in chunks of ``chunk_rays``),
             or "auto": triton on CUDA devices when Triton is installed, torch elsewhere.
         value_range: (min, max) of the whole field, every rank's block: the field is brought to unit size

@@ -1,4 +1,4 @@
-"""The ray caster as one Triton kernel (CUDA, or CPU under ``TRITON_INTERPRET=1``).
+"""The ray caster as one Triton kernel (CUDA).
 
 It follows the torch reference (:mod:`insitu.groundtruth.torch_caster`) step by step; the GPU
 tests compare the two.
@@ -24,8 +24,9 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 # so the samples taken outside skipped space are the same), same bisection, secant and shading.
 # The refinement, the bracket's two ends and the gradient's six samples each sit in a loop rather
 # than in unrolled copies: Triton's coalescing pass grows faster than linearly with the memory
-# operations of a kernel (eight loads a trilinear sample), and with the 18 copies unrolled it
-# took 23 of the 25 s that compiling this kernel cost (benchmarks/bench_compile.py; 2.9 s now).
+# operations of a kernel (eight loads a trilinear sample), and with the 16 copies unrolled it
+# took 17.1 of the 18.5 s that compiling this kernel cost (2.6 s so; a CPU host for sm_90,
+# `benchmarks/bench_compile.py --offline`).
 
 if triton is not None:
     @triton.jit
