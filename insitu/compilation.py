@@ -1,15 +1,16 @@
-"""The step's Triton kernels compiled ahead, on background threads, while the step seeds.
+"""The step's Triton kernels compiled ahead, on background threads, while the run reads and seeds.
 
 A process compiles each Triton kernel on its first launch, and a first process on a machine (an
 empty kernel cache: a new node, container or job allocation without a shared home) would pay for
 every kernel of the step one after the other, in the middle of its phases. :func:`compile_ahead`
-starts, once the step's input is checked, one background thread per group of kernels: each runs
-the step's own functions (the ray caster, the image loss forward and backward, the Adam update,
-the SH colours of ``model.ply``'s figures) once on a tiny input of the step's shapes and flags,
-which compiles exactly the specialisations the step will launch (Triton specialises on sizes'
-divisibility and on compile-time flags) and keeps them in the kernels' in-process caches. Triton
-releases Python's lock while it optimises and assembles, so the groups compile side by side and
-beside seeding. The step waits for a group just before its first use (:meth:`Ahead.wait`); a
+starts, from the run's start (the commands once their checks pass, the Adaptor once it is set up,
+and every step at its start: a no-op for what has started), one background thread per group of
+kernels: each runs the step's own functions (the ray caster; the image loss forward and backward;
+the SH colours of ``model.ply``'s figures and one Adam update) once on a tiny input of the step's
+shapes and flags, which compiles exactly the specialisations the step will launch (Triton
+specialises on sizes' divisibility and on compile-time flags) and keeps them in the kernels'
+in-process caches. Triton releases Python's lock while it optimises and assembles, so the groups
+compile side by side and beside seeding. The step waits for a group just before its first use (:meth:`Ahead.wait`); a
 group that fails is ignored there, and the kernel then compiles at its first launch as before.
 
 With a warm cache (``TRITON_CACHE_DIR``, by default ``~/.triton/cache``) each group loads its
@@ -29,8 +30,8 @@ from .bandloss import HALF, KERNEL
 from .compositing import band_rows
 from .config import Config
 from .gaussians import Gaussians
-from .layouts import training_ranks
 from .groundtruth import raycast_views
+from .layouts import training_ranks
 from .shading import MAX_SH_DEGREE, deferred_sh_gradients, sh_colors
 from .ssim import ssim_l1_loss, ssim_map
 from .training import Trainer
@@ -128,7 +129,7 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device) 
 def _triton_ready() -> None:
     """Triton's one-time cost in a process, paid on one thread while the others wait instead of on
     every thread at once: the cache key of its own build, a hash of its compiler's library (some
-    400 MB; seconds on the GPU machine, BENCHMARKS.md run 40)."""
+    400 MB: 0.4 s on the GPU machine, 1.2 s on a 2-core host; BENCHMARKS.md run 41)."""
     with _READY:
         try:
             from triton.runtime.cache import triton_key
