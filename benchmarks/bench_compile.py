@@ -96,21 +96,29 @@ def record_compilations() -> tuple[list[dict], str]:
             rec["seconds"] = round(time.perf_counter() - t, 3)
             records.append(rec)
 
-    def stages(backend, stages, options, language, capability):
+    def stage(name: str, seconds: float) -> None:
+        rec = getattr(current, "rec", None)
+        if rec is not None:
+            rec["stages"][name] = seconds
+
+    JITFunction._do_compile = timed
+    knobs.runtime.add_stages_inspection_hook = stage_hook(stage)
+    return records, triton.__version__
+
+
+def stage_hook(record):
+    """Triton's ``add_stages_inspection_hook`` that times each stage of a compilation:
+    ``record(stage, seconds)`` after it."""
+    def hook(backend, stages, options, language, capability):
         for name, f in list(stages.items()):
-            def wrapped(src, metadata, f=f, name=name):
+            def timed(src, metadata, f=f, name=name):
                 t = time.perf_counter()
                 try:
                     return f(src, metadata)
                 finally:
-                    rec = getattr(current, "rec", None)
-                    if rec is not None:
-                        rec["stages"][name] = round(time.perf_counter() - t, 3)
-            stages[name] = wrapped
-
-    JITFunction._do_compile = timed
-    knobs.runtime.add_stages_inspection_hook = stages
-    return records, triton.__version__
+                    record(name, round(time.perf_counter() - t, 3))
+            stages[name] = timed
+    return hook
 
 
 def load(path: str, name: str):
@@ -140,18 +148,7 @@ def offline(args) -> None:
         import insitu.groundtruth.triton_caster as caster
     ssim = load(args.ssim, "insitu._bench_ssim") if args.ssim else __import__("insitu.ssim").ssim
     stages: dict[str, float] = {}
-
-    def hook(backend, st, options, language, capability):
-        for name, f in list(st.items()):
-            def timed(src, metadata, f=f, name=name):
-                t = time.perf_counter()
-                try:
-                    return f(src, metadata)
-                finally:
-                    stages[name] = round(time.perf_counter() - t, 3)
-            st[name] = timed
-
-    knobs.runtime.add_stages_inspection_hook = hook
+    knobs.runtime.add_stages_inspection_hook = stage_hook(stages.__setitem__)
 
     def compile_one(fn, ints=(), floats=(), constexprs=None, div16=(), num_warps=4) -> dict:
         """``fn`` with pointers (float32, 16-byte aligned), the named int32 (``div16``: multiples of
