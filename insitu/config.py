@@ -154,7 +154,7 @@ class ParallelConfig:
     threads: int = constrained(0, NON_NEGATIVE)     # torch CPU threads per rank (0: torch's default); in situ
                                                     # on CPU ranks, fewer leave cores to the simulation
     compile_ahead: bool = True                      # compile the step's Triton kernels on background threads
-                                                    # while it seeds (CUDA; insitu.compilation)
+                                                    # from the run's start (CUDA; insitu.compilation)
     layout: str = constrained("sort-last", choices=("sort-last", "replicated"))   # how ranks share training:
                                                     # each its block's Gaussians (sort-last), or each the whole
                                                     # model and its own views (replicated: models that fit one device)
