@@ -3,10 +3,11 @@
 Run as ``mpiexec -n P python dist_train.py MODE [DIR]``:
 
 MODE train:  a tiny training run on three metaballs (its surface crosses the cut planes) on
-             the P ranks, then the same run on one rank (rank 0 alone, on ``MPI.COMM_SELF``,
-             the whole field as its block); rank 0 writes the metrics of both to
-             DIR/metrics_P.json and DIR/metrics_1.json.
-MODE replicated: as train, with ``parallel.layout: replicated`` (every rank trains the whole model
+             the P ranks, then the same again with rank 1 alone still importing the metrics (the
+             initial figures drawn before training and scored after it: DIR/metrics_P_deferred.json),
+             then the same run on one rank (rank 0 alone, on ``MPI.COMM_SELF``, the whole field as
+             its block); rank 0 writes the metrics of both to DIR/metrics_P.json and DIR/metrics_1.json.
+MODE replicated: as train (the deferred figures too), with ``parallel.layout: replicated`` (every rank trains the whole model
              on its own views; each keeps the Gaussians in its block at the end); the one-rank run
              takes the P views of a step at once (``train.batch = P``). Then a second step, warm-started
              from the first (30 iterations): its metrics in DIR/metrics_P_warm.json; then a step whose
@@ -129,6 +130,11 @@ def main(mode: str, out: Path | None) -> None:
         if mode == "replicated":
             cfg.parallel.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
+        import insitu.pipeline as pipeline      # again, rank 1 alone still importing the metrics: every
+        importing = pipeline.importing_metrics  # rank draws the initial figures now and scores them later
+        pipeline.importing_metrics = lambda: comm.rank == 1
+        train(comm, cfg, field, out / f"metrics_{P}_deferred.json")
+        pipeline.importing_metrics = importing
         if mode == "replicated":                # a warm start goes on from each rank's shard
             train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
             too_many = replace(cfg, train=replace(cfg.train, batch=len(result.cameras.train_ids)))
