@@ -18,9 +18,11 @@ kernels from disk in milliseconds; on CPUs nothing starts.
 """
 from __future__ import annotations
 
+import atexit
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, TimeoutError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +49,8 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 _STARTED: dict[tuple, Future] = {}
 _LOCK = threading.Lock()
 _READY = threading.Lock()
+_EXIT = threading.Lock()
+_RUNNING: list[Future] = []            # every group started: waited for when the process ends
 
 
 @dataclass
@@ -106,8 +110,14 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
 
 
 def start(name: str, job: Callable[[torch.device], None], device: torch.device) -> Future:
-    """Run ``job(device)`` on a background thread (daemon) named for ``name``; its future."""
+    """Run ``job(device)`` on a background thread (daemon) named for ``name``; its future. A process
+    that ends while such a thread still compiles waits for it first (:func:`wait_at_exit`): the
+    compiler's own state must not be torn down under a running compilation."""
     future: Future = Future()
+    with _EXIT:
+        if not _RUNNING:
+            atexit.register(wait_at_exit)
+        _RUNNING.append(future)
 
     def run() -> None:
         try:
@@ -124,6 +134,16 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device) 
 
     threading.Thread(target=run, name=f"insitu-compile-{name}", daemon=True).start()
     return future
+
+
+def wait_at_exit(seconds: float = 120.0) -> None:
+    """Wait (at most ``seconds`` in all) for the background compilations still running."""
+    end = time.monotonic() + seconds
+    for future in list(_RUNNING):
+        try:
+            future.exception(timeout=max(end - time.monotonic(), 0.0))
+        except TimeoutError:
+            return
 
 
 def _triton_ready() -> None:

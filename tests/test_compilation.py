@@ -87,6 +87,23 @@ def test_a_group_runs_on_its_own_thread_and_its_failure_is_left_to_the_first_lau
     assert isinstance(ahead.futures["broken"].exception(), RuntimeError)
 
 
+def test_a_process_that_ends_waits_for_the_compilations_still_running():
+    done = threading.Event()
+
+    def slow(device):
+        done.wait(0.3)
+        seen.append("finished")
+
+    seen = []
+    future = start("slow", slow, torch.device("cpu"))
+    assert not future.done()
+    compilation.wait_at_exit()
+    assert future.done() and seen == ["finished"]
+    late = start("late", lambda device: threading.Event().wait(5.0), torch.device("cpu"))
+    compilation.wait_at_exit(seconds=0.2)                   # bounded: it gives up on a hung compilation
+    assert not late.done()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("color_model", ["lit", "sh"])
 def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, monkeypatch):
