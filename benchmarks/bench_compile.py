@@ -122,7 +122,8 @@ def stage_hook(record):
 
 
 def load(path: str, name: str):
-    """The module at ``path`` (a version of an insitu module; relative imports resolve in ``insitu``)."""
+    """The module at ``path``, another version of an insitu module, as module ``name`` (its relative
+    imports resolve in ``name``'s package): for the benchmarks that compare two versions."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)

@@ -95,15 +95,10 @@ def main(argv: list[str] | None = None) -> None:
 def use_caster(path: str) -> None:
     """Make the Triton backend run ``raycast_triton`` of the module at ``path`` (a version of
     ``insitu/groundtruth/triton_caster.py``; its relative imports resolve in ``insitu.groundtruth``)."""
-    import importlib.util
-
     import insitu.groundtruth as gt
+    from bench_compile import load                # benchmarks/, the script's folder
 
-    spec = importlib.util.spec_from_file_location("insitu.groundtruth._bench_caster", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    gt.raycast_triton = module.raycast_triton
+    gt.raycast_triton = load(path, "insitu.groundtruth._bench_caster").raycast_triton
 
 
 def pipeline(args) -> None:

@@ -17,19 +17,8 @@ import torch
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim_tm
 
 import insitu.ssim
+from bench_compile import load  # benchmarks/, the script's folder
 from insitu.ssim import ssim_map, ssim_map_reference
-
-
-def load_version(path: str):
-    """The module at ``path``, a version of ``insitu/ssim.py`` (relative imports resolve in ``insitu``)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("insitu._bench_ssim", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def kernel_ms(mod, pred, gt, do_bench) -> dict:
@@ -67,7 +56,7 @@ def main() -> None:
 
     ms_tm = do_bench(tm_step, warmup=50, rep=300, return_mode="median")
     ours = kernel_ms(insitu.ssim, pred, gt, do_bench)
-    against = kernel_ms(load_version(args.against), pred, gt, do_bench) if args.against else None
+    against = kernel_ms(load(args.against, "insitu._bench_ssim"), pred, gt, do_bench) if args.against else None
     a = ssim_map(pred, gt)
     ga, = torch.autograd.grad(a.mean(), pred)
     b = ssim_map_reference(pred.double(), gt.double())

@@ -192,9 +192,12 @@ class BlockSamples:
         """[M] the field at world ``points: [M, 3]``."""
         return self.sample(self.local(points))
 
-    def gradient(self, points: Tensor) -> Tensor:
-        """``[M, 3]`` the field's gradient (world units) at world ``points: [M, 3]``: the ray caster's
-        central difference of the trilinear field over one sample each way, clamped to the samples."""
+    def normals(self, points: Tensor) -> Tensor:
+        """``[M, 3]`` unit normals at world ``points: [M, 3]``: the ray caster's (the central difference
+        of the trilinear field over one sample each way, clamped to the samples), so a lit Gaussian
+        starts with the normal the ground truth shades its point with; +z where the gradient vanishes.
+        The field should be at unit size (:func:`insitu.volume.unit_field`): a gradient of 1e-24 squared
+        underflows float32."""
         q = self.local(points)
         grad = []
         for axis in range(3):
@@ -203,14 +206,7 @@ class BlockSamples:
             plus, minus = torch.minimum(q + step, self.top), (q - step).clamp(min=0.0)
             span = (plus - minus)[:, axis].clamp(min=1e-12)
             grad.append((self.sample(plus) - self.sample(minus)) / (span * self.spacing[axis]))
-        return torch.stack(grad, dim=1)
-
-    def normals(self, points: Tensor) -> Tensor:
-        """``[M, 3]`` unit normals at world ``points: [M, 3]``: the ray caster's (:meth:`gradient`,
-        normalised), so a lit Gaussian starts with the normal the ground truth shades its point with;
-        +z where the gradient vanishes. The field should be at unit size
-        (:func:`insitu.volume.unit_field`): a gradient of 1e-24 squared underflows float32."""
-        grad = self.gradient(points)
+        grad = torch.stack(grad, dim=1)
         norm = grad.norm(dim=1, keepdim=True)
         up = torch.tensor([0.0, 0.0, 1.0], device=grad.device).expand_as(grad)
         return torch.where(norm > 0, grad / norm.clamp(min=1e-30), up)

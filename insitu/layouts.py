@@ -81,15 +81,19 @@ class Layout(Protocol):
         ...
 
 
+def _replicated(cfg: Config, comm: Comm) -> bool:
+    return cfg.parallel.layout == "replicated" and comm.size > 1
+
+
 def training_ranks(cfg: Config, comm: Comm) -> tuple[int, int]:
     """``(size, rank)`` of the ranks a training render is composited over, this rank's place among
     them: every rank (sort-last) or this one alone (replicated, several ranks)."""
-    return (1, 0) if cfg.parallel.layout == "replicated" and comm.size > 1 else (comm.size, comm.rank)
+    return (1, 0) if _replicated(cfg, comm) else (comm.size, comm.rank)
 
 
 def choose_layout(cfg: Config, comm: Comm, block: Block, decomposition: Decomposition) -> Layout:
     """The layout ``cfg.parallel.layout`` names (one rank: sort-last, which is then the whole model)."""
-    if training_ranks(cfg, comm) == (1, 0) and comm.size > 1:
+    if _replicated(cfg, comm):
         return Replicated(comm, block, decomposition, per_rank=cfg.train.batch)
     return SortLast(comm, block)
 

@@ -468,16 +468,17 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
 
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
-             ids: list[int] | None = None):
+             ids: list[int] | None = None, drawn: list[Tensor] | None = None):
     """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
     composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
     (:func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
-    first ``keep_images``."""
+    first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again."""
     from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
-    for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids):
+    for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids,
+                                                drawn=drawn):
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -489,18 +490,24 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
 
 
 def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str,
-               ids: list[int] | None = None, gt: bool = True) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+               ids: list[int] | None = None, gt: bool = True,
+               drawn: list[Tensor] | None = None) -> Iterator[tuple[list[int], Tensor, Tensor]]:
     """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
     (:func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
-    rank 0 (gathered from the bands; ``gt`` False: None); collective."""
+    rank 0 (gathered from the bands; ``gt`` False: None); collective. ``drawn``: rank 0's ``pred`` of
+    every group, drawn before (any list on the other ranks): only the ground truth is gathered."""
     black = torch.zeros_like(scene.background)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+    groups = view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height)
+    for n, group in enumerate(groups):
         chosen = torch.tensor(group, device=comm.device)
         with torch.no_grad():
-            pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
-                                      colors=colors, backend=backend)
-            full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)     # premultiplied
+            if drawn is None:
+                pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
+                                          colors=colors, backend=backend)
+                full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)  # premultiplied
+            else:
+                full_pred = drawn[n].to(comm.device).float() if comm.rank == 0 else None
             full_gt = gather_bands(scene.gt[chosen].float(), comm) if gt else None
         yield group, full_pred, full_gt
 
@@ -514,26 +521,13 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
     colors, backend = trainer.colors, cfg.train.backend
 
     def render(comm):
-        kept = [(group, pred.half().cpu()) for group, pred, _ in
+        kept = [pred.half().cpu() for _, pred, _ in
                 composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False)]
         return None, kept if comm.rank == 0 else []
 
     _, kept = layout.evaluate(render)
-
-    def score() -> Quality:
-        def work(comm):
-            from .metrics import QualityAccumulator
-
-            acc = QualityAccumulator() if comm.rank == 0 else None
-            views = scene.views
-            for n, group in enumerate(view_groups(views.test_ids.tolist(), views.width, views.height)):
-                full_gt = gather_bands(scene.gt[torch.tensor(group, device=comm.device)].float(), comm)
-                if comm.rank == 0:
-                    acc.add_rgba(kept[n][1].to(comm.device).float(), full_gt, scene.background)
-            return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0), []
-        return layout.evaluate(work)[0]
-
-    return score
+    return lambda: layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
+                                                         backend=backend, drawn=kept))[0]
 
 
 @torch.no_grad()
