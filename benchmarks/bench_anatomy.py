@@ -122,7 +122,7 @@ def take_apart(trainer, scene, comm, colors, backend: str, images: Path | None, 
         acc = Anatomy()
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
-                                      colors=colors, backend=backend)
+                                      colors=colors, backend=backend, eps2d=cfg.train.eps2d)
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
             if images is not None and j == 0:

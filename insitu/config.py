@@ -130,6 +130,9 @@ class TrainConfig:
     ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
     eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
     seed: int = constrained(0, NON_NEGATIVE)
+    eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
+                                        # (its pixel filter) in training, the evaluation and the report's
+                                        # viewer; standard 3DGS viewers, which draw model.ply, add 0.3
     backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
     progress: bool = True
 

@@ -37,7 +37,7 @@ from .errors import InputError
 from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
 from .progress import note, progress_bar
-from .rendering import gsplat_import_error, rasterize
+from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
@@ -200,9 +200,10 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     """One optimiser step on views ``ids`` against ``bg`` ([B, 3] or [3]); collective. Returns this rank's loss."""
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
-                                    transfer=cfg.parallel.transfer)
+                                    transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d)
     footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
-                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer)
+                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer,
+                                                   eps2d=cfg.train.eps2d)
     gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
                         gt_alpha=gt_alpha, footprints=footprints)
@@ -392,7 +393,7 @@ def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Te
     k = min(cfg.seeds.color_views, len(train))
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
     return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
-                              batch=cfg.train.batch, only=only)
+                              batch=cfg.train.batch, only=only, eps2d=cfg.train.eps2d)
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
@@ -468,17 +469,18 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
 
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
-             ids: list[int] | None = None, drawn: list[Tensor] | None = None):
+             ids: list[int] | None = None, drawn: list[Tensor] | None = None, eps2d: float = STANDARD_EPS2D):
     """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
     composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
     (:func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
-    first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again."""
+    first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again.
+    ``eps2d``: the rasterizer's blur the model was trained with (px^2)."""
     from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids,
-                                                drawn=drawn):
+                                                drawn=drawn, eps2d=eps2d):
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -491,7 +493,8 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
 
 def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str,
                ids: list[int] | None = None, gt: bool = True,
-               drawn: list[Tensor] | None = None) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+               drawn: list[Tensor] | None = None,
+               eps2d: float = STANDARD_EPS2D) -> Iterator[tuple[list[int], Tensor, Tensor]]:
     """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
     (:func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
     rank 0 (gathered from the bands; ``gt`` False: None); collective. ``drawn``: rank 0's ``pred`` of
@@ -504,7 +507,7 @@ def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend:
         with torch.no_grad():
             if drawn is None:
                 pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
-                                          colors=colors, backend=backend)
+                                          colors=colors, backend=backend, eps2d=eps2d)
                 full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)  # premultiplied
             else:
                 full_pred = drawn[n].to(comm.device).float() if comm.rank == 0 else None
@@ -518,16 +521,16 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
     (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
     pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
     so that training need not wait for the import."""
-    colors, backend = trainer.colors, cfg.train.backend
+    colors, backend, eps2d = trainer.colors, cfg.train.backend, cfg.train.eps2d
 
     def render(comm):
         kept = [pred.half().cpu() for _, pred, _ in
-                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False)]
+                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False, eps2d=eps2d)]
         return None, kept if comm.rank == 0 else []
 
     _, kept = layout.evaluate(render)
     return lambda: layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
-                                                         backend=backend, drawn=kept))[0]
+                                                         backend=backend, drawn=kept, eps2d=eps2d))[0]
 
 
 @torch.no_grad()
@@ -553,7 +556,8 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, 
         if comm.rank == 0:
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
                                       colors, views.viewmats[chosen], views.Ks[chosen], views.width,
-                                      views.height, sh_degree=g.sh_degree, backend=backend)
+                                      views.height, sh_degree=g.sh_degree, backend=backend,
+                                      eps2d=STANDARD_EPS2D)
             acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
 
@@ -564,7 +568,8 @@ def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config
     held-out views) as ``layout`` evaluates; collective. Returns the Quality on every rank and rank
     0's ``keep_images`` (name, gt, pred) images."""
     return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
-                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids))
+                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids,
+                                                 eps2d=cfg.train.eps2d))
 
 
 def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> dict[str, Quality]:
@@ -601,7 +606,7 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
         return model.as_sh(gaussians, cfg.train.sh_degree)
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
     sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm, rows=scene.rows,
-                            backend=cfg.train.backend, transfer=cfg.parallel.transfer)
+                            backend=cfg.train.backend, transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d)
     return model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
 
 
@@ -631,6 +636,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "psnr_foreground_initial": log.initial.psnr_foreground,
         "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_white": q.psnr_white,
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
+        "eps2d": trainer.cfg.eps2d,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .shading import MAX_SH_DEGREE, sh_basis, sh_colors
 
-__all__ = ["rasterize", "eval_sh", "BACKENDS"]
+__all__ = ["rasterize", "eval_sh", "BACKENDS", "STANDARD_EPS2D"]
 
 BACKENDS = ("auto", "gsplat", "torch")
 
@@ -49,6 +49,8 @@ EXTENT_SIGMAS = 3.33
 
 # The torch backend takes Gaussians front to back in runs of at most this many box pixels.
 _PAIR_BUDGET = 1 << 16
+
+STANDARD_EPS2D = 0.3    # px^2 the reference 3DGS rasterizer and the viewers that open a .ply add to every 2D covariance
 
 
 def eval_sh(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
@@ -86,7 +88,7 @@ def rasterize(
     backend: str = "auto",
     near_plane: float = 0.01,
     far_plane: float = 1e10,
-    eps2d: float = 0.3,
+    eps2d: float = STANDARD_EPS2D,
     radius_clip: float = 0.0,
     tile_size: int = 16,
 ) -> tuple[Tensor, Tensor, dict[str, Any]]:
@@ -108,7 +110,8 @@ def rasterize(
         backend: ``"gsplat"`` (CUDA only), ``"torch"`` (any device) or ``"auto"``
             (gsplat when the tensors are on CUDA and gsplat imports, else torch).
         near_plane, far_plane: Gaussians with camera depth outside (near, far) are culled.
-        eps2d: added to the diagonal of every projected 2D covariance.
+        eps2d: added to the diagonal of every projected 2D covariance (px^2): the pixel filter.
+            Standard 3DGS rasterizers and viewers add ``STANDARD_EPS2D``.
         radius_clip: Gaussians whose pixel radius is <= this in both axes are culled.
         tile_size: gsplat's screen tile edge in pixels (the torch backend pairs
             Gaussians with pixels directly and does not use tiles).

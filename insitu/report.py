@@ -43,6 +43,7 @@ import yaml
 from .files import atomic_write, plain, read_csv, write_json
 from .folder import STEP_DIR
 from .lighting import HEADLIGHT
+from .rendering import STANDARD_EPS2D
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
@@ -191,6 +192,7 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
         "background": background,
         "lighting": HEADLIGHT.as_dict() if metrics.get("color_model") == "lit" else None,
+        "eps2d": _number(metrics.get("eps2d", STANDARD_EPS2D)),      # the blur the model was trained with
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
                    for p in sorted(d.rglob("*.png"))],
     }

@@ -21,13 +21,15 @@ renderer.setPixelRatio(window.devicePixelRatio || 1);
 box.appendChild(renderer.domElement);
 const scene = new THREE.Scene();
 const camera = new THREE.PerspectiveCamera(40, 1, 0.01, 1000);
-// As the training rasterizer (gsplat "classic"): 0.3 px^2 blur on the 2D covariance, splats
-// to 3 standard deviations, alphas below 1/255 dropped, sorted by view depth.
+// As the training rasterizer (gsplat "classic"): the step's blur (report data "eps2d", px^2) added to
+// the 2D covariance and nothing else (Spark's blurAmount, an antialiasing blur that also scales the
+// opacity, off), splats to 3 standard deviations, alphas below 1/255 dropped, sorted by view depth.
 // Frames are drawn on demand: after a change, and when Spark has a new sort order (onDirty).
 let dirty = 2;
 const invalidate = () => { dirty = 2; };
-const spark = new SparkRenderer({ renderer, preBlurAmount: 0.3, maxStdDev: 3.0, minAlpha: 1.0 / 255.0,
-                                  sortRadial: false, onDirty: invalidate });
+const STANDARD_BLUR = 0.3;                        // what a model trained before the blur was recorded had
+const spark = new SparkRenderer({ renderer, preBlurAmount: STANDARD_BLUR, blurAmount: 0.0, maxStdDev: 3.0,
+                                  minAlpha: 1.0 / 255.0, sortRadial: false, onDirty: invalidate });
 scene.add(spark);
 
 // The headlight (insitu.lighting.Headlight): colour = clamp(base * (ambient + diffuse c +
@@ -227,6 +229,7 @@ async function show(index) {
   litShown = entry.lit;
   if (lightPanel) lightPanel.hidden = !entry.lit;
   if (entry.lit) applyLight(lightSet || step.lighting);  // and shaded for this eye, not the last one it had
+  spark.preBlurAmount = typeof step.eps2d === "number" ? step.eps2d : STANDARD_BLUR;
   const bg = step.background || [0, 0, 0];
   scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
   if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
@@ -286,7 +289,8 @@ window.insituViewer = {
   state() {
     return { index: current.index, url: shown ? shown.url : null,
              visible: [...meshes.entries()].filter(([, e]) => e.mesh.visible).map(([u]) => u),
-             canvas: [renderer.domElement.width, renderer.domElement.height] };
+             canvas: [renderer.domElement.width, renderer.domElement.height],
+             blur: [spark.preBlurAmount, spark.blurAmount] };
   },
   canvas: renderer.domElement,
 };
