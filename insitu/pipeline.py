@@ -593,21 +593,59 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
     return merged, quality
 
 
+def drawn_otherwise(cfg: Config) -> bool:
+    """Whether standard 3DGS viewers would draw the trained model otherwise than training did (lit
+    colours: a PLY holds SH colours only; a blur other than theirs): then ``model.ply`` holds
+    :func:`ply_shard`, else the trained model itself."""
+    return cfg.train.color_model != "sh" or cfg.train.eps2d != STANDARD_EPS2D
+
+
 def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
-    """What ``model.ply`` holds of the trainer's lit model ``gaussians`` (its :meth:`Trainer.gaussians`):
-    SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour over the sphere's
-    directions, each side of it weighted by its footprint in the views on that side, of
+    """What ``model.ply`` holds of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) when
+    viewers draw it otherwise than training did (:func:`drawn_otherwise`), in the trainer's layout; collective
+    over the layout's training ranks.
+
+    A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
+    over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
     ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.footprint_sides`,
-    :func:`insitu.appearance.fit_sh`); 0 views: both sides alike. Collective over the layout's training ranks."""
-    train = scene.views.train_ids
-    k = min(cfg.output.ply_fit_views, len(train))
-    model = ColorModel(cfg.train.color_model)
-    if k == 0:
-        return model.as_sh(gaussians, cfg.train.sh_degree)
-    ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
-    sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm, rows=scene.rows,
-                            backend=cfg.train.backend, transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d)
-    return model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
+    :func:`insitu.appearance.fit_sh`; 0 views: both sides alike). Then ``output.ply_refine`` iterations train
+    that SH model as a standard viewer draws it (:func:`refine_for_viewers`)."""
+    if cfg.train.color_model == "sh":
+        fitted = gaussians
+    else:
+        train = scene.views.train_ids
+        k = min(cfg.output.ply_fit_views, len(train))
+        model = ColorModel(cfg.train.color_model)
+        if k == 0:
+            fitted = model.as_sh(gaussians, cfg.train.sh_degree)
+        else:
+            ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
+            sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
+                                    rows=scene.rows, backend=cfg.train.backend, transfer=cfg.parallel.transfer,
+                                    eps2d=cfg.train.eps2d)
+            fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
+    return refine_for_viewers(fitted, trainer, scene, layout, cfg)
+
+
+def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
+    """``output.ply_refine`` optimiser steps of the SH model ``fitted`` (in the trainer's layout) on the training
+    views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their full degree, ``STANDARD_EPS2D``):
+    the model.ply that such a viewer shows closest to the ground truth. No densification and no opacity
+    reset (the Gaussians stay those of the trained model), the positions at the trained model's final
+    learning rate, the other rates and the loss as in training; collective over the layout's training ranks."""
+    steps = cfg.output.ply_refine
+    if steps == 0:
+        return fitted
+    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, iterations=steps, densify_from=10**9,
+                 densify_error=0.0, opacity_reset_every=0, lr_means=cfg.train.lr_means_final, alpha_weight=0.0,
+                 lr_means_final=cfg.train.lr_means_final, seed=cfg.train.seed + 1)
+    plain = replace(cfg, train=tc)
+    viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
+                     device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,
+                     replicas=layout.replicas, pixel_size=trainer.pixel_size)
+    for _, (ids, bg) in zip(range(steps), batches(scene, replace(tc, batch=viewer.images_per_step))):
+        train_iteration(viewer, scene, *layout.batch(ids, bg), plain, layout.train_comm)
+    return viewer.gaussians()
 
 
 def target_reached(q, tc) -> bool:
@@ -719,8 +757,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] if cfg.train.color_model == "lit" \
-        else gaussians
+    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] if drawn_otherwise(cfg) else gaussians
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
