@@ -630,15 +630,15 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
 def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
     """``output.ply_refine`` optimiser steps of the SH model ``fitted`` (in the trainer's layout) on the training
     views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their full degree, ``STANDARD_EPS2D``):
-    the model.ply that such a viewer shows closest to the ground truth. No densification and no opacity
-    reset (the Gaussians stay those of the trained model), the positions at the trained model's final
-    learning rate, the other rates and the loss as in training; collective over the layout's training ranks."""
+    the model.ply that such a viewer shows closest to the ground truth. No densification, no opacity reset and
+    the positions held (the Gaussians stay those of the trained model, where they are); the other learning
+    rates and the loss as in training; collective over the layout's training ranks."""
     steps = cfg.output.ply_refine
     if steps == 0:
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, iterations=steps, densify_from=10**9,
-                 densify_error=0.0, opacity_reset_every=0, lr_means=cfg.train.lr_means_final, alpha_weight=0.0,
-                 lr_means_final=cfg.train.lr_means_final, seed=cfg.train.seed + 1)
+                 densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0, alpha_weight=0.0,
+                 seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,

@@ -104,13 +104,15 @@ def test_compute_step_writes_nothing_and_write_step_writes_its_result(comm, tmp_
 
 def test_run_step_writes_every_output(comm, tmp_path):
     cfg = tiny_config()
-    result = run_step(whole_block(sphere_field()), cfg, comm, step=3, time=1.5, writer=StepWriter(tmp_path))
+    result = compute_step(whole_block(sphere_field()), cfg, comm, step=3, time=1.5)
+    ply = result.ply
+    write_step(result, StepWriter(tmp_path), cfg, comm)
     m = result.metrics
     d = tmp_path / "step_000003"
     model = read_ply(d / "model.ply")
-    assert len(model) == m["gaussians"] == len(result.gaussians)
-    torch.testing.assert_close(model.means, result.gaussians.means)
-    torch.testing.assert_close(model.opacity_logits, result.gaussians.opacity_logits)
+    assert len(model) == m["gaussians"] == len(result.gaussians) == len(ply)
+    torch.testing.assert_close(model.means, result.gaussians.means)   # the trained Gaussians, where they are,
+    torch.testing.assert_close(model.opacity_logits, ply.opacity_logits)     # as viewers draw them best
     pngs = sorted(p.name for p in (d / "views").glob("*.png"))
     assert pngs == ["view_000.png", "view_008.png"]             # the held-out views, output.images of them
     saved = json.loads((d / "metrics.json").read_text())
@@ -316,6 +318,7 @@ def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypat
     monkeypatch.setattr(Trainer, "step", spy)
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, batch=2, alpha_weight=0.5)
+    cfg.output.ply_refine = 0                                         # the training's steps alone
     r = run_step(block, cfg, comm)
     assert np.isfinite(r.metrics["psnr"])
     scene = pipeline.make_scene(block, cfg, comm)
@@ -323,15 +326,18 @@ def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypat
     assert len(seen) == 3 and all(a is not None and a.shape == (2, 32, 32, 1) for a in seen)
     torch.testing.assert_close(seen[0], scene.gt[first][..., 3:].float())
     seen.clear()
-    run_step(block, tiny_config(iterations=2), comm)
+    cfg = tiny_config(iterations=2)
+    cfg.output.ply_refine = 0
+    run_step(block, cfg, comm)
     assert seen == [None, None]
 
 
 def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model_ply_is_drawn_as_viewers_do(
         comm, monkeypatch):
     """train.eps2d reaches every rasterization of training, the colour statistics and the evaluation
-    (the held-out figures, the close-ups), and metrics.json; the figures of model.ply are drawn with the
-    blur standard 3DGS viewers add (0.3); a smaller blur gives sharper images, so the figures differ."""
+    (the held-out figures, the close-ups), and metrics.json; model.ply's SH model is trained (output.ply_refine
+    steps) and its figures drawn with the blur standard 3DGS viewers add (0.3); a smaller blur gives sharper
+    images, so the figures differ."""
     import insitu.pipeline as pipeline
     import insitu.training as training
     from insitu.rendering import STANDARD_EPS2D, rasterize
@@ -347,9 +353,12 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     monkeypatch.setattr(training, "rasterize", spy("training"))
     monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
     block = whole_block(sphere_field())
-    m = compute_step(block, tiny_config(iterations=3, eps2d=0.05), comm).metrics
+    cfg = tiny_config(iterations=3, eps2d=0.05)
+    cfg.output.ply_refine = 2
+    m = compute_step(block, cfg, comm).metrics
     assert m["eps2d"] == 0.05 and STANDARD_EPS2D == 0.3
-    assert len(calls["training"]) > 3 and set(calls["training"]) == {0.05}, calls
+    trained, refined = calls["training"][:-2], calls["training"][-2:]            # one view per step
+    assert len(trained) > 3 and set(trained) == {0.05} and refined == [0.3, 0.3], calls
     assert calls["pipeline"] and set(calls["pipeline"]) == {0.3}, calls           # model_quality: model.ply
     standard = compute_step(block, tiny_config(iterations=3, eps2d=0.3), comm).metrics
     assert standard["eps2d"] == 0.3 and m["psnr"] != pytest.approx(standard["psnr"], abs=1e-3)
