@@ -31,6 +31,7 @@ from torch import Tensor
 from .gaussians import SH_C0, Gaussians
 from .groundtruth import apply_colormap
 from .lighting import HEADLIGHT, Headlight
+from .rendering import STANDARD_EPS2D
 from .shading import MAX_SH_DEGREE, sh_basis
 from .views import fibonacci_sphere
 from .volume import Block, unit_colors
@@ -223,3 +224,11 @@ def base_colors(block: Block, points: Tensor, *, color=(0.85, 0.8, 0.7), color_f
     values = torch.from_numpy(unit_colors(block.fields[color_field], *color_range)).to(points.device)
     field = BlockSamples(values, origin=block.origin, spacing=block.spacing, start=block.start)
     return apply_colormap(field.at(points), colormap)
+
+
+def drawn_otherwise(color_model: str, eps2d: float) -> bool:
+    """Whether a standard 3DGS viewer draws a model trained with ``color_model`` and the rasterizer's blur
+    ``eps2d`` otherwise than training did: lit colours (a ``.ply`` holds SH colours only) or a blur other than
+    the viewers' ``STANDARD_EPS2D``. Then ``model.ply`` holds an SH model fitted and trained as such a viewer
+    draws it (:func:`insitu.pipeline.ply_shard`), else the trained model itself."""
+    return color_model != "sh" or eps2d != STANDARD_EPS2D

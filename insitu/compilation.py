@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, TimeoutError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from .appearance import drawn_otherwise
 from .bandloss import HALF, KERNEL
 from .compositing import band_rows
 from .config import Config
@@ -96,6 +97,9 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
     res, tc = cfg.views.resolution, cfg.train
     sh_degree = 0 if tc.color_model == "lit" else tc.sh_degree
     rows = band_rows(res, train_size)[train_rank]
+    # model.ply's SH model trained as viewers draw it (pipeline.refine_for_viewers): SH colours with gradients
+    refit = drawn_otherwise(tc.color_model, tc.eps2d) and cfg.output.ply_refine > 0
+    as_sh = replace(cfg, train=replace(tc, color_model="sh"))
     return {
         "ray caster": (("ray caster", res, len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var),
                         cfg.views.supersample), lambda device: _ray_caster(cfg, device)),
@@ -103,9 +107,10 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
                  lambda device: _loss(res, rows, train_size, tc.ssim_weight, device)),
         # one thread for both: SH training launches the SH kernels from Adam's job too, and two threads
         # that first launch one kernel at once would each build its in-process cache, one of them lost
-        "colours and adam": (("colours and adam", tc.color_model, tc.sh_degree),
-                             lambda device: (_sh_colours(tc.sh_degree, tc.color_model == "sh", device),
-                                             _adam(cfg, sh_degree, device))),
+        "colours and adam": (("colours and adam", tc.color_model, tc.sh_degree, refit),
+                             lambda device: (_sh_colours(tc.sh_degree, tc.color_model == "sh" or refit, device),
+                                             _adam(cfg, sh_degree, device),
+                                             refit and tc.color_model != "sh" and _adam(as_sh, tc.sh_degree, device))),
     }
 
 

@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor
 
-from .appearance import BlockSamples, ColorModel, base_colors
+from .appearance import BlockSamples, ColorModel, base_colors, drawn_otherwise
 from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
@@ -593,16 +593,10 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
     return merged, quality
 
 
-def drawn_otherwise(cfg: Config) -> bool:
-    """Whether standard 3DGS viewers would draw the trained model otherwise than training did (lit
-    colours: a PLY holds SH colours only; a blur other than theirs): then ``model.ply`` holds
-    :func:`ply_shard`, else the trained model itself."""
-    return cfg.train.color_model != "sh" or cfg.train.eps2d != STANDARD_EPS2D
-
-
 def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
     """What ``model.ply`` holds of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) when
-    viewers draw it otherwise than training did (:func:`drawn_otherwise`), in the trainer's layout; collective
+    viewers draw it otherwise than training did (:func:`insitu.appearance.drawn_otherwise`), in the trainer's
+    layout; collective
     over the layout's training ranks.
 
     A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
@@ -757,7 +751,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] if drawn_otherwise(cfg) else gaussians
+    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] \
+        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d) else gaussians
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,

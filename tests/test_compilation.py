@@ -34,6 +34,26 @@ def sphere(n: int = 16) -> np.ndarray:
     return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
 
 
+@pytest.mark.parametrize("color_model, eps2d, refine, refit", [("lit", 0.05, 500, True), ("lit", 0.05, 0, False),
+                                                               ("sh", 0.05, 500, True), ("sh", 0.3, 500, False)])
+def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatch, color_model, eps2d, refine, refit):
+    """When model.ply's SH model is trained after the step (output.ply_refine, a model that viewers draw
+    otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step."""
+    calls = []
+    monkeypatch.setattr(compilation, "_sh_colours", lambda degree, train, device: calls.append(("sh", degree, train)))
+    monkeypatch.setattr(compilation, "_adam", lambda cfg, degree, device: calls.append(
+        ("adam", cfg.train.color_model, degree)))
+    cfg = small_config(color_model)
+    cfg.train.eps2d, cfg.output.ply_refine, cfg.train.sh_degree = eps2d, refine, 3
+    key, job = kernel_groups(cfg)["colours and adam"]
+    job(torch.device("cpu"))
+    trains_sh = color_model == "sh" or refit
+    expected = [("sh", 3, trains_sh), ("adam", color_model, 0 if color_model == "lit" else 3)]
+    if refit and color_model == "lit":
+        expected.append(("adam", "sh", 3))
+    assert calls == expected and key[-1] is refit
+
+
 def test_nothing_starts_off_cuda_and_waiting_for_nothing_returns():
     comm = init_comm(device="cpu")
     try:
