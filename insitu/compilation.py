@@ -98,7 +98,8 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
     sh_degree = 0 if tc.color_model == "lit" else tc.sh_degree
     rows = band_rows(res, train_size)[train_rank]
     # model.ply's SH model trained as viewers draw it (pipeline.refine_for_viewers): SH colours with gradients
-    refit = drawn_otherwise(tc.color_model, tc.eps2d) and cfg.output.ply_refine > 0
+    refit = drawn_otherwise(tc.color_model, tc.eps2d) and cfg.output.ply_refine > 0 \
+        and (cfg.output.ply or cfg.output.ply_metrics)
     as_sh = replace(cfg, train=replace(tc, color_model="sh"))
     return {
         "ray caster": (("ray caster", res, len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var),

@@ -144,9 +144,10 @@ class OutputConfig:
     ply: bool = True
     ply_fit_views: int = constrained(32, NON_NEGATIVE)  # a lit model's SH fit for model.ply: each Gaussian's
                                         # sides weighted as this many training views saw them; 0: both alike
-    ply_refine: int = constrained(500, NON_NEGATIVE)  # iterations that train model.ply's SH model as standard
-                                        # viewers draw it (train.eps2d 0.3) when the trained model is drawn
-                                        # otherwise (lit colours, another blur); 0: the fit alone
+    ply_refine: float = constrained(0.125, NON_NEGATIVE)  # model.ply's SH model trained as standard viewers
+                                        # draw it (train.eps2d 0.3) for this fraction of the step's iterations,
+                                        # when the trained model is drawn otherwise (lit colours, another
+                                        # blur); 0: the fit alone
     ply_metrics: bool = True            # ply_psnr/ply_ssim and model.spz: the whole model gathered on rank 0
                                         # and drawn there; off for models larger than one GPU or host
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"))   # a folder that holds results

@@ -57,7 +57,8 @@ class StepResult:
     sh_degree: the SH degree training had reached (a warm start goes on from it).
     step, time: the simulation's step number and time.
     model:     the merged model on rank 0 (``output.ply_metrics``), else None: for the web copy.
-    ply:       this rank's shard of ``model.ply`` (:func:`ply_shard`; the shard itself for an SH model).
+    ply:       this rank's shard of ``model.ply`` (:func:`ply_shard`; the shard itself for a model that viewers
+               draw as trained: SH colours and their blur).
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
     :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
@@ -602,8 +603,8 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
     A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
     over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
     ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.footprint_sides`,
-    :func:`insitu.appearance.fit_sh`; 0 views: both sides alike). Then ``output.ply_refine`` iterations train
-    that SH model as a standard viewer draws it (:func:`refine_for_viewers`)."""
+    :func:`insitu.appearance.fit_sh`; 0 views: both sides alike). Then that SH model trains, for an
+    ``output.ply_refine`` share of the step's iterations, as a standard viewer draws it (:func:`refine_for_viewers`)."""
     if cfg.train.color_model == "sh":
         fitted = gaussians
     else:
@@ -622,13 +623,14 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
 
 
 def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
-    """``output.ply_refine`` optimiser steps of the SH model ``fitted`` (in the trainer's layout) on the training
-    views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their full degree, ``STANDARD_EPS2D``):
-    the model.ply that such a viewer shows closest to the ground truth. No densification, no opacity reset and
-    the positions held (the Gaussians stay those of the trained model, where they are); the other learning
-    rates and the loss as in training; collective over the layout's training ranks."""
-    steps = cfg.output.ply_refine
-    if steps == 0:
+    """Optimiser steps (``output.ply_refine`` times the trainer's iterations) of the SH model ``fitted`` (in the
+    trainer's layout) on the training views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their
+    full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
+    densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
+    where they are); the other learning rates and the image loss as in training (no alpha term); none when
+    neither ``model.ply`` nor its figures are made. Collective over the layout's training ranks."""
+    steps = round(cfg.output.ply_refine * trainer.iteration)
+    if steps == 0 or not (cfg.output.ply or cfg.output.ply_metrics):
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, iterations=steps, densify_from=10**9,
                  densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0, alpha_weight=0.0,

@@ -291,8 +291,14 @@ class Trainer:
         t = min(self.iteration / max(self.total, 1), 1.0)
         lr0 = self.cfg.lr_means * self.extent * math.sqrt(self.images_per_step)
         lr1 = self.cfg.lr_means_final * self.extent * math.sqrt(self.images_per_step)
-        for group in self.optimizers["means"].param_groups:    # a rate of 0: the means stay where they are
-            group["lr"] = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1)) if min(lr0, lr1) > 0 else 0.0
+        if lr0 <= 0:                                            # the means stay where they are
+            lr = 0.0
+        elif lr1 <= 0:                                          # to 0: linearly (no exponential reaches it)
+            lr = (1 - t) * lr0
+        else:
+            lr = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
+        for group in self.optimizers["means"].param_groups:
+            group["lr"] = lr
 
     def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
              height: int, comm=None, gt_alpha: Tensor | None = None,

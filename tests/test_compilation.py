@@ -34,8 +34,8 @@ def sphere(n: int = 16) -> np.ndarray:
     return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
 
 
-@pytest.mark.parametrize("color_model, eps2d, refine, refit", [("lit", 0.05, 500, True), ("lit", 0.05, 0, False),
-                                                               ("sh", 0.05, 500, True), ("sh", 0.3, 500, False)])
+@pytest.mark.parametrize("color_model, eps2d, refine, refit", [("lit", 0.05, 0.125, True), ("lit", 0.05, 0, False),
+                                                               ("sh", 0.05, 0.125, True), ("sh", 0.3, 0.125, False)])
 def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatch, color_model, eps2d, refine, refit):
     """When model.ply's SH model is trained after the step (output.ply_refine, a model that viewers draw
     otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step."""

@@ -297,6 +297,25 @@ def test_means_learning_rate_decays_log_linearly_to_the_final_value(shard, block
     assert lr1 * (1 - 1e-6) <= seen[-1] <= lr1 / per_step * (1 + 1e-6)  # ... ends at lr1 (t = 1 - 1/T or 1)
 
 
+def test_a_means_rate_of_zero_holds_the_means_and_a_final_rate_of_zero_is_reached_linearly(shard, block, scene,
+                                                                                         comm):
+    """lr_means 0 (model.ply's training, pipeline.refine_for_viewers): the means do not move; lr_means_final 0:
+    the rate falls linearly from lr_means to 0 over the schedule (an exponential never reaches 0)."""
+    trainer = make_trainer(shard, block, train_config(lr_means=0.0, lr_means_final=0.0), total=4)
+    before = trainer.params["means"].detach().clone()
+    seen: list[float] = []
+    for it in range(4):
+        step(trainer, scene, comm, it, seen=seen)
+    assert seen == [0.0] * 4 and torch.equal(trainer.params["means"].detach(), before)
+    assert not torch.equal(trainer.params["opacities"].detach(), make_trainer(shard, block, train_config()).params[
+        "opacities"].detach())                                             # the others trained
+    trainer = make_trainer(shard, block, train_config(lr_means=1e-3, lr_means_final=0.0), extent=2.0, total=4)
+    seen = []
+    for it in range(4):
+        step(trainer, scene, comm, it, seen=seen)
+    np.testing.assert_allclose(seen, [2e-3 * (1 - t / 4) for t in range(4)], rtol=1e-6)
+
+
 def test_batched_adam_scales_lr_by_sqrt_batch_and_powers_the_betas(shard, block, scene, comm):
     B = 4
     cfg = train_config(batch=B)
