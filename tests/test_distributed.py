@@ -155,8 +155,10 @@ def test_replicated_training_matches_one_rank(tmp_path):
     assert two["psnr"] > two["psnr_initial"] + 0.2, two
     assert abs(two["psnr"] - one["psnr"]) < 0.2, (two["psnr"], one["psnr"])
     assert abs(two["ssim"] - one["ssim"]) < 0.005, (two["ssim"], one["ssim"])
-    # model.ply holds the lit model's SH fit: drawn whole on rank 0, near the trained model's figure
-    assert two["color_model"] == "lit" and two["psnr"] - 1.5 < two["ply_psnr"] < two["psnr"] + 0.05, two
+    # model.ply holds the lit model's SH fit, trained as viewers draw it (the blur 0.3 against the model's 0.05),
+    # drawn whole on rank 0: under the model's figure, and as on one rank
+    assert two["color_model"] == "lit" and two["ply_psnr"] < two["psnr"], two
+    assert abs(two["ply_psnr"] - one["ply_psnr"]) < 0.3, (two["ply_psnr"], one["ply_psnr"])
     deferred_figures_match(tmp_path, two)
     warm = json.loads((tmp_path / "metrics_2_warm.json").read_text())            # warm from the ranks' shards
     assert warm["iterations"] == 30 and sum(warm["per_rank"]) == warm["gaussians"], warm
