@@ -232,3 +232,11 @@ def drawn_otherwise(color_model: str, eps2d: float) -> bool:
     the viewers' ``STANDARD_EPS2D``. Then ``model.ply`` holds an SH model fitted and trained as such a viewer
     draws it (:func:`insitu.pipeline.ply_shard`), else the trained model itself."""
     return color_model != "sh" or eps2d != STANDARD_EPS2D
+
+
+def refits_ply(cfg) -> bool:
+    """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains ``model.ply``'s SH model as standard
+    viewers draw it after training (:func:`insitu.pipeline.refine_for_viewers`): a model they draw otherwise, a
+    share of iterations for it, and ``model.ply`` or its figures to make."""
+    return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d) and cfg.output.ply_refine > 0 \
+        and (cfg.output.ply or cfg.output.ply_metrics)

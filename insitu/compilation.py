@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .appearance import drawn_otherwise
+from .appearance import refits_ply
 from .bandloss import HALF, KERNEL
 from .compositing import band_rows
 from .config import Config
@@ -97,10 +97,7 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
     res, tc = cfg.views.resolution, cfg.train
     sh_degree = 0 if tc.color_model == "lit" else tc.sh_degree
     rows = band_rows(res, train_size)[train_rank]
-    # model.ply's SH model trained as viewers draw it (pipeline.refine_for_viewers): SH colours with gradients
-    refit = drawn_otherwise(tc.color_model, tc.eps2d) and cfg.output.ply_refine > 0 \
-        and (cfg.output.ply or cfg.output.ply_metrics)
-    as_sh = replace(cfg, train=replace(tc, color_model="sh"))
+    refit = refits_ply(cfg)
     return {
         "ray caster": (("ray caster", res, len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var),
                         cfg.views.supersample), lambda device: _ray_caster(cfg, device)),
@@ -109,9 +106,7 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
         # one thread for both: SH training launches the SH kernels from Adam's job too, and two threads
         # that first launch one kernel at once would each build its in-process cache, one of them lost
         "colours and adam": (("colours and adam", tc.color_model, tc.sh_degree, refit),
-                             lambda device: (_sh_colours(tc.sh_degree, tc.color_model == "sh" or refit, device),
-                                             _adam(cfg, sh_degree, device),
-                                             refit and tc.color_model != "sh" and _adam(as_sh, tc.sh_degree, device))),
+                             lambda device: _colours_and_adam(cfg, sh_degree, refit, device)),
     }
 
 
@@ -212,6 +207,17 @@ def _adam(cfg: Config, sh_degree: int, device: torch.device) -> None:
             params["means"].grad = torch.zeros_like(params["means"])
             params["colors"].grad = torch.zeros_like(params["colors"])
     trainer.adam.step(sh)
+
+
+def _colours_and_adam(cfg: Config, sh_degree: int, refit: bool, device: torch.device) -> None:
+    """The colours' kernels and Adam's of the step's model (``sh_degree``: its trained SH degree), and with
+    ``refit`` those of model.ply's SH model trained after it (:func:`insitu.pipeline.refine_for_viewers`):
+    SH colours with gradients at ``train.sh_degree`` and an SH trainer's Adam step."""
+    tc = cfg.train
+    _sh_colours(tc.sh_degree, tc.color_model == "sh" or refit, device)
+    _adam(cfg, sh_degree, device)
+    if refit and tc.color_model != "sh":
+        _adam(replace(cfg, train=replace(tc, color_model="sh")), tc.sh_degree, device)
 
 
 def _sh_colours(degree: int, train: bool, device: torch.device) -> None:

@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor
 
-from .appearance import BlockSamples, ColorModel, base_colors, drawn_otherwise
+from .appearance import BlockSamples, ColorModel, base_colors, drawn_otherwise, refits_ply
 from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
@@ -597,8 +597,7 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
 def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
     """What ``model.ply`` holds of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) when
     viewers draw it otherwise than training did (:func:`insitu.appearance.drawn_otherwise`), in the trainer's
-    layout; collective
-    over the layout's training ranks.
+    layout; collective over the layout's training ranks.
 
     A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
     over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
@@ -630,7 +629,7 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     where they are); the other learning rates and the image loss as in training (no alpha term); none when
     neither ``model.ply`` nor its figures are made. Collective over the layout's training ranks."""
     steps = round(cfg.output.ply_refine * trainer.iteration)
-    if steps == 0 or not (cfg.output.ply or cfg.output.ply_metrics):
+    if steps == 0 or not refits_ply(cfg):
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, iterations=steps, densify_from=10**9,
                  densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0, alpha_weight=0.0,
