@@ -9,6 +9,8 @@ ground truth or the render has alpha > 1/255, as ``psnr_foreground``):
 - ``holes`` / ``spurious``: covered in the ground truth and under half in the render, and the reverse;
 - ``low``: the share of the inner error that survives a 5x5 box filter of the difference (shading that
   is off over several pixels, not pixel-scale detail); ``bias``: the inner mean of render - truth;
+- the same for two sets of training views (``train_orbit``, ``train_close``): what the model was fitted
+  to, against the held-out sets it was not;
 - by the ground truth's local contrast (|luminance difference| to the right and below neighbours):
   the inner pixels' share of the count and of the error per bin;
 - of the model: each Gaussian's in-plane standard deviation in pixels of the nearest training view,
@@ -111,18 +113,29 @@ class Anatomy:
         }
 
 
+def evaluated_sets(views, orbit_count: int, per_set: int = 56) -> dict:
+    """The held-out sets, and two sets of training views beside them (``train_orbit``: orbit views,
+    ``train_close``: close-up training views; ``per_set`` of each, spread over their order), so that the
+    gap between what the model was fitted to and what it was not shows."""
+    sets = {role: views.ids(role) for role in HELD_OUT}
+    train = views.ids("train")
+    for name, ids in (("train_orbit", train[train < orbit_count]), ("train_close", train[train >= orbit_count])):
+        step = max(1, len(ids) // per_set)
+        sets[name] = ids[::step][:per_set]
+    return sets
+
+
 @torch.no_grad()
-def take_apart(trainer, scene, comm, colors, backend: str, images: Path | None, tag: str) -> dict:
+def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str) -> dict:
     views, out = scene.views, {}
     black = torch.zeros(3, device=comm.device)
-    for role in HELD_OUT:
-        ids = views.ids(role)
+    for role, ids in evaluated_sets(views, cfg.views.count).items():
         if len(ids) == 0:
             continue
         acc = Anatomy()
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
-                                      colors=colors, backend=backend, eps2d=cfg.train.eps2d)
+                                      colors=colors, backend=cfg.train.backend, eps2d=cfg.train.eps2d)
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
             if images is not None and j == 0:
@@ -179,16 +192,15 @@ def main() -> None:
         shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
         trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                       iterations=cfg.train.iterations, warm=None)
-        backend = cfg.train.backend
         result = {"data": Path(args.data).name, "iso": args.iso, "resolution": args.resolution,
-                  "settings": args.set, "initial": take_apart(trainer, scene, comm, trainer.colors, backend,
+                  "settings": args.set, "initial": take_apart(trainer, scene, comm, cfg, trainer.colors,
                                                               args.images, "initial"),
                   "initial_model": model_stats(trainer, scene, block, cfg)}
         t0 = time.perf_counter()
         train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
               gaussians=len(trainer), show=False)
         result["train_seconds"] = round(time.perf_counter() - t0, 2)
-        result["trained"] = take_apart(trainer, scene, comm, trainer.colors_trained, backend, args.images, "trained")
+        result["trained"] = take_apart(trainer, scene, comm, cfg, trainer.colors_trained, args.images, "trained")
         result["trained_model"] = model_stats(trainer, scene, block, cfg)
         print(json.dumps(result), flush=True)
         if args.json:

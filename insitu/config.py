@@ -116,6 +116,10 @@ class TrainConfig:
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)
     grad_threshold: float = constrained(2e-4, POSITIVE)
+    split_px: float = constrained(0.0, NON_NEGATIVE)  # a Gaussian densification grows is split in two smaller
+                                        # ones when its largest standard deviation exceeds this many pixels of
+                                        # the nearest training view that sees it, else cloned; 0: gsplat's rule
+                                        # (split above 1% of the scene's extent, whatever the images resolve)
     densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
                                         # error exceeds this many times the mean of all (0: off)
     densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine

@@ -229,7 +229,8 @@ class Trainer:
                   all-reduce), so every replica takes the same step, the one a single rank takes
                   with all ``cfg.batch * P`` views (learning rate and betas scaled for that batch).
     pixel_size:   ``pixel_size(means [N, 3]) -> [N]`` the world size of a pixel of the nearest training
-                  view at each centre: the scale floor's (``cfg.min_scale_px``).
+                  view at each centre: the scale floor's (``cfg.min_scale_px``) and densification's
+                  split-or-clone size (``cfg.split_px``).
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
@@ -256,6 +257,7 @@ class Trainer:
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
         self.pixel_size = pixel_size if cfg.min_scale_px > 0 else None
+        self.split_size = pixel_size if cfg.split_px > 0 else None
         self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
 
     def __len__(self) -> int:
@@ -424,6 +426,17 @@ class Trainer:
         pick[top] = True
         return pick & worst
 
+    def _too_big_to_clone(self) -> Tensor:
+        """``[N]`` bool: the Gaussians that densification splits rather than clones. With ``cfg.split_px``,
+        those whose largest standard deviation exceeds that many pixels of the nearest training view that
+        sees their centre (none that no view sees): what the images resolve decides, so a contour drawn by
+        a few discs of several pixels gets smaller ones. Otherwise gsplat's rule, 1% of the scene's extent,
+        which at 1024^2 lets discs of up to about 5 pixels only be copied."""
+        largest = torch.exp(self.params["scales"]).max(dim=-1).values
+        if self.split_size is None:
+            return largest > 0.01 * self.extent
+        return largest > self.cfg.split_px * self.split_size(self.params["means"].detach())
+
     @torch.no_grad()
     def _densify(self) -> None:
         cfg, it = self.cfg, self.iteration
@@ -439,7 +452,7 @@ class Trainer:
         state = self.state.as_dict()            # gsplat's ops keep every tensor of it in step
         if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
-            big = torch.exp(self.params["scales"]).max(dim=-1).values > 0.01 * self.extent
+            big = self._too_big_to_clone()
             high = (grads > cfg.grad_threshold) | self._worst_footprints(state)
             room = max(self.max_gaussians - len(self), 0)
             clone, grow = high & ~big, high & big

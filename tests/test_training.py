@@ -194,6 +194,35 @@ def test_split_replaces_large_gaussians_by_two_smaller(shard, block, scene, comm
     assert_optimizers_consistent(trainer)
 
 
+def test_split_px_splits_what_spans_more_pixels_and_clones_the_rest(shard, block, scene, comm):
+    """With ``split_px``, the pixels of the nearest training view decide between split and clone, not the
+    scene's extent: the Gaussians wider than ``split_px`` pixels there are split in two smaller ones, the
+    others copied; without it (0) the extent's rule holds (here: every Gaussian copied)."""
+    from insitu.views import pixel_size
+
+    size = lambda means: pixel_size(means, scene.views, scene.views.train_ids)   # noqa: E731
+    g = dataclasses.replace(shard, log_scales=shard.log_scales.clone())
+    g.log_scales[::2] -= math.log(8.0)                                  # every other Gaussian 8x narrower
+    sigma_px = g.scales.max(dim=1).values / size(g.means)
+    wide = torch.arange(len(g)) % 2 == 1
+    split_px = math.sqrt(float(sigma_px[wide].min()) * float(sigma_px[~wide].max()))   # between the two
+    assert sigma_px[~wide].max() < split_px / 1.5 and sigma_px[wide].min() > 1.5 * split_px
+    cfg = densify_config(split_px=split_px, min_scale_px=0.0)
+    trainer = make_trainer(g, block, cfg, extent=1e4, pixel_size=size)
+    step(trainer, scene, comm, 0)
+    n0, k = len(g), int(wide.sum())
+    assert len(trainer) == n0 + (n0 - k) + k                            # n0 - k copies, k replaced by 2 each
+    out = trainer.gaussians()
+    children = out.scales[-2 * k:].max(dim=1).values
+    assert children.max() <= g.scales[wide].max() / 1.6 * 1.01          # the wide ones, split
+    assert children.min() >= g.scales[wide].min() / 1.6 * 0.99
+    assert out.scales[:-2 * k].max() <= g.scales[~wide].max() * 1.01     # the narrow ones and their copies
+    assert_optimizers_consistent(trainer)
+    extent_rule = make_trainer(g, block, densify_config(split_px=0.0, min_scale_px=0.0), extent=1e4, pixel_size=size)
+    step(extent_rule, scene, comm, 0)
+    assert len(extent_rule) == 2 * n0                                   # 0.01 * extent: every one copied
+
+
 def test_prune_removes_low_opacity_gaussians(shard, block, scene, comm):
     g = dataclasses.replace(shard, opacity_logits=shard.opacity_logits.clone())
     low = torch.arange(len(g)) % 3 == 0
