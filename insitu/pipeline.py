@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import subprocess
 import sys
 import threading
 import time as _time
@@ -149,7 +148,7 @@ def importing_metrics() -> bool:
     return any(t.is_alive() for t in _PRELOAD)
 
 
-def preload_evaluation(*, files_first: bool = False) -> None:
+def preload_evaluation() -> None:
     """Import the evaluation's metrics on a background thread, once per process.
 
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
@@ -160,12 +159,6 @@ def preload_evaluation(*, files_first: bool = False) -> None:
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
     imports, and reports the error, as usual.
-
-    files_first: a child process imports the metrics first, and the thread only after it: on a
-    machine whose disk has not served those files yet, the child takes the reads (and the page faults
-    of loading their compiled libraries, which a thread takes holding Python's lock) off this
-    process, where a training loop that keeps the GPU fed from Python waits for that lock. For GPU
-    steps (a child's import costs CPU cores that a CPU step trains on).
     """
     if _PRELOAD or "insitu.metrics" in sys.modules:
         return
@@ -174,12 +167,6 @@ def preload_evaluation(*, files_first: bool = False) -> None:
         import gsplat.strategy.ops  # noqa: F401 - densification's
 
     def run() -> None:
-        if files_first:
-            try:
-                subprocess.run([sys.executable, "-c", "import torchmetrics.functional.image"], timeout=120,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            except Exception:   # noqa: BLE001 - only a head start: the import below runs anyway
-                pass
         try:
             importlib.import_module("insitu.metrics")
         except Exception:       # noqa: BLE001 - the evaluation imports it again and raises there
@@ -738,7 +725,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
     decomposition = check_input(block, cfg, comm)
-    preload_evaluation(files_first=comm.device.type == "cuda")   # the input is good: the step will evaluate
+    preload_evaluation()                            # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)
