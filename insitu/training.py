@@ -256,8 +256,7 @@ class Trainer:
         self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
-        self.pixel_size = pixel_size if cfg.min_scale_px > 0 else None
-        self.split_size = pixel_size if cfg.split_px > 0 else None
+        self.pixel_size = pixel_size
         self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
 
     def __len__(self) -> int:
@@ -347,7 +346,7 @@ class Trainer:
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
-            if self.pixel_size is not None:             # in-plane axes (x, y; z is the disc's normal)
+            if self.cfg.min_scale_px > 0 and self.pixel_size is not None:   # in-plane axes (z: the normal)
                 self.params["scales"].data[:, :2].clamp_(min=self._scale_floor()[:, None])
         return loss.detach()
 
@@ -433,9 +432,9 @@ class Trainer:
         a few discs of several pixels gets smaller ones. Otherwise gsplat's rule, 1% of the scene's extent,
         which at 1024^2 lets discs of up to about 5 pixels only be copied."""
         largest = torch.exp(self.params["scales"]).max(dim=-1).values
-        if self.split_size is None:
+        if self.cfg.split_px <= 0 or self.pixel_size is None:
             return largest > 0.01 * self.extent
-        return largest > self.cfg.split_px * self.split_size(self.params["means"].detach())
+        return largest > self.cfg.split_px * self.pixel_size(self.params["means"].detach())
 
     @torch.no_grad()
     def _densify(self) -> None:
