@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.pipeline import compute_step  # noqa: E402
+from insitu.views import pixel_size  # noqa: E402
 from insitu.volume import downsample, read_raw, whole_block  # noqa: E402
 
 KEYS = ("psnr", "psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",
@@ -55,6 +56,22 @@ def base_settings(args: argparse.Namespace):
     return volume, base
 
 
+def sigma_px(result) -> list[float] | None:
+    """The 10th / 50th / 90th percentiles of the trained Gaussians' larger in-plane standard deviation, in
+    pixels of the nearest orbit view that sees each centre (None without the step's cameras)."""
+    import torch
+
+    g, views = result.gaussians, result.cameras
+    if views is None or len(g) == 0:
+        return None
+    with torch.no_grad():
+        px = pixel_size(g.means, views.to(g.means.device), torch.arange(len(views.viewmats)))
+        sigma = torch.exp(g.log_scales).max(dim=1).values / px
+        sigma = sigma[torch.isfinite(sigma)]
+        sigma = sigma[torch.randperm(len(sigma), device=sigma.device)[:1_000_000]].float()
+        return [round(float(v), 3) for v in torch.quantile(sigma, torch.tensor([0.1, 0.5, 0.9], device=sigma.device))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     volume_arguments(ap)
@@ -72,9 +89,11 @@ def main() -> None:
             overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
             cfg = load_config(None, overrides)
             t0 = time.perf_counter()
-            m = compute_step(whole_block(volume), cfg, comm).metrics
-            row = {"variant": name, "settings": settings, "wall_s": round(time.perf_counter() - t0, 2),
-                   **{k: m.get(k) for k in KEYS}}
+            result = compute_step(whole_block(volume), cfg, comm)
+            wall, m = time.perf_counter() - t0, result.metrics
+            row = {"variant": name, "settings": settings, "wall_s": round(wall, 2),
+                   **{k: m.get(k) for k in KEYS}, "sigma_px_orbit_q10_50_90": sigma_px(result)}
+            del result
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:

@@ -126,6 +126,8 @@ class TrainConfig:
     min_scale_px: float = constrained(1.0, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
                                         # least this many pixels of the nearest training view that sees it
                                         # (0: no floor): zoomed in, no gaps open that the views' blur hid
+    max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap): a flat disc
+                                        # on a curved surface overshoots its outline by about sigma^2 / radius
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)
@@ -309,6 +311,9 @@ def validate(cfg: Config) -> Config:
     if cfg.views.supersample > SUPERSAMPLE_MAX:
         raise ConfigError(f"views.supersample: expected 1..{SUPERSAMPLE_MAX} rays per pixel and axis, "
                           f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
+    if 0 < cfg.train.max_scale_px < cfg.train.min_scale_px:
+        raise ConfigError(f"train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px "
+                          f"({cfg.train.min_scale_px:g}), got {cfg.train.max_scale_px:g}")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
     if not cfg.views.closeup_factors or not all(f >= 1 for f in cfg.views.closeup_factors):

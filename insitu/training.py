@@ -257,7 +257,9 @@ class Trainer:
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
         self.pixel_size = pixel_size
-        self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
+        self._floor: Tensor | None = None        # log scale floor and cap [N], refreshed by _scale_bounds
+        self._cap: Tensor | None = None
+        self._bounds_of = -1                     # the count they were computed for
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -346,24 +348,32 @@ class Trainer:
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
-            if self.cfg.min_scale_px > 0 and self.pixel_size is not None:   # in-plane axes (z: the normal)
-                self.params["scales"].data[:, :2].clamp_(min=self._scale_floor()[:, None])
+            if (self.cfg.min_scale_px > 0 or self.cfg.max_scale_px > 0) and self.pixel_size is not None:
+                floor, cap = self._scale_bounds()
+                self.params["scales"].data[:, :2].clamp_(   # in-plane axes (z: the normal)
+                    min=None if floor is None else floor[:, None], max=None if cap is None else cap[:, None])
         return loss.detach()
 
-    FLOOR_EVERY = 100                                   # iterations between refreshes of the scale floor
+    FLOOR_EVERY = 100                                   # iterations between refreshes of the scale bounds
 
-    def _scale_floor(self) -> Tensor:
-        """``[N]`` the log of ``cfg.min_scale_px`` pixels of the nearest training view that sees each
-        Gaussian's centre (``pixel_size``; -inf where none does), refreshed every ``FLOOR_EVERY``
-        iterations and whenever densification changed the count. At the training views' distance the
-        rasterizer's 0.3 px^2 blur hides gaps between Gaussians smaller than a pixel; a camera closer
-        than every training view shows them (BENCHMARKS.md, CPU figures)."""
+    def _scale_bounds(self) -> tuple[Tensor | None, Tensor | None]:
+        """``(floor [N], cap [N])``: the logs of ``cfg.min_scale_px`` and ``cfg.max_scale_px`` pixels of the
+        nearest training view that sees each Gaussian's centre (``pixel_size``; -inf and +inf where none
+        does; None for a bound that is off), refreshed every ``FLOOR_EVERY`` iterations and whenever
+        densification changed the count. The floor: at the training views' distance the rasterizer's
+        blur hides gaps between Gaussians smaller than a pixel, which a camera closer than every training
+        view shows (BENCHMARKS.md, CPU figures). The cap: a flat disc of in-plane standard deviation s on a
+        surface curved with radius R reaches past the outline by about s^2 / R (BENCHMARKS.md, run 57)."""
         n = len(self)
-        if self._floor is None or self._floor.shape[0] != n or self.iteration % self.FLOOR_EVERY == 0:
-            size = self.pixel_size(self.params["means"].detach()) * self.cfg.min_scale_px
-            floor = torch.where(torch.isfinite(size), torch.log(size), torch.full_like(size, -math.inf))
-            self._floor = floor.to(self.params["scales"].dtype)
-        return self._floor
+        if self._bounds_of != n or self.iteration % self.FLOOR_EVERY == 0:
+            self._bounds_of = n
+            size = self.pixel_size(self.params["means"].detach())
+            seen = torch.isfinite(size)
+            log = torch.log(torch.where(seen, size, torch.ones_like(size))).to(self.params["scales"].dtype)
+            bound = lambda px, beyond: torch.where(seen, log + math.log(px), torch.full_like(log, beyond))  # noqa: E731
+            self._floor = bound(self.cfg.min_scale_px, -math.inf) if self.cfg.min_scale_px > 0 else None
+            self._cap = bound(self.cfg.max_scale_px, math.inf) if self.cfg.max_scale_px > 0 else None
+        return self._floor, self._cap
 
     def _refines_ahead(self) -> bool:
         """Whether a densification refine comes after this iteration (else its statistics go unused)."""

@@ -307,6 +307,33 @@ def test_scales_keep_the_floor_of_a_pixel_of_the_nearest_training_view(shard, bl
     assert torch.exp(off.params["scales"][::2, :2]).max() < 0.01
 
 
+def test_scales_keep_below_the_cap_of_pixels_of_the_nearest_training_view(shard, block, scene, comm):
+    """With ``max_scale_px``, every step leaves each Gaussian's in-plane standard deviations at most that
+    many pixels of the nearest training view that sees it (the floor still holding below), the normal
+    axis as trained; the ones already inside the bounds are left as they trained."""
+    from insitu.views import pixel_size
+
+    g = dataclasses.replace(shard, log_scales=shard.log_scales.clone())
+    size = lambda means: pixel_size(means, scene.views, scene.views.train_ids)   # noqa: E731
+    px = size(g.means)
+    assert torch.isfinite(px).all()
+    g.log_scales[::2, :2] = torch.log(50.0 * px[::2, None])         # far above the cap
+    g.log_scales[::2, 2] = torch.log(0.01 * px[::2])
+    g.log_scales[1::2, :2] = torch.log(2.0 * px[1::2, None])        # inside [1, 3] pixels
+    trainer = make_trainer(g, block, train_config(min_scale_px=1.0, max_scale_px=3.0), pixel_size=size)
+    step(trainer, scene, comm, 0)
+    floor, cap = (torch.exp(b) for b in trainer._scale_bounds())
+    torch.testing.assert_close(cap, 3.0 * floor, rtol=1e-5, atol=0)
+    scales = torch.exp(trainer.params["scales"])
+    assert (scales[:, :2] <= cap[:, None] * (1 + 1e-5)).all() and (scales[:, :2] >= floor[:, None]).all()
+    torch.testing.assert_close(scales[::2, :2], cap[::2, None].expand(-1, 2), rtol=1e-5, atol=0)  # held there
+    assert (scales[::2, 2] < 0.02 * px[::2]).all()                 # the thin axis is not capped
+    assert (scales[1::2, :2] < 0.98 * cap[1::2, None]).all()        # the ones inside stay inside
+    uncapped = make_trainer(g, block, train_config(min_scale_px=1.0), pixel_size=size)
+    step(uncapped, scene, comm, 0)
+    assert uncapped._cap is None and (torch.exp(uncapped.params["scales"][::2, :2]) > 40 * px[::2, None]).all()
+
+
 # ------------------------------------------------------------------------------------------ learning rates
 
 @pytest.mark.parametrize("batch", [1, 2])
