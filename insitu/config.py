@@ -107,6 +107,8 @@ class TrainConfig:
     lr_scales: float = constrained(5e-3, POSITIVE)
     lr_quats: float = constrained(1e-3, POSITIVE)
     lr_opacities: float = constrained(5e-2, POSITIVE)
+    lr_decay: float = constrained(1.0, POSITIVE, FRACTION)  # the rates of scales, rotations, opacities and
+                                        # colours end at this fraction of theirs, log-linearly (1: constant)
     lr_sh0: float = constrained(2.5e-3, POSITIVE)
     lr_shN: float = constrained(1.25e-4, POSITIVE)
     ssim_weight: float = constrained(0.2, FRACTION)

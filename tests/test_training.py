@@ -353,6 +353,29 @@ def test_means_learning_rate_decays_log_linearly_to_the_final_value(shard, block
     assert lr1 * (1 - 1e-6) <= seen[-1] <= lr1 / per_step * (1 + 1e-6)  # ... ends at lr1 (t = 1 - 1/T or 1)
 
 
+def test_the_other_rates_decay_log_linearly_to_lr_decay_of_theirs(shard, block, scene, comm):
+    """``lr_decay``: the rates of everything but the means go from their own to that fraction of it, on the
+    means' schedule (the SH colours' two rates alike); 1 leaves them constant."""
+    T = 5
+    trainer = make_trainer(shard, block, train_config(lr_decay=0.01, lr_sh0=2e-3, lr_shN=1e-4), total=T)
+    start = {k: dict(v.param_groups[0]) for k, v in trainer.optimizers.items()}
+    seen = {k: [] for k in start}
+    for it in range(T):
+        step(trainer, scene, comm, it)
+        for k in seen:
+            seen[k].append((trainer.optimizers[k].param_groups[0]["lr"], trainer.optimizers[k].param_groups[0]["lr_rest"]))
+    for k in ("scales", "quats", "opacities", "colors"):
+        lr = np.array([v[0] for v in seen[k]])
+        np.testing.assert_allclose(lr, start[k]["lr"] * 0.01 ** (np.arange(T) / T), rtol=1e-6)
+    rest = np.array([v[1] for v in seen["colors"]])
+    np.testing.assert_allclose(rest, 1e-4 * 0.01 ** (np.arange(T) / T), rtol=1e-6)
+    constant = make_trainer(shard, block, train_config(), total=T)
+    rates = {k: v.param_groups[0]["lr"] for k, v in constant.optimizers.items() if k != "means"}
+    for it in range(T):
+        step(constant, scene, comm, it)
+    assert rates == {k: v.param_groups[0]["lr"] for k, v in constant.optimizers.items() if k != "means"}
+
+
 def test_a_means_rate_of_zero_holds_the_means_and_a_final_rate_of_zero_is_reached_linearly(shard, block, scene,
                                                                                          comm):
     """lr_means 0 (model.ply's training, pipeline.refine_for_viewers): the means do not move; lr_means_final 0:
