@@ -87,6 +87,8 @@ class ViewConfig:
     closeup_factors: list[float] = field(default_factory=lambda: [2.0, 3.0])  # how many times closer
     held_out: int = constrained(16, NON_NEGATIVE)  # views of each held-out set off the orbit (near2, near3, off)
     supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
+    march_step: float = constrained(0.5, POSITIVE)  # ground truth: the rays' step in cells; a coarser one
+                                        # misses where a ray grazes the surface (a view-inconsistent error)
     background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
     colormap: str = constrained("viridis", choices=("viridis", "gray"))   # when input.color_var is set
@@ -198,6 +200,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
+MARCH_STEP_MAX = 1.0                    # cells: a longer step skips whole cells of the field
 SUPERSAMPLE_MAX = 8                     # 8 x 8 rays per pixel; more multiplies ray casting time for no visible gain
 NESTING_MAX = 32                        # deeper YAML is not a configuration (and would exhaust the parser's stack)
 RESOLUTION_MIN = 6                      # the held-out SSIM's 11 x 11 window reaches 5 pixels beyond each pixel
@@ -321,6 +324,9 @@ def validate(cfg: Config) -> Config:
     if not cfg.views.closeup_factors or not all(f >= 1 for f in cfg.views.closeup_factors):
         raise ConfigError(f"views.closeup_factors: expected one or more factors >= 1 (how many times closer than "
                           f"the orbit), got {cfg.views.closeup_factors}")
+    if cfg.views.march_step > MARCH_STEP_MAX:
+        raise ConfigError(f"views.march_step: expected a step in (0, {MARCH_STEP_MAX:g}] cells (a longer one skips "
+                          f"whole cells of the field), got {cfg.views.march_step:g}")
     if cfg.views.fov_deg >= 180:
         raise ConfigError(f"views.fov_deg: expected a value in (0, 180), got {cfg.views.fov_deg}")
     for key in ("background", "surface_color"):

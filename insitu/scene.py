@@ -98,7 +98,7 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
                          views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
                          color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
-                         device=device, value_range=global_range(comm, block.data))
+                         step=vc.march_step, device=device, value_range=global_range(comm, block.data))
     # On GPUs with several ranks the compositing of a group runs on a stream of its own, so a rank
     # casts its next group while the all-to-all waits for the slower rank's casting of this one.
     side = torch.cuda.Stream(device) if device.type == "cuda" and comm.size > 1 else None
