@@ -87,7 +87,7 @@ class ViewConfig:
     closeup_factors: list[float] = field(default_factory=lambda: [2.0, 3.0])  # how many times closer
     held_out: int = constrained(16, NON_NEGATIVE)  # views of each held-out set off the orbit (near2, near3, off)
     supersample: int = constrained(2, POSITIVE)  # ground truth: s x s rays per pixel
-    march_step: float = constrained(0.5, POSITIVE)  # ground truth: the rays' step in cells; a coarser one
+    march_step: float = constrained(0.25, POSITIVE)  # ground truth: the rays' step in cells; a coarser one
                                         # misses where a ray grazes the surface (a view-inconsistent error)
     background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])

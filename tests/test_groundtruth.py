@@ -359,3 +359,24 @@ def test_a_constant_color_field_is_the_middle_colour_of_the_map():
     solid, _ = raycast(block, viewmat, K, 17, 17, 12.0, color=middle)
     assert float(solid[..., 3].sum()) > 10
     assert torch.allclose(mapped, solid, atol=1e-5)
+
+
+def test_a_march_step_shorter_than_a_thin_sheet_finds_it_on_every_ray_and_a_longer_one_misses_some():
+    """A sheet 0.3 cells thick (the trilinear field is 1 - |x - 10| around x = 10, iso 0.85): rays march
+    samples ``step`` cells apart, so a step of 0.5 cells jumps over it on part of the rays while 0.125 finds
+    it on all (``views.march_step``: a coarse step's ground truth misses where a ray grazes the surface,
+    and misses differently from view to view)."""
+    n = 21
+    f = np.zeros((n, n, n), np.float32)
+    f[:, :, 10] = 1.0                                  # x = 10: the sheet's middle plane
+    block = whole_block(f)
+    size, focal, distance = 24, 60.0, 60.0
+    viewmat, K = camera((10.0, 10.0, 10.0), (1.0, 0.35, 0.2), distance, focal, size)
+    covered = {}
+    for step in (0.5, 0.125):
+        rgba, _ = raycast(block, viewmat, K, size, size, 0.85, supersample=1, step=step, backend="torch")
+        covered[step] = rgba[0, ..., 3]
+    middle = covered[0.125][6:18, 6:18]               # the sheet fills the middle of the image
+    assert bool((middle == 1).all())
+    missed = int((covered[0.5][6:18, 6:18] < 1).sum())
+    assert 0.1 * middle.numel() < missed < middle.numel()

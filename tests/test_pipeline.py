@@ -309,6 +309,26 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_the_ground_truth_is_cast_with_the_configured_march_step(comm, monkeypatch):
+    """``views.march_step`` is the step the scene's ray caster marches with."""
+    import insitu.scene as scene_module
+
+    steps = []
+    cast = scene_module.raycast_views
+
+    def spy(*args, step, **kw):
+        steps.append(step)
+        return cast(*args, step=step, **kw)
+
+    monkeypatch.setattr(scene_module, "raycast_views", spy)
+    cfg = tiny_config(iterations=1)
+    block = whole_block(sphere_field())
+    for step in (0.25, 0.125):
+        cfg.views.march_step = step
+        scene_module.make_scene(block, cfg, comm)
+    assert steps == [0.25, 0.125]
+
+
 def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
     """train.alpha_weight > 0: each step is given the alpha of the same views' ground-truth band;
     with the default 0, none."""
