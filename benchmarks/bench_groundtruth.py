@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from insitu.config import ViewConfig  # noqa: E402
 from insitu.groundtruth import raycast  # noqa: E402
 from insitu.views import orbit_views  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--views", type=int, default=448)
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--supersample", type=int, default=2)
-    parser.add_argument("--step", type=float, default=0.5)
+    parser.add_argument("--step", type=float, default=ViewConfig().march_step)
     parser.add_argument("--chunk-rays", type=int, default=1 << 22)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
