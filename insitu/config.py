@@ -130,8 +130,8 @@ class TrainConfig:
     min_scale_px: float = constrained(1.0, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
                                         # least this many pixels of the nearest training view that sees it
                                         # (0: no floor): zoomed in, no gaps open that the views' blur hid
-    max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap): a flat disc
-                                        # on a curved surface overshoots its outline by about sigma^2 / radius
+    max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap; a cap cost
+                                        # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)

@@ -371,8 +371,9 @@ class Trainer:
         does; None for a bound that is off), refreshed every ``FLOOR_EVERY`` iterations and whenever
         densification changed the count. The floor: at the training views' distance the rasterizer's
         blur hides gaps between Gaussians smaller than a pixel, which a camera closer than every training
-        view shows (BENCHMARKS.md, CPU figures). The cap: a flat disc of in-plane standard deviation s on a
-        surface curved with radius R reaches past the outline by about s^2 / R (BENCHMARKS.md, run 57)."""
+        view shows (BENCHMARKS.md, CPU figures). The cap (off by default) keeps discs small, as a flat disc of
+        in-plane standard deviation s on a surface curved with radius R reaches past the outline by about
+        s^2 / R; on the bonsai it only cost, the discs being about a pixel already (BENCHMARKS.md, run 57)."""
         n = len(self)
         if self._bounds_of != n or self.iteration % self.FLOOR_EVERY == 0:
             self._bounds_of = n
