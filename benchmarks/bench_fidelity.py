@@ -72,6 +72,23 @@ def sigma_px(result) -> list[float] | None:
         return [round(float(v), 3) for v in torch.quantile(sigma, torch.tensor([0.1, 0.5, 0.9], device=sigma.device))]
 
 
+def variant_config(spec: str, base: dict):
+    """``(name, settings, cfg)`` of one ``--variant NAME=KEY=VALUE,KEY=VALUE`` over the ``base`` settings."""
+    name, _, settings = spec.partition("=")
+    overrides = dict(base)
+    overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
+    return name, settings, load_config(None, overrides)
+
+
+def variant_row(block, cfg, comm, name: str, settings: str, **extra) -> dict:
+    """Train one variant (one ``compute_step``) and return its row of figures, ``extra`` after its name."""
+    t0 = time.perf_counter()
+    result = compute_step(block, cfg, comm)
+    wall, m = time.perf_counter() - t0, result.metrics
+    return {"variant": name, **extra, "settings": settings, "wall_s": round(wall, 2),
+            **{k: m.get(k) for k in KEYS}, "sigma_px_orbit_q10_50_90": sigma_px(result)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     volume_arguments(ap)
@@ -84,16 +101,8 @@ def main() -> None:
     rows = []
     try:
         for spec in args.variant:
-            name, _, settings = spec.partition("=")
-            overrides = dict(base)
-            overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
-            cfg = load_config(None, overrides)
-            t0 = time.perf_counter()
-            result = compute_step(whole_block(volume), cfg, comm)
-            wall, m = time.perf_counter() - t0, result.metrics
-            row = {"variant": name, "settings": settings, "wall_s": round(wall, 2),
-                   **{k: m.get(k) for k in KEYS}, "sigma_px_orbit_q10_50_90": sigma_px(result)}
-            del result
+            name, settings, cfg = variant_config(spec, base)
+            row = variant_row(whole_block(volume), cfg, comm, name, settings)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import insitu.appearance as appearance  # noqa: E402
-from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import compute_step  # noqa: E402
 from insitu.volume import unit_field, whole_block  # noqa: E402
 
-from bench_fidelity import KEYS, base_settings, sigma_px, volume_arguments  # noqa: E402
+from bench_fidelity import base_settings, variant_config, variant_row, volume_arguments  # noqa: E402
 
 DISC_SHADING = appearance.lit_colors
 
@@ -63,18 +60,10 @@ def main() -> None:
     rows = []
     try:
         for spec in args.variant:
-            name, _, settings = spec.partition("=")
-            overrides = dict(base)
-            overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
-            cfg = load_config(None, overrides)
+            name, settings, cfg = variant_config(spec, base)
             for shading in args.shadings:
                 appearance.lit_colors = DISC_SHADING if shading == "disc" else field_shading(samples)
-                t0 = time.perf_counter()
-                result = compute_step(block, cfg, comm)
-                wall, m = time.perf_counter() - t0, result.metrics
-                row = {"variant": name, "shading": shading, "settings": settings, "wall_s": round(wall, 2),
-                       **{k: m.get(k) for k in KEYS}, "sigma_px_orbit_q10_50_90": sigma_px(result)}
-                del result
+                row = variant_row(block, cfg, comm, name, settings, shading=shading)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:

@@ -23,15 +23,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu.groundtruth import raycast  # noqa: E402
+from insitu.metrics import QualityAccumulator  # noqa: E402
 from insitu.views import orbit_views  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 
 def psnr_foreground(a, b) -> float:
-    """PSNR of ``a`` against ``b`` ([C, H, W, 4]) over the pixels where either has alpha > 1/255."""
-    surface = (a[..., 3] > 1 / 255) | (b[..., 3] > 1 / 255)
-    mse = float(((a[..., :3] - b[..., :3])[surface] ** 2).mean())
-    return 10 * torch.log10(torch.tensor(1.0 / max(mse, 1e-20))).item()
+    """The project's ``psnr_foreground`` of premultiplied ``a`` against ``b`` ([C, H, W, 4]) on black."""
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(a.float().cpu(), b.float().cpu(), torch.zeros(3))
+    return acc.result().psnr_foreground
 
 
 def main() -> None:
