@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import insitu.appearance as appearance  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
+from insitu.seeds import normal_to_quat_torch  # noqa: E402
 from insitu.volume import unit_field, whole_block  # noqa: E402
 
 from bench_fidelity import base_settings, variant_config, variant_row, volume_arguments  # noqa: E402
@@ -36,11 +36,10 @@ DISC_SHADING = appearance.lit_colors
 
 
 def field_shading(samples: appearance.BlockSamples):
-    """A ``lit_colors`` that shades each Gaussian with the field's normal at its centre, not its disc's."""
+    """A ``lit_colors`` that shades each Gaussian with the field's normal at its centre, not its disc's: the
+    package's shading of a disc turned to that normal (the splat's own rotation is left to the rasterizer)."""
     def lit_colors(means, quats, base, campos, light=appearance.HEADLIGHT):
-        view = F.normalize(campos.detach()[:, None, :] - means[None], dim=-1)       # [C, N, 3]
-        cos = (view * samples.normals(means)[None]).sum(-1).abs().clamp(max=1.0)
-        return (base[None] * light.intensity(cos)[..., None]).clamp(0.0, 1.0)
+        return DISC_SHADING(means, normal_to_quat_torch(samples.normals(means)), base, campos, light)
     return lit_colors
 
 

@@ -253,8 +253,7 @@ class Trainer:
                "quats": cfg.lr_quats * root, "opacities": cfg.lr_opacities * root,
                "colors": (cfg.lr_sh0 * root, cfg.lr_shN * root)}
         self.adam = ShardAdam(self.params, lrs, betas=(0.9 ** B, 0.999 ** B), eps=1e-15)
-        self._lrs = {k: {r: v.param_groups[0][r] for r in ("lr", "lr_rest")}   # lr_decay's starts
-                     for k, v in self.adam.views.items() if k != "means"}
+        self._lrs = lrs                         # the starting rates (lr_decay's)
         self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
@@ -307,10 +306,12 @@ class Trainer:
         if self.cfg.lr_decay != 1.0:                            # the others: log-linearly to lr_decay of theirs
             factor = self.cfg.lr_decay ** t
             for name, start in self._lrs.items():
-                group = self.optimizers[name].param_groups[0]
-                group["lr"] = start["lr"] * factor
-                if start["lr_rest"] is not None:
-                    group["lr_rest"] = start["lr_rest"] * factor
+                if name != "means":
+                    lr, rest = start if isinstance(start, tuple) else (start, None)
+                    group = self.optimizers[name].param_groups[0]
+                    group["lr"] = lr * factor
+                    if rest is not None:
+                        group["lr_rest"] = rest * factor
 
     def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
              height: int, comm=None, gt_alpha: Tensor | None = None,
