@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from insitu.config import ViewConfig
 from insitu.decomposition import cut_block
 from insitu.groundtruth import COLORMAPS, apply_colormap, raycast
 from insitu.views import look_at, orbit_views
@@ -386,8 +387,6 @@ def test_more_rays_per_pixel_draw_an_outline_closer_to_its_true_coverage():
     """A sphere's outline: with s x s rays a partly covered pixel's alpha is a multiple of 1 / s^2, so
     2 x 2 rays quantise the coverage in quarters; 4 x 4 (``views.supersample``'s default) come closer to
     a 12 x 12 cast on the outline's pixels (the error that differs from view to view)."""
-    from insitu.config import ViewConfig
-
     block = sphere_block()
     size = 40
     viewmat, K = camera((19.3, 20.1, 18.7), (0.3, 0.8, -0.5), 80.0, 90.0, size)
