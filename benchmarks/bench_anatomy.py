@@ -135,7 +135,8 @@ def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str)
         acc = Anatomy()
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
-                                      colors=colors, backend=cfg.train.backend, eps2d=cfg.train.eps2d)
+                                      colors=colors, backend=cfg.train.backend, eps2d=cfg.train.eps2d,
+                                      antialiased=cfg.train.antialiased)
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
             if images is not None and j == 0:

@@ -226,17 +226,19 @@ def base_colors(block: Block, points: Tensor, *, color=(0.85, 0.8, 0.7), color_f
     return apply_colormap(field.at(points), colormap)
 
 
-def drawn_otherwise(color_model: str, eps2d: float) -> bool:
+def drawn_otherwise(color_model: str, eps2d: float, antialiased: bool = False) -> bool:
     """Whether a standard 3DGS viewer draws a model trained with ``color_model`` and the rasterizer's blur
-    ``eps2d`` otherwise than training did: lit colours (a ``.ply`` holds SH colours only) or a blur other than
-    the viewers' ``STANDARD_EPS2D``. Then ``model.ply`` holds an SH model fitted and trained as such a viewer
-    draws it (:func:`insitu.pipeline.ply_shard`), else the trained model itself."""
-    return color_model != "sh" or eps2d != STANDARD_EPS2D
+    ``eps2d`` (``antialiased`` or not) otherwise than training did: lit colours (a ``.ply`` holds SH colours
+    only) or a blur other than the viewers' ``STANDARD_EPS2D``, added as they add it (not antialiased). Then
+    ``model.ply`` holds an SH model fitted and trained as such a viewer draws it
+    (:func:`insitu.pipeline.ply_shard`), else the trained model itself."""
+    return color_model != "sh" or eps2d != STANDARD_EPS2D or antialiased
 
 
 def refits_ply(cfg) -> bool:
     """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains ``model.ply``'s SH model as standard
     viewers draw it after training (:func:`insitu.pipeline.refine_for_viewers`): a model they draw otherwise, a
     share of iterations for it, and ``model.ply`` or its figures to make."""
-    return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d) and cfg.output.ply_refine > 0 \
+    return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) \
+        and cfg.output.ply_refine > 0 \
         and (cfg.output.ply or cfg.output.ply_metrics)

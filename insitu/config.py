@@ -145,6 +145,8 @@ class TrainConfig:
     eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
                                         # (its pixel filter) in training, the evaluation and the report's
                                         # viewer; standard 3DGS viewers, which draw model.ply, add 0.3
+    antialiased: bool = False           # the blur scales each splat's opacity so its footprint keeps its integral
+                                        # (gsplat's antialiased mode; Spark's blurAmount in the report's viewer)
     backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
     progress: bool = True
 

@@ -201,10 +201,11 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     """One optimiser step on views ``ids`` against ``bg`` ([B, 3] or [3]); collective. Returns this rank's loss."""
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
-                                    transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d)
+                                    transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d,
+                                    antialiased=cfg.train.antialiased)
     footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
                                                    backend=cfg.train.backend, transfer=cfg.parallel.transfer,
-                                                   eps2d=cfg.train.eps2d)
+                                                   eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
     gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
                         gt_alpha=gt_alpha, footprints=footprints)
@@ -394,7 +395,8 @@ def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Te
     k = min(cfg.seeds.color_views, len(train))
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
     return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
-                              batch=cfg.train.batch, only=only, eps2d=cfg.train.eps2d)
+                              batch=cfg.train.batch, only=only, eps2d=cfg.train.eps2d,
+                              antialiased=cfg.train.antialiased)
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
@@ -470,18 +472,20 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
 
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
-             ids: list[int] | None = None, drawn: list[Tensor] | None = None, eps2d: float = STANDARD_EPS2D):
+             ids: list[int] | None = None, drawn: list[Tensor] | None = None, eps2d: float = STANDARD_EPS2D,
+             antialiased: bool = False):
     """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
     composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
     (:func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
     first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again.
-    ``eps2d``: the rasterizer's blur the model was trained with (px^2)."""
+    ``eps2d``, ``antialiased``: the rasterizer's blur the model was trained with (px^2), and whether it keeps
+    each splat's integral (:func:`insitu.rendering.rasterize`)."""
     from .metrics import QualityAccumulator     # torchmetrics: seconds to import (preload_evaluation)
 
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids,
-                                                drawn=drawn, eps2d=eps2d):
+                                                drawn=drawn, eps2d=eps2d, antialiased=antialiased):
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -495,7 +499,8 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
 def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str,
                ids: list[int] | None = None, gt: bool = True,
                drawn: list[Tensor] | None = None,
-               eps2d: float = STANDARD_EPS2D) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+               eps2d: float = STANDARD_EPS2D,
+               antialiased: bool = False) -> Iterator[tuple[list[int], Tensor, Tensor]]:
     """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
     (:func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
     rank 0 (gathered from the bands; ``gt`` False: None); collective. ``drawn``: rank 0's ``pred`` of
@@ -508,7 +513,8 @@ def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend:
         with torch.no_grad():
             if drawn is None:
                 pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
-                                          colors=colors, backend=backend, eps2d=eps2d)
+                                          colors=colors, backend=backend, eps2d=eps2d,
+                                          antialiased=antialiased)
                 full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)  # premultiplied
             else:
                 full_pred = drawn[n].to(comm.device).float() if comm.rank == 0 else None
@@ -522,16 +528,17 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
     (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
     pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
     so that training need not wait for the import."""
-    colors, backend, eps2d = trainer.colors, cfg.train.backend, cfg.train.eps2d
+    colors, backend = trainer.colors, cfg.train.backend
+    blur = dict(eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
 
     def render(comm):
         kept = [pred.half().cpu() for _, pred, _ in
-                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False, eps2d=eps2d)]
+                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False, **blur)]
         return None, kept if comm.rank == 0 else []
 
     _, kept = layout.evaluate(render)
     return lambda: layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
-                                                         backend=backend, drawn=kept, eps2d=eps2d))[0]
+                                                         backend=backend, drawn=kept, **blur))[0]
 
 
 @torch.no_grad()
@@ -570,7 +577,7 @@ def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config
     0's ``keep_images`` (name, gt, pred) images."""
     return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
                                                  backend=cfg.train.backend, keep_images=keep_images, ids=ids,
-                                                 eps2d=cfg.train.eps2d))
+                                                 eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased))
 
 
 def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> dict[str, Quality]:
@@ -616,7 +623,7 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
             ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
             sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
                                     rows=scene.rows, backend=cfg.train.backend, transfer=cfg.parallel.transfer,
-                                    eps2d=cfg.train.eps2d)
+                                    eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
             fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
     return refine_for_viewers(fitted, trainer, scene, layout, cfg)
 
@@ -631,7 +638,7 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
-    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, iterations=steps, densify_from=10**9,
+    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps, densify_from=10**9,
                  densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0, alpha_weight=0.0,
                  seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
@@ -669,7 +676,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "psnr_foreground_initial": log.initial.psnr_foreground,
         "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_white": q.psnr_white,
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
-        "eps2d": trainer.cfg.eps2d,
+        "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,
@@ -753,7 +760,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
     ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] \
-        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d) else gaussians
+        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) else gaussians
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,

@@ -3,9 +3,10 @@
 ``rasterize`` renders a shard of Gaussians into premultiplied colour and alpha for a
 batch of cameras. Two backends compute the same image:
 
-- ``"gsplat"``: ``gsplat.rasterization`` (CUDA kernels; classic mode, no background).
+- ``"gsplat"``: ``gsplat.rasterization`` (CUDA kernels; classic or antialiased mode, no background).
 - ``"torch"``: a pure-PyTorch rasterizer that follows gsplat's math step by step
-  (EWA projection, ``eps2d`` blur, opacity-aware 3.33-sigma extent, alpha clamped at
+  (EWA projection, ``eps2d`` blur and, antialiased, its opacity compensation,
+  opacity-aware 3.33-sigma extent, alpha clamped at
   0.999, alphas below 1/255 skipped, front-to-back compositing that stops once the
   transmittance would fall to 1e-4). It runs on any device, is differentiable through
   autograd, and is the CPU training path and the oracle in tests.
@@ -89,6 +90,7 @@ def rasterize(
     near_plane: float = 0.01,
     far_plane: float = 1e10,
     eps2d: float = STANDARD_EPS2D,
+    antialiased: bool = False,
     radius_clip: float = 0.0,
     tile_size: int = 16,
 ) -> tuple[Tensor, Tensor, dict[str, Any]]:
@@ -112,6 +114,10 @@ def rasterize(
         near_plane, far_plane: Gaussians with camera depth outside (near, far) are culled.
         eps2d: added to the diagonal of every projected 2D covariance (px^2): the pixel filter.
             Standard 3DGS rasterizers and viewers add ``STANDARD_EPS2D``.
+        antialiased: also scale each Gaussian's opacity in each camera by
+            ``sqrt(det(cov2d) / det(cov2d + eps2d I))`` (gsplat's ``"antialiased"`` mode, Mip-Splatting's 2D
+            filter): the blur then spreads a splat's footprint without adding to its integral, as a box filter
+            of the pixel does, where ``False`` (gsplat's ``"classic"``) thickens what projects thinner than it.
         radius_clip: Gaussians whose pixel radius is <= this in both axes are culled.
         tile_size: gsplat's screen tile edge in pixels (the torch backend pairs
             Gaussians with pixels directly and does not use tiles).
@@ -132,6 +138,8 @@ def rasterize(
     """
     N, C = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
                      sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size)
+    if not isinstance(antialiased, bool):
+        raise ValueError(f"rasterize: antialiased: expected True or False, got {antialiased!r}")
     chosen = _resolve_backend(backend, means.device)
     if chosen == "gsplat":
         if means.dtype != torch.float32:
@@ -139,11 +147,11 @@ def rasterize(
         if N > 0:
             return _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks,
                                      width, height, sh_degree, near_plane, far_plane, eps2d,
-                                     radius_clip, tile_size)
+                                     antialiased, radius_clip, tile_size)
     # The torch path also serves an empty shard for gsplat: its result is all zeros.
     render, alpha, info = _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks,
                                            width, height, sh_degree, near_plane, far_plane,
-                                           eps2d, radius_clip)
+                                           eps2d, antialiased, radius_clip)
     info["backend"] = chosen
     return render, alpha, info
 
@@ -257,7 +265,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 # --------------------------------------------------------------------------- gsplat backend
 
 def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                      sh_degree, near_plane, far_plane, eps2d, radius_clip, tile_size):
+                      sh_degree, near_plane, far_plane, eps2d, antialiased, radius_clip, tile_size):
     import gsplat
 
     means, quats, scales, opacities, colors, viewmats, Ks = (
@@ -268,7 +276,7 @@ def _rasterize_gsplat(means, quats, scales, opacities, colors, viewmats, Ks, wid
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
         sh_degree=None, packed=False, tile_size=tile_size, backgrounds=None,
-        render_mode="RGB", rasterize_mode="classic", absgrad=False)
+        render_mode="RGB", rasterize_mode="antialiased" if antialiased else "classic", absgrad=False)
     means2d = meta["means2d"]
     if means2d.requires_grad:
         means2d.retain_grad()
@@ -294,13 +302,15 @@ class _Projected:
     """Gaussians projected into C cameras (the torch backend's intermediate state).
 
     means2d: [C, N, 2] pixel centres; conics: [C, N, 3] inverse 2D covariance (xx, xy, yy);
-    depths: [C, N]; radii: [C, N, 2] int32 per-axis pixel radius, 0 where culled.
+    depths: [C, N]; radii: [C, N, 2] int32 per-axis pixel radius, 0 where culled;
+    compensations: [C, N] the antialiased mode's opacity factors (None in classic mode).
     """
 
     means2d: Tensor
     conics: Tensor
     depths: Tensor
     radii: Tensor
+    compensations: Tensor | None = None
 
 
 def _quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
@@ -316,8 +326,8 @@ def _quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
 
 
 def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
-             near_plane, far_plane, eps2d, radius_clip) -> _Projected:
-    """EWA splatting projection, as gsplat's fully fused projection (pinhole, classic)."""
+             near_plane, far_plane, eps2d, radius_clip, antialiased: bool = False) -> _Projected:
+    """EWA splatting projection, as gsplat's fully fused projection (pinhole, classic or antialiased)."""
     covars = _quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
     Rv, tv = viewmats[:, :3, :3], viewmats[:, :3, 3]                     # [C, 3, 3], [C, 3]
     means_c = torch.einsum("cij,nj->cni", Rv, means) + tv[:, None, :]    # [C, N, 3]
@@ -345,11 +355,18 @@ def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
     valid = valid & (det > 0)
     det = torch.where(valid, det, torch.ones_like(det))
     conics = torch.stack([c / det, -b / det, a / det], dim=-1)           # [C, N, 3]
+    compensations = None
+    if antialiased:     # the blur spreads the footprint and keeps its integral (gsplat's add_blur)
+        det_orig = (a - eps2d) * (c - eps2d) - b * b
+        compensations = torch.sqrt(torch.clamp(det_orig / det, min=0.0))
     means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)    # [C, N, 2]
 
     with torch.no_grad():
-        # Opacity-aware extent: beyond it alpha < 1/255 (gsplat passes opacities for this).
+        # Opacity-aware extent: beyond it alpha < 1/255 (gsplat passes opacities for this, times the
+        # compensation in antialiased mode).
         op = opacities.detach()[None, :].expand_as(a)
+        if compensations is not None:
+            op = op * compensations.detach()
         valid = valid & (op >= ALPHA_THRESHOLD)
         extend = torch.sqrt(2.0 * torch.log(op.clamp(min=ALPHA_THRESHOLD) / ALPHA_THRESHOLD))
         extend = extend.clamp(max=EXTENT_SIGMAS)
@@ -359,7 +376,7 @@ def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
         mx, my = means2d.detach().unbind(-1)
         valid = valid & (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
         radii = torch.where(valid[..., None], torch.stack([rx, ry], dim=-1), 0).to(torch.int32)
-    return _Projected(means2d, conics, means_c[..., 2], radii)
+    return _Projected(means2d, conics, means_c[..., 2], radii, compensations)
 
 
 @dataclass
@@ -493,10 +510,10 @@ def _composite(packed: Tensor, proj: _Projected, width: int, height: int, budget
 
 
 def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                     sh_degree, near_plane, far_plane, eps2d, radius_clip):
+                     sh_degree, near_plane, far_plane, eps2d, antialiased, radius_clip):
     C, N = viewmats.shape[0], means.shape[0]
     proj = _project(means, quats, scales, opacities, viewmats, Ks, width, height,
-                    near_plane, far_plane, eps2d, radius_clip)
+                    near_plane, far_plane, eps2d, radius_clip, antialiased)
     means2d = proj.means2d
     if means2d.requires_grad:
         means2d.retain_grad()
@@ -508,6 +525,8 @@ def _rasterize_torch(means, quats, scales, opacities, colors, viewmats, Ks, widt
         rgb = eval_sh(sh_degree, dirs, colors[None].expand(C, *colors.shape))
         rgb = torch.clamp_min(rgb + 0.5, 0.0)
     log_op = torch.log(opacities.clamp(min=1e-30))[None, :, None].expand(C, N, 1)
+    if proj.compensations is not None:
+        log_op = log_op + torch.log(proj.compensations.clamp(min=1e-30))[..., None]
     # One row per (camera, Gaussian): mean2d (2), conic (3), log opacity, the D colour channels, 1.
     packed = torch.cat([means2d, proj.conics, log_op, rgb, torch.ones_like(log_op)], dim=-1)
     packed = packed.reshape(C * N, packed.shape[-1])

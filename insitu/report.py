@@ -193,6 +193,7 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "background": background,
         "lighting": HEADLIGHT.as_dict() if metrics.get("color_model") == "lit" else None,
         "eps2d": _number(metrics.get("eps2d", STANDARD_EPS2D)),      # the blur the model was trained with
+        "antialiased": bool(metrics.get("antialiased", False)),      # ... and whether it kept each splat's integral
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
                    for p in sorted(d.rglob("*.png"))],
     }

@@ -51,7 +51,8 @@ def from_params(params: dict[str, Tensor]) -> Gaussians:
 
 def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
                  background: Tensor, colors: ColorModel | None, backend: str = "auto",
-                 transfer: str = "float32", eps2d: float = STANDARD_EPS2D) -> tuple[Tensor, dict]:
+                 transfer: str = "float32", eps2d: float = STANDARD_EPS2D,
+                 antialiased: bool = False) -> tuple[Tensor, dict]:
     """Render this rank's shard for views ``ids`` and composite across ranks.
 
     params: the shard (gsplat names, pre-activation).
@@ -72,7 +73,8 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
                                        views.positions[ids])
     rgb, alpha, info = rasterize(
         params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]),
-        rgb, viewmats, views.Ks[ids], views.width, views.height, sh_degree=sh_degree, backend=backend, eps2d=eps2d)
+        rgb, viewmats, views.Ks[ids], views.width, views.height, sh_degree=sh_degree, backend=backend, eps2d=eps2d,
+        antialiased=antialiased)
     if not rgb.requires_grad:       # an empty shard: backward must still reach the collectives
         rgb, alpha = rgb.detach().requires_grad_(), alpha.detach().requires_grad_()
     if comm.size > 1:               # one rank holds the whole image: nothing to composite
@@ -85,7 +87,7 @@ def render_bands(params: dict[str, Tensor], views: Views, ids: Tensor, order: Te
 
 def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: Tensor, gt: Tensor, comm, *,
                        backend: str = "auto", batch: int = 1, only: Tensor | None = None,
-                       eps2d: float = STANDARD_EPS2D) -> Gaussians:
+                       eps2d: float = STANDARD_EPS2D, antialiased: bool = False) -> Gaussians:
     """Each Gaussian's colour (SH band 0) from the ground-truth pixels it covers; collective over ``comm``.
 
     gaussians: this rank's shard.
@@ -112,7 +114,7 @@ def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: T
     black = torch.zeros(3, device=device, dtype=dtype)
     for chunk in torch.as_tensor(ids, device=device).split(max(int(batch), 1)):
         pred, _ = render_bands(params, views, chunk, order, comm, background=black, colors=None,
-                               backend=backend, eps2d=eps2d)
+                               backend=backend, eps2d=eps2d, antialiased=antialiased)
         target = gt[chunk.to(gt.device)].to(device=device, dtype=dtype)
         (pred * target[..., :3]).sum().backward(retain_graph=True)      # every rank: the collectives
         if colors.grad is not None:
@@ -133,7 +135,8 @@ def colors_from_images(gaussians: Gaussians, views: Views, ids: Tensor, order: T
 
 
 def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, error: Tensor, *,
-                     backend: str = "auto", transfer: str = "float32", eps2d: float = STANDARD_EPS2D) -> Tensor:
+                     backend: str = "auto", transfer: str = "float32", eps2d: float = STANDARD_EPS2D,
+                     antialiased: bool = False) -> Tensor:
     """``[N, 2]`` for each Gaussian of this rank's shard: the per-pixel ``error`` ([B, h, W, 1], this rank's
     band of views ``ids``) summed over the pixels it shows in, weighted by its blending weight in the
     composited render, and that weight summed; collective over ``comm``.
@@ -151,7 +154,7 @@ def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order
         ch, alpha, _ = rasterize(params["means"].detach(), params["quats"].detach(),
                                  torch.exp(params["scales"].detach()), torch.sigmoid(params["opacities"].detach()),
                                  ones, views.viewmats[ids], views.Ks[ids], views.width, views.height,
-                                 sh_degree=None, backend=backend, eps2d=eps2d)
+                                 sh_degree=None, backend=backend, eps2d=eps2d, antialiased=antialiased)
         if not ch.requires_grad:       # an empty shard: backward must still reach the collectives
             ch = ch.detach().requires_grad_()
         if comm.size > 1:
@@ -164,7 +167,7 @@ def footprint_errors(params: dict[str, Tensor], views: Views, ids: Tensor, order
 
 def footprint_sides(params: dict[str, Tensor], views: Views, ids: Tensor, order: Tensor, comm, *,
                     rows: tuple[int, int], backend: str = "auto", transfer: str = "float32",
-                    eps2d: float = STANDARD_EPS2D) -> Tensor:
+                    eps2d: float = STANDARD_EPS2D, antialiased: bool = False) -> Tensor:
     """``[N, 2]`` for each Gaussian of this rank's shard its footprint in views ``ids`` (its blending
     weight summed over their pixels, as the composited render shows it: its area in pixels times its
     opacity and the transmittance in front of it, across ranks), summed over the views that see its
@@ -180,7 +183,7 @@ def footprint_sides(params: dict[str, Tensor], views: Views, ids: Tensor, order:
         cameras = views.positions[ids].to(means.device)
         for k in range(len(ids)):
             w = footprint_errors(params, views, ids[k:k + 1], order, comm, zero, backend=backend,
-                                 transfer=transfer, eps2d=eps2d)[:, 1]
+                                 transfer=transfer, eps2d=eps2d, antialiased=antialiased)[:, 1]
             front = ((cameras[k] - means.detach()) * normals).sum(1) > 0
             sides[:, 0] += w * front
             sides[:, 1] += w

@@ -391,6 +391,39 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     assert standard["eps2d"] == 0.3 and m["psnr"] != pytest.approx(standard["psnr"], abs=1e-3)
 
 
+def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_drawn_classic(comm, monkeypatch):
+    """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
+    metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
+    so an antialiased model refits it even at the viewers' blur; the figures differ from a classic run."""
+    import insitu.pipeline as pipeline
+    import insitu.training as training
+    from insitu.appearance import drawn_otherwise
+    from insitu.rendering import rasterize
+
+    calls = {"training": [], "pipeline": []}
+
+    def spy(where):
+        def recorded(*args, **kw):
+            calls[where].append((kw.get("eps2d"), kw.get("antialiased", False)))
+            return rasterize(*args, **kw)
+        return recorded
+
+    monkeypatch.setattr(training, "rasterize", spy("training"))
+    monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
+    block = whole_block(sphere_field())
+    cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=True, color_model="sh", sh_degree=1)
+    cfg.output.ply_refine = 1.0
+    assert drawn_otherwise("sh", 0.3, True) and not drawn_otherwise("sh", 0.3, False)
+    m = compute_step(block, cfg, comm).metrics
+    assert m["antialiased"] is True and m["eps2d"] == 0.3
+    trained, refined = calls["training"][:-3], calls["training"][-3:]            # one view per step
+    assert len(trained) > 3 and set(trained) == {(0.3, True)} and refined == [(0.3, False)] * 3, calls
+    assert calls["pipeline"] and set(calls["pipeline"]) == {(0.3, False)}, calls  # model_quality: model.ply
+    monkeypatch.undo()
+    classic = compute_step(block, tiny_config(iterations=3, eps2d=0.3, color_model="sh", sh_degree=1), comm).metrics
+    assert classic["antialiased"] is False and m["psnr"] != pytest.approx(classic["psnr"], abs=1e-3)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 def test_iso_outside_the_range_is_refused_before_anything_is_written(comm, tmp_path):

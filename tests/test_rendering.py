@@ -73,6 +73,25 @@ def test_single_isotropic_gaussian_matches_closed_form():
     assert alpha[0, 16, 30, 0].item() == 0.0 and alpha[0, 0, 0, 0].item() == 0.0
 
 
+@pytest.mark.parametrize("s_px", [0.2, 1.5])
+def test_antialiased_blur_keeps_a_gaussians_integral(s_px):
+    """Antialiased, the eps2d blur scales the opacity by s^2 / (s^2 + eps2d) (an isotropic splat of s px):
+    the footprint's integral stays opacity * 2 pi s^2 whatever the blur; classic adds to it."""
+    f, z, W, eps2d, opacity = 100.0, 5.0, 33, 0.3, 0.8
+    viewmats, Ks = camera(f, 16.5, 16.5)
+    g = gaussians([[0.0, 0.0, z]], [s_px * z / f], [opacity], [[1.0, 1.0, 1.0]])
+    aa = rasterize(*g, viewmats, Ks, W, W, backend="torch", eps2d=eps2d, antialiased=True)[1][0, ..., 0]
+    classic = rasterize(*g, viewmats, Ks, W, W, backend="torch", eps2d=eps2d)[1][0, ..., 0]
+    var = s_px ** 2 + eps2d
+    for dx, dy in [(0, 0), (1, 0), (0, -1), (1, 1)]:
+        want = opacity * s_px ** 2 / var * math.exp(-0.5 * (dx * dx + dy * dy) / var)
+        if want >= ALPHA_THRESHOLD:
+            assert aa[16 + dy, 16 + dx].item() == pytest.approx(want, rel=1e-5), (dx, dy)
+            assert classic[16 + dy, 16 + dx].item() == pytest.approx(want * var / s_px ** 2, rel=1e-5)
+    if s_px > 1:                               # resolved by the pixels: the integral is 2 pi s^2 opacity
+        assert float(aa.sum()) == pytest.approx(2 * math.pi * s_px ** 2 * opacity, rel=2e-2)
+
+
 @pytest.mark.parametrize("near_first", [True, False])
 def test_two_gaussians_composite_front_to_back(near_first):
     f, W = 80.0, 25
@@ -113,8 +132,8 @@ def test_gradients_reach_every_parameter_and_means2d():
     assert (g2d[info["radii"] == 0] == 0).all()
 
 
-@pytest.mark.parametrize("budget", [1 << 16, 8])
-def test_gradients_match_finite_differences(budget, monkeypatch):
+@pytest.mark.parametrize("budget, antialiased", [(1 << 16, False), (8, False), (1 << 16, True)])
+def test_gradients_match_finite_differences(budget, antialiased, monkeypatch):
     monkeypatch.setattr(rendering, "_PAIR_BUDGET", budget)   # 8: one Gaussian per depth run
     dtype = torch.float64
     means, quats, scales, opacities, colors = gaussians(
@@ -126,7 +145,7 @@ def test_gradients_match_finite_differences(budget, monkeypatch):
     w = torch.rand(1, 10, 12, 3, generator=torch.Generator().manual_seed(3), dtype=dtype)
 
     def loss(m, q, s, o, c):
-        render, alpha, _ = rasterize(m, q, s, o, c, viewmats, Ks, 12, 10, backend="torch")
+        render, alpha, _ = rasterize(m, q, s, o, c, viewmats, Ks, 12, 10, backend="torch", antialiased=antialiased)
         return (render * w).sum() + alpha.sum()
 
     inputs = tuple(t.clone().requires_grad_() for t in (means, quats, scales, opacities, colors))
@@ -245,6 +264,7 @@ def test_alpha_stays_in_range_and_opaque_stack_saturates(budget, monkeypatch):
     (dict(means=torch.zeros(4, 3, dtype=torch.float64)), r"one dtype: means is torch.float64, quats is torch.float32"),
     (dict(opacities=torch.zeros(4, dtype=torch.int64)), r"opacities must be a floating-point tensor"),
     (dict(near_plane=2.0, far_plane=1.0), r"near_plane < far_plane"),
+    (dict(antialiased="yes"), r"antialiased: expected True or False, got 'yes'"),
 ])
 def test_bad_inputs_raise_clear_errors(change, message):
     args = dict(means=torch.zeros(4, 3), quats=torch.zeros(4, 4), scales=torch.zeros(4, 3),
@@ -297,7 +317,7 @@ def test_eval_sh_matches_gsplat(degree):
 
 
 def _gsplat_kernel_reference(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                             tile_size):
+                             tile_size, antialiased=False):
     """gsplat's pipeline with its pure-torch projection and tile intersection, then a literal
     per-pixel transcription of its forward kernel (RasterizeToPixels3DGSFwd.cu)."""
     from gsplat.cuda._torch_impl import (_fully_fused_projection, _isect_offset_encode, _isect_tiles,
@@ -305,8 +325,12 @@ def _gsplat_kernel_reference(means, quats, scales, opacities, colors, viewmats, 
 
     C, N = viewmats.shape[0], means.shape[0]
     covars, _ = _quat_scale_to_covar_preci(quats, scales, compute_preci=False)
-    radii, means2d, depths, conics, _ = _fully_fused_projection(
-        means, covars, viewmats, Ks, width, height, eps2d=0.3, near_plane=0.01)
+    radii, means2d, depths, conics, compensations = _fully_fused_projection(
+        means, covars, viewmats, Ks, width, height, eps2d=0.3, near_plane=0.01, calc_compensations=antialiased)
+    if antialiased:                           # gsplat's rasterization: opacities times the compensations
+        opacities = (opacities[None, :] * compensations).reshape(-1)
+    else:
+        opacities = opacities[None, :].expand(C, N).reshape(-1)
     tiles_x, tiles_y = math.ceil(width / tile_size), math.ceil(height / tile_size)
     _, isect_ids, flatten_ids = _isect_tiles(means2d, radii, depths, tile_size, tiles_x, tiles_y)
     offsets = _isect_offset_encode(isect_ids, C, tiles_x, tiles_y).flatten().tolist() + [len(flatten_ids)]
@@ -320,7 +344,7 @@ def _gsplat_kernel_reference(means, quats, scales, opacities, colors, viewmats, 
                 tile = (c * tiles_y + i // tile_size) * tiles_x + j // tile_size
                 px, py, T, out = j + 0.5, i + 0.5, 1.0, np.zeros(3)
                 for g in ids[offsets[tile]:offsets[tile + 1]]:
-                    (x, y), (a, b, cc), op = m2d[g], con[g], ops[g % N]
+                    (x, y), (a, b, cc), op = m2d[g], con[g], ops[g]
                     dx, dy = x - px, y - py
                     sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
                     al = min(ALPHA_MAX, op * math.exp(-sigma))
@@ -335,8 +359,8 @@ def _gsplat_kernel_reference(means, quats, scales, opacities, colors, viewmats, 
     return torch.tensor(render, dtype=torch.float32), torch.tensor(alpha, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("budget", [1 << 16, 40])
-def test_render_matches_gsplat_kernel_transcription(budget, monkeypatch):
+@pytest.mark.parametrize("budget, antialiased", [(1 << 16, False), (40, False), (1 << 16, True)])
+def test_render_matches_gsplat_kernel_transcription(budget, antialiased, monkeypatch):
     # A small budget splits the Gaussians into many depth runs (transmittance carried over).
     monkeypatch.setattr(rendering, "_PAIR_BUDGET", budget)
     means, quats, scales, opacities, colors = random_scene(60, seed=5, scale=0.08)
@@ -350,9 +374,9 @@ def test_render_matches_gsplat_kernel_transcription(budget, monkeypatch):
     views.viewmats[1] = torch.tensor(look_at(np.array([0.0, 0.0, -2.5]), np.zeros(3)), dtype=torch.float32)
     width, height = 22, 18
     render, alpha, _ = rasterize(means, quats, scales, opacities, colors, views.viewmats, views.Ks,
-                                 width, height, backend="torch")
+                                 width, height, backend="torch", antialiased=antialiased)
     want_render, want_alpha = _gsplat_kernel_reference(means, quats, scales, opacities, colors,
-                                                       views.viewmats, views.Ks, width, height, 8)
+                                                       views.viewmats, views.Ks, width, height, 8, antialiased)
     assert want_alpha.max() > 0.99            # the opaque stack is in view
     torch.testing.assert_close(alpha, want_alpha, rtol=0, atol=2e-5)
     torch.testing.assert_close(render, want_render, rtol=0, atol=2e-5)
@@ -361,7 +385,8 @@ def test_render_matches_gsplat_kernel_transcription(budget, monkeypatch):
 # --------------------------------------------------------------------------- gsplat on CUDA
 
 @pytest.mark.gpu
-def test_gsplat_and_torch_backends_agree_on_cuda():
+@pytest.mark.parametrize("antialiased", [False, True])
+def test_gsplat_and_torch_backends_agree_on_cuda(antialiased):
     device = torch.device("cuda")
     scene = [t.to(device) for t in random_scene(4000, seed=7, scale=0.02)]
     g = torch.Generator().manual_seed(8)
@@ -374,7 +399,7 @@ def test_gsplat_and_torch_backends_agree_on_cuda():
     for backend in ("gsplat", "torch"):
         params = [t.detach().clone().requires_grad_() for t in (*scene[:4], sh)]
         render, alpha, info = rasterize(*params, views.viewmats, views.Ks, 128, 128, sh_degree=1,
-                                        backend=backend)
+                                        backend=backend, antialiased=antialiased)
         assert info["backend"] == backend
         ((render * weights).sum() + alpha.sum()).backward()
         results[backend] = (render.detach(), alpha.detach(), info, [p.grad for p in params])

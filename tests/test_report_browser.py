@@ -168,12 +168,15 @@ def synthetic(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic") / "out"
     views = orbit_views([-5, -5, -5], [5, 5, 5], 16, 96)
     writer = StepWriter(out)
-    for step in (0, 5, 10):
+    for step in (0, 5, 10, 15):
         g = random_gaussians(300, 1, seed=step, extent=4.0)
         g.log_scales -= 1.0
         metrics = {"psnr": 20.0}
         if step == 10:                            # trained with a smaller blur than standard viewers add
             metrics["eps2d"] = 0.05
+        if step == 15:                            # trained antialiased: the blur keeps each splat's integral
+            g.log_scales -= 1.5                   # splats under a pixel, where the two modes differ
+            metrics["eps2d"], metrics["antialiased"] = 0.3, True
         if step == 5:                             # a lit model: base colours (degree 0), shaded by the viewer
             g.log_scales[:, 2] -= 2.0             # discs, as training makes them
             base = torch.rand(len(g), 3, generator=torch.Generator().manual_seed(5)) * 0.7 + 0.2
@@ -202,6 +205,9 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
     dt = browser
     dt.send("Page.navigate", url=base + "report.html")
     dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '2';"
+            " s.dispatchEvent(new Event('input')); })()")
+    dt.wait_for("insituViewer.state().url === 'step_000010/model.spz'")
     assert dt.eval("insituViewer.state().blur") == pytest.approx([0.05, 0.0])
     g = read_spz(out / "step_000010" / "model.spz")
     quats = g.quats / g.quats.norm(dim=1, keepdim=True)
@@ -222,6 +228,35 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
             " s.dispatchEvent(new Event('input')); })()")
     dt.wait_for("insituViewer.state().url === 'step_000000/model.spz'")
     assert dt.eval("insituViewer.state().blur") == pytest.approx([0.3, 0.0])    # no eps2d: the standard blur
+
+
+def test_viewer_draws_an_antialiased_model_as_the_rasterizer_does(browser, synthetic):
+    """A step trained antialiased (step 15: ``eps2d`` 0.3, ``antialiased``): the viewer adds the blur with
+    Spark's opacity-scaling ``blurAmount``, and its canvas matches the rasterizer's antialiased render of
+    the model, not its classic one."""
+    from insitu.rendering import rasterize
+    from insitu.webmodel import read_spz
+
+    out, base, views = synthetic
+    dt = browser
+    dt.send("Page.navigate", url=base + "report.html")
+    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '3';"
+            " s.dispatchEvent(new Event('input')); })()")
+    dt.wait_for("insituViewer.state().url === 'step_000015/model.spz'")
+    assert dt.eval("insituViewer.state().blur") == pytest.approx([0.0, 0.3])
+    g = read_spz(out / "step_000015" / "model.spz")
+    quats = g.quats / g.quats.norm(dim=1, keepdim=True)
+    for view_id in (0, 7):
+        shot = show_view(dt, view_id)
+        ours = {}
+        for antialiased in (True, False):
+            rgb, _, _ = rasterize(g.means, quats, g.scales, g.opacities, g.sh, views.viewmats[[view_id]],
+                                  views.Ks[[view_id]], 96, 96, sh_degree=1, backend="torch", eps2d=0.3,
+                                  antialiased=antialiased)
+            ours[antialiased] = psnr(shot, (rgb[0].clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
+        print(f"antialiased model, view {view_id}: viewer vs rasterizer {ours}")
+        assert ours[True] >= 35.0 and ours[True] > ours[False] + 1, (view_id, ours, dt.log[-20:])
 
 
 def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):

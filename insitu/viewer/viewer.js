@@ -21,9 +21,10 @@ renderer.setPixelRatio(window.devicePixelRatio || 1);
 box.appendChild(renderer.domElement);
 const scene = new THREE.Scene();
 const camera = new THREE.PerspectiveCamera(40, 1, 0.01, 1000);
-// As the training rasterizer (gsplat "classic"): the step's blur (report data "eps2d", px^2) added to
-// the 2D covariance and nothing else (Spark's blurAmount, an antialiasing blur that also scales the
-// opacity, off), splats to 3 standard deviations, alphas below 1/255 dropped, sorted by view depth.
+// As the training rasterizer: the step's blur (report data "eps2d", px^2) added to the 2D covariance,
+// as gsplat's "classic" mode (Spark's preBlurAmount) or, for a step trained "antialiased", with the opacity
+// scaled to keep each splat's integral (Spark's blurAmount); splats to 3 standard deviations, alphas
+// below 1/255 dropped, sorted by view depth.
 // Frames are drawn on demand: after a change, and when Spark has a new sort order (onDirty).
 let dirty = 2;
 const invalidate = () => { dirty = 2; };
@@ -229,7 +230,9 @@ async function show(index) {
   litShown = entry.lit;
   if (lightPanel) lightPanel.hidden = !entry.lit;
   if (entry.lit) applyLight(lightSet || step.lighting);  // and shaded for this eye, not the last one it had
-  spark.preBlurAmount = typeof step.eps2d === "number" ? step.eps2d : STANDARD_BLUR;
+  const blur = typeof step.eps2d === "number" ? step.eps2d : STANDARD_BLUR;
+  spark.preBlurAmount = step.antialiased ? 0.0 : blur;
+  spark.blurAmount = step.antialiased ? blur : 0.0;
   const bg = step.background || [0, 0, 0];
   scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
   if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
