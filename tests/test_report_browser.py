@@ -199,18 +199,10 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
     model: checks the camera mapping, the SPZ encoding (SH included) and the render settings together,
     the blur the model was trained with (step 10's metrics: ``eps2d`` 0.05) included."""
     from insitu.rendering import rasterize
-    from insitu.webmodel import read_spz
-
     out, base, views = synthetic
     dt = browser
-    dt.send("Page.navigate", url=base + "report.html")
-    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
-    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '2';"
-            " s.dispatchEvent(new Event('input')); })()")
-    dt.wait_for("insituViewer.state().url === 'step_000010/model.spz'")
+    g, quats = open_step(dt, base, out, 2, "step_000010")
     assert dt.eval("insituViewer.state().blur") == pytest.approx([0.05, 0.0])
-    g = read_spz(out / "step_000010" / "model.spz")
-    quats = g.quats / g.quats.norm(dim=1, keepdim=True)
     for view_id in (0, 5, 11):
         shot = show_view(dt, view_id)
         ids = [view_id]
@@ -224,9 +216,7 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
         assert value >= 35.0 and value > standard + 1, (view_id, value, standard, dt.log[-20:])
         mirrored = psnr(shot[:, ::-1], ours[0.05])             # a mirrored camera would not pass
         assert mirrored < value - 5, (view_id, value, mirrored)
-    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '0';"
-            " s.dispatchEvent(new Event('input')); })()")
-    dt.wait_for("insituViewer.state().url === 'step_000000/model.spz'")
+    select_step(dt, 0, "step_000000/model.spz")
     assert dt.eval("insituViewer.state().blur") == pytest.approx([0.3, 0.0])    # no eps2d: the standard blur
 
 
@@ -235,18 +225,10 @@ def test_viewer_draws_an_antialiased_model_as_the_rasterizer_does(browser, synth
     Spark's opacity-scaling ``blurAmount``, and its canvas matches the rasterizer's antialiased render of
     the model, not its classic one."""
     from insitu.rendering import rasterize
-    from insitu.webmodel import read_spz
-
     out, base, views = synthetic
     dt = browser
-    dt.send("Page.navigate", url=base + "report.html")
-    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
-    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '3';"
-            " s.dispatchEvent(new Event('input')); })()")
-    dt.wait_for("insituViewer.state().url === 'step_000015/model.spz'")
+    g, quats = open_step(dt, base, out, 3, "step_000015")
     assert dt.eval("insituViewer.state().blur") == pytest.approx([0.0, 0.3])
-    g = read_spz(out / "step_000015" / "model.spz")
-    quats = g.quats / g.quats.norm(dim=1, keepdim=True)
     for view_id in (0, 7):
         shot = show_view(dt, view_id)
         ours = {}
@@ -268,18 +250,10 @@ def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
     from insitu.appearance import lit_colors
     from insitu.lighting import HEADLIGHT, Headlight
     from insitu.rendering import rasterize
-    from insitu.webmodel import read_spz
-
     out, base, views = synthetic
     dt = browser
-    dt.send("Page.navigate", url=base + "report.html")
-    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    g, quats = open_step(dt, base, out, 1, "step_000005")
     assert dt.eval("insituReport.data.steps[1].lighting.shininess") == 32
-    dt.eval("(() => { const s = document.getElementById('slider'); s.value = '1';"
-            " s.dispatchEvent(new Event('input')); })()")
-    dt.wait_for("insituViewer.state().url === 'step_000005/model.spz'")
-    g = read_spz(out / "step_000005" / "model.spz")
-    quats = g.quats / g.quats.norm(dim=1, keepdim=True)
     flat = g.sh[:, 0] * 0.28209479177387814 + 0.5
     for view_id in (0, 6):
         shot = show_view(dt, view_id)
@@ -318,6 +292,25 @@ def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:
     image = np.asarray(Image.open(out / step_dir / "views" / f"{name}.png").convert("RGB"))
     w = (image.shape[1] - 2) // 2
     return image[:, :w]
+
+
+def open_step(dt: DevTools, base: str, out: Path, index: int, step_dir: str):
+    """Open the report, move its slider to timestep ``index`` (``step_dir``), and return that step's model
+    as the viewer decodes it (``read_spz``) with its rotations normalised."""
+    from insitu.webmodel import read_spz
+
+    dt.send("Page.navigate", url=base + "report.html")
+    dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
+    select_step(dt, index, f"{step_dir}/model.spz")
+    g = read_spz(out / step_dir / "model.spz")
+    return g, g.quats / g.quats.norm(dim=1, keepdim=True)
+
+
+def select_step(dt: DevTools, index: int, model: str) -> None:
+    """Move the timestep slider to ``index`` and wait until the viewer shows ``model``."""
+    dt.eval(f"(() => {{ const s = document.getElementById('slider'); s.value = '{index}';"
+            " s.dispatchEvent(new Event('input')); })()")
+    dt.wait_for(f"insituViewer.state().url === {json.dumps(model)}")
 
 
 def show_view(dt: DevTools, view_id: int) -> np.ndarray:
