@@ -638,9 +638,9 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
-    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps, densify_from=10**9,
-                 densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0, alpha_weight=0.0,
-                 seed=cfg.train.seed + 1)
+    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps,
+                 densify_from=10**9, densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
+                 alpha_weight=0.0, seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,
