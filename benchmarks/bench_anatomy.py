@@ -43,7 +43,7 @@ from insitu.files import write_png  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard,  # noqa: E402
-                             train)
+                             train, training_blur)
 from insitu.scene import make_scene  # noqa: E402
 from insitu.training import render_bands  # noqa: E402
 from insitu.views import HELD_OUT, pixel_size  # noqa: E402
@@ -135,8 +135,7 @@ def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str)
         acc = Anatomy()
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
-                                      colors=colors, backend=cfg.train.backend, eps2d=cfg.train.eps2d,
-                                      antialiased=cfg.train.antialiased)
+                                      colors=colors, backend=cfg.train.backend, **training_blur(cfg))
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
             if images is not None and j == 0:

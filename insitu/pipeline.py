@@ -197,15 +197,20 @@ def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
             yield epoch[i:i + B], (bgs[i:i + B] if bgs is not None else scene.background)
 
 
+def training_blur(cfg: Config) -> dict:
+    """The rasterizer's pixel filter the step trains and is evaluated with: ``eps2d`` and ``antialiased``
+    keyword arguments (:func:`insitu.rendering.rasterize`) from ``cfg.train``."""
+    return {"eps2d": cfg.train.eps2d, "antialiased": cfg.train.antialiased}
+
+
 def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg: Config, comm) -> Tensor:
     """One optimiser step on views ``ids`` against ``bg`` ([B, 3] or [3]); collective. Returns this rank's loss."""
+    blur = training_blur(cfg)
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
-                                    transfer=cfg.parallel.transfer, eps2d=cfg.train.eps2d,
-                                    antialiased=cfg.train.antialiased)
+                                    transfer=cfg.parallel.transfer, **blur)
     footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
-                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer,
-                                                   eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
+                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer, **blur)
     gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
                         gt_alpha=gt_alpha, footprints=footprints)
@@ -395,8 +400,7 @@ def init_colors(shard: Gaussians, scene: "Scene", cfg: Config, comm, *, only: Te
     k = min(cfg.seeds.color_views, len(train))
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
     return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
-                              batch=cfg.train.batch, only=only, eps2d=cfg.train.eps2d,
-                              antialiased=cfg.train.antialiased)
+                              batch=cfg.train.batch, only=only, **training_blur(cfg))
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
@@ -528,8 +532,7 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
     (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
     pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
     so that training need not wait for the import."""
-    colors, backend = trainer.colors, cfg.train.backend
-    blur = dict(eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
+    colors, backend, blur = trainer.colors, cfg.train.backend, training_blur(cfg)
 
     def render(comm):
         kept = [pred.half().cpu() for _, pred, _ in
@@ -577,7 +580,7 @@ def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config
     0's ``keep_images`` (name, gt, pred) images."""
     return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
                                                  backend=cfg.train.backend, keep_images=keep_images, ids=ids,
-                                                 eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased))
+                                                 **training_blur(cfg)))
 
 
 def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> dict[str, Quality]:
@@ -623,7 +626,7 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
             ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
             sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
                                     rows=scene.rows, backend=cfg.train.backend, transfer=cfg.parallel.transfer,
-                                    eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
+                                    **training_blur(cfg))
             fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
     return refine_for_viewers(fitted, trainer, scene, layout, cfg)
 

@@ -137,9 +137,7 @@ def rasterize(
     runs (whichever backend was chosen).
     """
     N, C = _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-                     sh_degree, backend, near_plane, far_plane, eps2d, radius_clip, tile_size)
-    if not isinstance(antialiased, bool):
-        raise ValueError(f"rasterize: antialiased: expected True or False, got {antialiased!r}")
+                     sh_degree, backend, near_plane, far_plane, eps2d, antialiased, radius_clip, tile_size)
     chosen = _resolve_backend(backend, means.device)
     if chosen == "gsplat":
         if means.dtype != torch.float32:
@@ -159,7 +157,7 @@ def rasterize(
 # --------------------------------------------------------------------------- validation
 
 def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-              sh_degree, backend, near_plane, far_plane, eps2d, radius_clip,
+              sh_degree, backend, near_plane, far_plane, eps2d, antialiased, radius_clip,
               tile_size) -> tuple[int, int]:
     named = {"means": means, "quats": quats, "scales": scales, "opacities": opacities,
              "colors": colors, "viewmats": viewmats, "Ks": Ks}
@@ -220,6 +218,8 @@ def _validate(means, quats, scales, opacities, colors, viewmats, Ks, width, heig
                          f"near_plane={near_plane}, far_plane={far_plane}")
     if eps2d < 0:
         raise ValueError(f"rasterize: eps2d: expected >= 0, got {eps2d}")
+    if not isinstance(antialiased, bool):
+        raise ValueError(f"rasterize: antialiased: expected True or False, got {antialiased!r}")
     if radius_clip < 0:
         raise ValueError(f"rasterize: radius_clip: expected >= 0, got {radius_clip}")
     return N, C
