@@ -37,7 +37,8 @@
 #           SH colours + Adam against gsplat's SH + Adam, and the SH kernels' block sizes (bench_shading.py)
 #   fidelity `insitu run` of the fidelity cases with the defaults (bonsai 1024^2 cold then warm, engine lit and sh,
 #           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py;
-#           FID_CASES="bonsai_cold bonsai engine engine_sh bonsai4m demo" (the default) chooses among them
+#           FID_CASES="bonsai_cold bonsai bonsai_dflt engine engine_sh bonsai4m demo" (the default) chooses among them;
+#           bonsai_dflt: the bonsai with the package's seed budget and density instead of 500k
 #   anatomy where the bonsai's surface error lies, initial and trained (bench_anatomy.py; ANATOMY_ARGS: more flags)
 #   compile the fidelity stage's bonsai run (the defaults) in a first process on the machine (an empty kernel cache),
 #           then again (warm), then both with parallel.compile_ahead off: what compiles when, on which thread, how
@@ -183,8 +184,10 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               cp /tmp/fid_$name/step_000000/metrics.json "$OUT/fid_$name.json" 2>/dev/null
             }
             FID="--views 448 --resolution 1024 --iterations 4000 --budget 500000"
-            for case in ${FID_CASES:-bonsai_cold bonsai engine engine_sh bonsai4m demo}; do case $case in
+            for case in ${FID_CASES:-bonsai_cold bonsai bonsai_dflt engine engine_sh bonsai4m demo}; do case $case in
               bonsai_cold|bonsai) fid $case $([ $case = bonsai ] && echo 120 || echo 150) "$BONSAI" --iso 40 $FID ;;
+              bonsai_dflt) fid bonsai_dflt 150 "$BONSAI" --iso 40 --views 448 --resolution 1024 --iterations 4000 ;;
+                                                                  # the seeds' budget and density of the package
               engine) fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID ;;
               engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model

@@ -64,11 +64,11 @@ class InputConfig:
 
 @dataclass
 class SeedConfig:
-    budget: int = constrained(200_000, POSITIVE)  # global number of Gaussians at initialisation
+    budget: int = constrained(2_000_000, POSITIVE)  # global number of Gaussians at initialisation, at most
     thickness: float = constrained(0.1, POSITIVE)  # disc thickness, as a fraction of its radius
     opacity: float = constrained(0.5, FRACTION)
     fill: bool = False                  # sample points on the triangles up to the budget
-    density: float = constrained(1.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
+    density: float = constrained(4.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
                                         # up to the budget (points drawn on the triangles where the surface has
                                         # fewer vertices); 0: one per marching-cubes vertex
     color_init: str = constrained("gt", choices=("gt", "constant"))  # gt: each Gaussian's colour from the
@@ -121,7 +121,7 @@ class TrainConfig:
     densify_from: int = constrained(500, NON_NEGATIVE)
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)
-    grad_threshold: float = constrained(2e-4, POSITIVE)
+    grad_threshold: float = constrained(1e-4, POSITIVE)  # gsplat's 2e-4 grows the lit model 1%
     split_px: float = constrained(0.0, NON_NEGATIVE)  # a Gaussian densification grows is split in two smaller
                                         # ones when its largest standard deviation exceeds this many pixels of
                                         # the nearest training view that sees it, else cloned; 0: gsplat's rule
@@ -145,7 +145,7 @@ class TrainConfig:
     eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
                                         # (its pixel filter) in training, the evaluation and the report's
                                         # viewer; standard 3DGS viewers, which draw model.ply, add 0.3
-    antialiased: bool = False           # the blur scales each splat's opacity so its footprint keeps its integral
+    antialiased: bool = True            # the blur scales each splat's opacity so its footprint keeps its integral
                                         # (gsplat's antialiased mode; Spark's blurAmount in the report's viewer)
     backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
     progress: bool = True
