@@ -34,9 +34,11 @@ def sphere(n: int = 16) -> np.ndarray:
     return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
 
 
-@pytest.mark.parametrize("color_model, eps2d, refine, refit", [("lit", 0.05, 0.125, True), ("lit", 0.05, 0, False),
-                                                               ("sh", 0.05, 0.125, True), ("sh", 0.3, 0.125, False)])
-def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatch, color_model, eps2d, refine, refit):
+@pytest.mark.parametrize("color_model, eps2d, antialiased, refine, refit", [
+    ("lit", 0.05, True, 0.125, True), ("lit", 0.05, True, 0, False), ("sh", 0.05, False, 0.125, True),
+    ("sh", 0.3, False, 0.125, False), ("sh", 0.3, True, 0.125, True)])
+def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatch, color_model, eps2d, antialiased,
+                                                                       refine, refit):
     """When model.ply's SH model is trained after the step (output.ply_refine, a model that viewers draw
     otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step."""
     calls = []
@@ -44,7 +46,7 @@ def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatc
     monkeypatch.setattr(compilation, "_adam", lambda cfg, degree, device: calls.append(
         ("adam", cfg.train.color_model, degree)))
     cfg = small_config(color_model)
-    cfg.train.eps2d, cfg.output.ply_refine, cfg.train.sh_degree = eps2d, refine, 3
+    cfg.train.eps2d, cfg.train.antialiased, cfg.output.ply_refine, cfg.train.sh_degree = eps2d, antialiased, refine, 3
     key, job = kernel_groups(cfg)["colours and adam"]
     job(torch.device("cpu"))
     trains_sh = color_model == "sh" or refit

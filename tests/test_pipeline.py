@@ -61,11 +61,11 @@ def files_under(path) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ it learns
 
-def test_bonsai_training_gains_5_db_over_the_initial_model(comm):
+def test_bonsai_training_gains_4_5_db_over_the_initial_model(comm):
     """The CPU figure: bonsai at 64^3 (iso 40), 64 x 64 views; held-out PSNR after training
-    is at least 5 dB above the initial model's, seeded with the constant colour (the seed colours from
-    the ground truth start 4.5 dB higher: BENCHMARKS.md, CPU figures), and at least 21.5 dB (22.3 with
-    the default blur, ``train.eps2d`` 0.05: 16.5 -> 22.3 dB; with gsplat's 0.3, 14.0 -> 21.0)."""
+    is at least 4.5 dB above the initial model's, seeded with the constant colour (the seed colours from
+    the ground truth start 4.5 dB higher: BENCHMARKS.md, CPU figures), and at least 22.5 dB (the default
+    antialiased blur of 0.05 px^2: 18.6 -> 23.6 dB; classic 0.05: 16.5 -> 22.3; gsplat's 0.3: 14.0 -> 21.0)."""
     volume = downsample(read_raw(BONSAI), 4)
     assert volume.shape == (64, 64, 64)
     cfg = Config()
@@ -83,7 +83,7 @@ def test_bonsai_training_gains_5_db_over_the_initial_model(comm):
     print(f"bonsai 64^3: PSNR {m['psnr_initial']:.2f} -> {m['psnr']:.2f} dB (+{gain:.2f}), "
           f"{m['gaussians_initial']} -> {m['gaussians']} Gaussians, {seconds:.1f} s")
     assert m["iterations"] == 500 and m["test_views"] == 5
-    assert gain >= 5.0 and m["psnr"] >= 21.5
+    assert gain >= 4.5 and m["psnr"] >= 22.5
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -142,7 +142,7 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
     from conftest import plyfile_gaussians
     from insitu.pipeline import make_scene, model_quality
 
-    cfg = tiny_config(color_model=color_model, eps2d=0.3)
+    cfg = tiny_config(color_model=color_model, eps2d=0.3, antialiased=False)
     block = whole_block(sphere_field())
     m = run_step(block, cfg, comm, step=1, writer=StepWriter(tmp_path)).metrics
     saved = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
@@ -420,7 +420,8 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     assert len(trained) > 3 and set(trained) == {(0.3, True)} and refined == [(0.3, False)] * 3, calls
     assert calls["pipeline"] and set(calls["pipeline"]) == {(0.3, False)}, calls  # model_quality: model.ply
     monkeypatch.undo()
-    classic = compute_step(block, tiny_config(iterations=3, eps2d=0.3, color_model="sh", sh_degree=1), comm).metrics
+    classic_cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=False, color_model="sh", sh_degree=1)
+    classic = compute_step(block, classic_cfg, comm).metrics
     assert classic["antialiased"] is False and m["psnr"] != pytest.approx(classic["psnr"], abs=1e-3)
 
 
