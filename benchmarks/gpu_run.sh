@@ -187,7 +187,6 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
             for case in ${FID_CASES:-bonsai_cold bonsai bonsai_dflt engine engine_sh bonsai4m demo}; do case $case in
               bonsai_cold|bonsai) fid $case $([ $case = bonsai ] && echo 120 || echo 150) "$BONSAI" --iso 40 $FID ;;
               bonsai_dflt) fid bonsai_dflt 150 "$BONSAI" --iso 40 --views 448 --resolution 1024 --iterations 4000 ;;
-                                                                  # the seeds' budget and density of the package
               engine) fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID ;;
               engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model

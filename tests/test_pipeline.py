@@ -61,11 +61,12 @@ def files_under(path) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ it learns
 
-def test_bonsai_training_gains_4_5_db_over_the_initial_model(comm):
+def test_bonsai_training_gains_5_db_over_the_initial_model(comm):
     """The CPU figure: bonsai at 64^3 (iso 40), 64 x 64 views; held-out PSNR after training
-    is at least 4.5 dB above the initial model's, seeded with the constant colour (the seed colours from
-    the ground truth start 4.5 dB higher: BENCHMARKS.md, CPU figures), and at least 22.5 dB (the default
-    antialiased blur of 0.05 px^2: 18.6 -> 23.6 dB; classic 0.05: 16.5 -> 22.3; gsplat's 0.3: 14.0 -> 21.0)."""
+    is at least 5 dB above the initial model's, seeded with the constant colour (the seed colours from
+    the ground truth start 4.5 dB higher: BENCHMARKS.md, CPU figures), and at least 21.5 dB, with the
+    classic blur of 0.05 px^2 (16.5 -> 22.3 dB; gsplat's 0.3: 14.0 -> 21.0; the default antialiased blur
+    draws the seeds better, 18.6 -> 23.6)."""
     volume = downsample(read_raw(BONSAI), 4)
     assert volume.shape == (64, 64, 64)
     cfg = Config()
@@ -75,7 +76,7 @@ def test_bonsai_training_gains_4_5_db_over_the_initial_model(comm):
     t = cfg.train
     t.color_model, t.iterations, t.sh_degree, t.sh_increase_every = "sh", 500, 1, 100
     t.densify_from, t.densify_every, t.densify_until, t.opacity_reset_every = 100, 100, 400, 0
-    t.max_gaussians, t.backend, t.progress = 6000, "torch", False
+    t.max_gaussians, t.backend, t.progress, t.antialiased = 6000, "torch", False, False
     t0 = time.perf_counter()
     m = run_step(cut_block(volume, 0, 1), cfg, comm).metrics
     seconds = time.perf_counter() - t0
@@ -83,7 +84,7 @@ def test_bonsai_training_gains_4_5_db_over_the_initial_model(comm):
     print(f"bonsai 64^3: PSNR {m['psnr_initial']:.2f} -> {m['psnr']:.2f} dB (+{gain:.2f}), "
           f"{m['gaussians_initial']} -> {m['gaussians']} Gaussians, {seconds:.1f} s")
     assert m["iterations"] == 500 and m["test_views"] == 5
-    assert gain >= 4.5 and m["psnr"] >= 22.5
+    assert gain >= 5.0 and m["psnr"] >= 21.5
 
 
 # ------------------------------------------------------------------------------------------ outputs
