@@ -40,7 +40,7 @@ def volume_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--downsample", type=int, default=1)
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--views", type=int, default=448)
-    ap.add_argument("--iterations", type=int, default=4000)
+    ap.add_argument("--iterations", type=int, help="optimiser steps (default: the package's train.iterations)")
     ap.add_argument("--budget", type=int, default=500_000)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a base setting")
@@ -50,8 +50,9 @@ def base_settings(args: argparse.Namespace):
     """``(volume, overrides)``: the volume of ``--data`` and the settings of :func:`volume_arguments`."""
     volume = downsample(read_raw(args.data), args.downsample)
     base = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-            "train.iterations": args.iterations, "seeds.budget": args.budget, "train.progress": False,
-            "parallel.device": args.device}
+            "seeds.budget": args.budget, "train.progress": False, "parallel.device": args.device}
+    if args.iterations is not None:
+        base["train.iterations"] = args.iterations
     base.update(dict(parse_override(s) for s in args.set))
     return volume, base
 

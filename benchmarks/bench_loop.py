@@ -30,17 +30,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu import pipeline  # noqa: E402
-from insitu.config import load_config  # noqa: E402
+from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.seeds import extract_seeds, init_gaussians  # noqa: E402
-from insitu.training import Trainer  # noqa: E402
+from insitu.layouts import choose_layout  # noqa: E402
+from insitu.scene import make_scene  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 
@@ -71,29 +70,26 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=30)
     ap.add_argument("--steady", type=int, default=200)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
     args = ap.parse_args()
 
     comm = init_comm(device=args.device)
-    cfg = load_config(None, {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-                             "seeds.budget": args.budget, "train.sh_degree": 3, "train.iterations": args.iterations,
-                             "train.progress": False})
+    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
+                 "seeds.budget": args.budget, "train.iterations": args.iterations, "train.progress": False}
+    overrides.update(dict(parse_override(s) for s in args.set))
+    cfg = load_config(None, overrides)
     tc = cfg.train
     block = whole_block(read_raw(args.data))
     t0 = time.perf_counter()
-    seeds = extract_seeds(block, args.iso)
-    shard = init_gaussians(seeds, args.budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                           thickness=cfg.seeds.thickness, sh_degree=tc.sh_degree, seed=tc.seed,
-                           fill=cfg.seeds.fill, device=comm.device)
-    scene = pipeline.make_scene(block, cfg, comm)
-    shard = pipeline.init_colors(shard, scene, cfg, comm)
+    decomposition = pipeline.check_input(block, cfg, comm)      # as pipeline.compute_step sets a step up
+    layout = choose_layout(cfg, comm, block, decomposition)
+    seeding = pipeline.seed_shard(block, cfg, comm, None)
+    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
+                                           iterations=tc.iterations, warm=None)
     setup_s = sync(comm) - t0
-    lo, hi = block.box
-    box = (torch.as_tensor(lo - 2, dtype=torch.float32, device=comm.device),
-           torch.as_tensor(hi + 2, dtype=torch.float32, device=comm.device))
-    extent = 0.5 * float(np.linalg.norm(hi - lo))
-    trainer = Trainer(shard, tc, extent=extent, box=box, max_gaussians=tc.max_gaussians, device=comm.device,
-                      total_iterations=args.iterations)
-    draws = pipeline.batches(scene, tc)
+    draws = pipeline.batches(scene, dataclasses.replace(tc, batch=trainer.images_per_step))
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
            "resolution": args.resolution, "gaussians": len(trainer), "setup_s": round(setup_s, 2)}
     t = time.perf_counter()
@@ -104,7 +100,7 @@ def main() -> None:
     image_quality(tiny, tiny.flip(1))               # torchmetrics' first use in the process, on a tiny image
     out["metrics_first_s"] = round(sync(comm) - t, 3)
     t = sync(comm)
-    pipeline.evaluate(trainer.params, scene, comm, sh_degree=0, backend=tc.backend)
+    pipeline.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
     out["evaluate_first_s"] = round(sync(comm) - t, 3)
     out["first_ms"] = round(timed(comm, trainer, scene, cfg, draws, 1), 1)
     chunks = []
@@ -141,7 +137,7 @@ def main() -> None:
     if comm.device.type == "cuda":
         from bench_step import bare_raster_ms
 
-        ns = argparse.Namespace(warmup=10, steps=args.steady, batch=1, sh_degree=trainer.sh_degree)
+        ns = argparse.Namespace(warmup=10, steps=args.steady, batch=tc.batch, sh_degree=trainer.sh_degree)
         variants["bare_gsplat"] = round(bare_raster_ms(trainer, scene, ns), 2)
     out["variants_ms"] = variants
     if comm.device.type == "cuda":

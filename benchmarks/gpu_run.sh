@@ -37,8 +37,8 @@
 #           SH colours + Adam against gsplat's SH + Adam, and the SH kernels' block sizes (bench_shading.py)
 #   fidelity `insitu run` of the fidelity cases with the defaults (bonsai 1024^2 cold then warm, engine lit and sh,
 #           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py;
-#           FID_CASES="bonsai_cold bonsai bonsai_dflt engine engine_sh bonsai4m demo" (the default) chooses among them;
-#           bonsai_dflt: the bonsai with the package's seed budget and density instead of 500k
+#           FID_CASES="bonsai_cold bonsai bonsai_500k engine engine_sh bonsai4m demo" (the default) chooses among
+#           them; bonsai_500k: the bonsai with 500k seeds instead of the package's 2M
 #   anatomy where the bonsai's surface error lies, initial and trained (bench_anatomy.py; ANATOMY_ARGS: more flags)
 #   compile the fidelity stage's bonsai run (the defaults) in a first process on the machine (an empty kernel cache),
 #           then again (warm), then both with parallel.compile_ahead off: what compiles when, on which thread, how
@@ -48,14 +48,14 @@ set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
 MPIRUN="mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
-TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --psnr-target 30 --ssim-target 0.97 --budget 500000
+TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --batch 1 --psnr-target 30 --ssim-target 0.97 --budget 500000
         --set train.eval_every=1000 --set train.sh_degree=3 --quiet"
 figures() {   # the composite's and the viewer's figures of a metrics.json
   python -c "import json, sys; m = json.load(open(sys.argv[1])); print({k: m.get(k) for k in
     ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds',
      'evaluation_seconds', 'initial_evaluation_seconds', 'total_seconds')})" "$1"
 }
-PROTO="--iso 40 --views 448 --resolution 1024 --iterations 6000 --psnr-target 30 --ssim-target 0.97
+PROTO="--iso 40 --views 448 --resolution 1024 --iterations 6000 --batch 1 --psnr-target 30 --ssim-target 0.97
        --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
 BATCH2="--batch 2 --iterations 3000 --set train.eval_every=250"   # 2 views per step: the same images
 proto() {      # proto NAME P [ARGS...]: PROTO on P GPUs, metrics.json as $OUT/proto_NAME_metrics.json
@@ -81,14 +81,14 @@ for stage in "$@"; do
             done; done ;;
     big1|big2) n=${stage#big}
             timeout ${BIG_TIMEOUT:-560} $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-              --budget 4000000 --set seeds.fill=true --iterations 30000 --psnr-target 30 \
+              --budget 4000000 --set seeds.fill=true --iterations 30000 --batch 1 --psnr-target 30 \
               --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
               --iterations 300 --device cuda > "$OUT/adaptor.log" 2>&1; tail -n 8 "$OUT/adaptor.log" ;;
     ablate) for v in "noreset:--set train.opacity_reset_every=0" "sh300:--set train.sh_increase_every=300"; do
               name=${v%%:*}; CUDA_VISIBLE_DEVICES=0 timeout 110 python -m insitu run "$BONSAI" --iso 40 --views 448 \
-                --resolution 1024 --iterations 30000 --psnr-target 30 --budget 500000 --set train.eval_every=1000 \
+                --resolution 1024 --iterations 30000 --batch 1 --psnr-target 30 --budget 500000 --set train.eval_every=1000 \
                 --set train.sh_degree=3 --quiet ${v#*:} --out /tmp/$name > "$OUT/ablate_$name.log" 2>&1
               tail -n 2 "$OUT/ablate_$name.log"; cp /tmp/$name/step_000000/metrics.json "$OUT/ablate_${name}_metrics.json"
             done ;;
@@ -183,14 +183,14 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
                 > "$OUT/fid_$name.log" 2>&1; tail -n 1 "$OUT/fid_$name.log"
               cp /tmp/fid_$name/step_000000/metrics.json "$OUT/fid_$name.json" 2>/dev/null
             }
-            FID="--views 448 --resolution 1024 --iterations 4000 --budget 500000"
-            for case in ${FID_CASES:-bonsai_cold bonsai bonsai_dflt engine engine_sh bonsai4m demo}; do case $case in
+            FID="--views 448 --resolution 1024"     # the package's seeds (2M), iterations and batch
+            for case in ${FID_CASES:-bonsai_cold bonsai bonsai_500k engine engine_sh bonsai4m demo}; do case $case in
               bonsai_cold|bonsai) fid $case $([ $case = bonsai ] && echo 120 || echo 150) "$BONSAI" --iso 40 $FID ;;
-              bonsai_dflt) fid bonsai_dflt 150 "$BONSAI" --iso 40 --views 448 --resolution 1024 --iterations 4000 ;;
+              bonsai_500k) fid bonsai_500k 120 "$BONSAI" --iso 40 $FID --budget 500000 ;;
               engine) fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID ;;
-              engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID \
+              engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --budget 500000 --iterations 4000 --batch 1 \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model
-              bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 --iterations 4000 \
+              bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 \
                 --budget 4000000 --set seeds.fill=true ;;
               demo) CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet \
                   > "$OUT/fid_demo.log" 2>&1
@@ -202,7 +202,7 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               IFS=: read -r name cache extra <<< "$v"; rm -rf /tmp/cmp_$name
               CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_compile.py --cache /tmp/$cache \
                 --json "$OUT/compile_$name.json" -- run "$BONSAI" --iso 40 --views 448 --resolution 1024 \
-                --iterations 4000 --budget 500000 ${extra/=/ } --quiet --out /tmp/cmp_$name > "$OUT/compile_$name.log" 2>&1
+                --iterations 4000 --batch 1 --budget 500000 ${extra/=/ } --quiet --out /tmp/cmp_$name > "$OUT/compile_$name.log" 2>&1
               cp /tmp/cmp_$name/step_000000/metrics.json "$OUT/compile_${name}_metrics.json" 2>/dev/null
               python -c "import json, sys; c = json.load(open(sys.argv[1])); m = json.load(open(sys.argv[2]))
 print(sys.argv[3], 'wall', c['wall_s'], 'compiled', c['compiled'], 'loaded', c['loaded'], c['seconds_by_thread'],
@@ -215,7 +215,7 @@ print(sys.argv[3], 'wall', c['wall_s'], 'compiled', c['compiled'], 'loaded', c['
             done ;;
     anatomy) # where the bonsai's surface error is, before and after training with the defaults (bench_anatomy.py)
             CUDA_VISIBLE_DEVICES=0 timeout ${ANATOMY_TIMEOUT:-150} python benchmarks/bench_anatomy.py --data "$BONSAI" \
-              --iso 40 --resolution 1024 --iterations 4000 ${ANATOMY_ARGS:-} --images "$OUT/anatomy" \
+              --iso 40 --resolution 1024 --iterations 4000 --set train.batch=1 ${ANATOMY_ARGS:-} --images "$OUT/anatomy" \
               --json "$OUT/anatomy.json" > "$OUT/anatomy.log" 2>&1; tail -c 600 "$OUT/anatomy.log" ;;
     *) echo "unknown stage $stage" ;;
   esac

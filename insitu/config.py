@@ -99,8 +99,11 @@ class ViewConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = constrained(3000, POSITIVE)  # the position learning rate decays over them
-    batch: int = constrained(1, POSITIVE)  # views per optimiser step
+    iterations: int = constrained(1500, POSITIVE)  # optimiser steps, of `batch` views each; the position
+                                        # learning rate decays over them
+    batch: int = constrained(4, POSITIVE)  # views per optimiser step: on a GPU a step's work on every Gaussian
+                                        # (projection, colours, Adam) is shared by its views, 5.6 ms a view at 2M
+                                        # Gaussians and 1024^2 against 9.2 one at a time (BENCHMARKS.md, runs 69-70)
     color_model: str = constrained("lit", choices=("lit", "sh"))  # lit: a base colour and normal per Gaussian,
                                         # shaded per view with the ground truth's light | sh: spherical harmonics
     sh_degree: int = constrained(3, NON_NEGATIVE)  # sh: reached gradually, one band every sh_increase_every;
@@ -187,7 +190,8 @@ class InsituConfig:
     queue: int = constrained(1, POSITIVE)  # steps waiting to be trained
     policy: str = constrained("block", choices=("block", "discard"))     # discard: the newest step wins
     warm_start: bool = True
-    warm_iterations: int = constrained(500, NON_NEGATIVE)
+    warm_iterations: int = constrained(250, NON_NEGATIVE)   # a warm-started step's optimiser steps (a sixth of
+                                        # a cold one's, as before batches of 4)
 
 
 @dataclass

@@ -103,6 +103,7 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
 
     cfg = Config()
     cfg.views.count, cfg.views.resolution, cfg.seeds.fill, cfg.seeds.budget = 10, 100, True, 1000
+    cfg.train.batch = 1                                                       # one view per step (then 3, below)
     sort_last = memory_estimate(cfg, ranks=2)
     cfg.parallel.layout = "replicated"
     replicated, one = memory_estimate(cfg, ranks=2), memory_estimate(cfg, ranks=1)
@@ -112,6 +113,7 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
     assert replicated["gaussians"] == one["gaussians"] + 1000 * 48 * 4       # the SH gradient written out
     assert sort_last["loss"] == (50 + 10) * 100 * 24 * 4                       # SSIM planes: band and halo
     assert replicated["loss"] == one["loss"] == 100 * 100 * 24 * 4            # the whole view
-    assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds), ranks=1)   # one rank: no replicas
+    assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds, train=cfg.train),
+                                  ranks=1)                                    # one rank: no replicas
     cfg.train.batch = 3                                                       # the SH factors of every view
     assert memory_estimate(cfg, ranks=1)["gaussians"] == one["gaussians"] + 2 * 1000 * 37 * 4
