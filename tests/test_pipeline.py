@@ -48,7 +48,7 @@ def tiny_config(**train) -> Config:
     cfg.seeds.budget = 200
     cfg.output.images = 2
     t = cfg.train
-    t.iterations, t.backend, t.progress = 10, "torch", False
+    t.iterations, t.backend, t.progress, t.batch = 10, "torch", False, 1     # one view per step unless asked
     t.densify_from, t.opacity_reset_every = 10**6, 0
     for k, v in train.items():
         setattr(t, k, v)
@@ -77,6 +77,7 @@ def test_bonsai_training_gains_5_db_over_the_initial_model(comm):
     t.color_model, t.iterations, t.sh_degree, t.sh_increase_every = "sh", 500, 1, 100
     t.densify_from, t.densify_every, t.densify_until, t.opacity_reset_every = 100, 100, 400, 0
     t.max_gaussians, t.backend, t.progress, t.antialiased = 6000, "torch", False, False
+    t.batch = 1                         # the figures above: 500 steps of one view
     t0 = time.perf_counter()
     m = run_step(cut_block(volume, 0, 1), cfg, comm).metrics
     seconds = time.perf_counter() - t0

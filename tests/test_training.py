@@ -55,9 +55,9 @@ def shard(block):
 
 
 def train_config(**kw) -> TrainConfig:
-    """Densification and opacity resets off unless asked for; the torch rasterizer."""
+    """Densification and opacity resets off unless asked for; one view per step; the torch rasterizer."""
     base = dict(densify_from=10**6, densify_until=10**7, opacity_reset_every=0, backend="torch", progress=False,
-                color_model="sh")
+                color_model="sh", batch=1)
     base.update(kw)
     return TrainConfig(**base)
 

@@ -67,6 +67,7 @@ def tiny_config(iso: float) -> Config:
     cfg.seeds.budget = 2000
     cfg.seeds.fill = True
     cfg.train.iterations = 150
+    cfg.train.batch = 1                 # one view per step (per replica in the replicated layout)
     cfg.train.backend = "torch"
     cfg.train.progress = False
     cfg.train.seed = 3
@@ -147,7 +148,7 @@ def main(mode: str, out: Path | None) -> None:
         if rank == 0:
             one = init_comm(MPI.COMM_SELF, device="cpu")
             if mode == "replicated":            # the same views per step as the P replicas
-                cfg.train.batch = P
+                cfg.train.batch *= P
             train(one, cfg, field, out / "metrics_1.json")
             shutdown(one)
         comm.mpi.Barrier()
