@@ -47,15 +47,16 @@
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
+ONE_VIEW="--batch 1"   # the stages measured before four views per step (runs 69-71) keep one view per step
 MPIRUN="mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS"
-TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 --batch 1 --psnr-target 30 --ssim-target 0.97 --budget 500000
+TRAIN1="--iso 40 --views 448 --resolution 1024 --iterations 30000 $ONE_VIEW --psnr-target 30 --ssim-target 0.97 --budget 500000
         --set train.eval_every=1000 --set train.sh_degree=3 --quiet"
 figures() {   # the composite's and the viewer's figures of a metrics.json
   python -c "import json, sys; m = json.load(open(sys.argv[1])); print({k: m.get(k) for k in
     ('psnr', 'ssim', 'ply_psnr', 'ply_ssim', 'psnr_foreground', 'psnr_white', 'iterations', 'train_seconds',
      'evaluation_seconds', 'initial_evaluation_seconds', 'total_seconds')})" "$1"
 }
-PROTO="--iso 40 --views 448 --resolution 1024 --iterations 6000 --batch 1 --psnr-target 30 --ssim-target 0.97
+PROTO="--iso 40 --views 448 --resolution 1024 --iterations 6000 $ONE_VIEW --psnr-target 30 --ssim-target 0.97
        --budget 500000 --set train.eval_every=500 --set train.sh_degree=3 --quiet"
 BATCH2="--batch 2 --iterations 3000 --set train.eval_every=250"   # 2 views per step: the same images
 proto() {      # proto NAME P [ARGS...]: PROTO on P GPUs, metrics.json as $OUT/proto_NAME_metrics.json
@@ -81,14 +82,14 @@ for stage in "$@"; do
             done; done ;;
     big1|big2) n=${stage#big}
             timeout ${BIG_TIMEOUT:-560} $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-              --budget 4000000 --set seeds.fill=true --iterations 30000 --batch 1 --psnr-target 30 \
+              --budget 4000000 --set seeds.fill=true --iterations 30000 $ONE_VIEW --psnr-target 30 \
               --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
               --iterations 300 --device cuda > "$OUT/adaptor.log" 2>&1; tail -n 8 "$OUT/adaptor.log" ;;
     ablate) for v in "noreset:--set train.opacity_reset_every=0" "sh300:--set train.sh_increase_every=300"; do
               name=${v%%:*}; CUDA_VISIBLE_DEVICES=0 timeout 110 python -m insitu run "$BONSAI" --iso 40 --views 448 \
-                --resolution 1024 --iterations 30000 --batch 1 --psnr-target 30 --budget 500000 --set train.eval_every=1000 \
+                --resolution 1024 --iterations 30000 $ONE_VIEW --psnr-target 30 --budget 500000 --set train.eval_every=1000 \
                 --set train.sh_degree=3 --quiet ${v#*:} --out /tmp/$name > "$OUT/ablate_$name.log" 2>&1
               tail -n 2 "$OUT/ablate_$name.log"; cp /tmp/$name/step_000000/metrics.json "$OUT/ablate_${name}_metrics.json"
             done ;;
@@ -188,7 +189,7 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               bonsai_cold|bonsai) fid $case $([ $case = bonsai ] && echo 120 || echo 150) "$BONSAI" --iso 40 $FID ;;
               bonsai_500k) fid bonsai_500k 120 "$BONSAI" --iso 40 $FID --budget 500000 ;;
               engine) fid engine 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID ;;
-              engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --budget 500000 --iterations 4000 --batch 1 \
+              engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --budget 500000 --iterations 4000 $ONE_VIEW \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model
               bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 \
                 --budget 4000000 --set seeds.fill=true ;;
@@ -202,7 +203,7 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               IFS=: read -r name cache extra <<< "$v"; rm -rf /tmp/cmp_$name
               CUDA_VISIBLE_DEVICES=0 timeout 200 python benchmarks/bench_compile.py --cache /tmp/$cache \
                 --json "$OUT/compile_$name.json" -- run "$BONSAI" --iso 40 --views 448 --resolution 1024 \
-                --iterations 4000 --batch 1 --budget 500000 ${extra/=/ } --quiet --out /tmp/cmp_$name > "$OUT/compile_$name.log" 2>&1
+                --iterations 4000 $ONE_VIEW --budget 500000 ${extra/=/ } --quiet --out /tmp/cmp_$name > "$OUT/compile_$name.log" 2>&1
               cp /tmp/cmp_$name/step_000000/metrics.json "$OUT/compile_${name}_metrics.json" 2>/dev/null
               python -c "import json, sys; c = json.load(open(sys.argv[1])); m = json.load(open(sys.argv[2]))
 print(sys.argv[3], 'wall', c['wall_s'], 'compiled', c['compiled'], 'loaded', c['loaded'], c['seconds_by_thread'],

@@ -49,10 +49,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     _config_flag(g, "--color-var", "input.color_var", help="second field that colours the surface")
     _config_flag(g, "--views", "views.count", type=int, metavar="N", help="number of orbit views (default 448)")
     _config_flag(g, "--resolution", "views.resolution", type=int, metavar="PX", help="image width and height in pixels")
+    train = Config().train                  # the defaults the help names
     _config_flag(g, "--iterations", "train.iterations", type=int, metavar="N",
-                 help=f"optimiser steps per timestep, each of --batch views (default {Config().train.iterations})")
+                 help=f"optimiser steps per timestep, each of --batch views (default {train.iterations})")
     _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
-    _config_flag(g, "--batch", "train.batch", type=int, metavar="B", help=f"views per optimiser step (default {Config().train.batch})")
+    _config_flag(g, "--batch", "train.batch", type=int, metavar="B",
+                 help=f"views per optimiser step (default {train.batch})")
     _config_flag(g, "--psnr-target", "train.psnr_target", type=float, metavar="DB",
                  help="stop a step early at this held-out PSNR")
     _config_flag(g, "--ssim-target", "train.ssim_target", type=float, metavar="S", help="... and at this held-out SSIM")

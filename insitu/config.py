@@ -139,7 +139,8 @@ class TrainConfig:
                                         # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
-    opacity_reset_every: int = constrained(3000, NON_NEGATIVE)
+    opacity_reset_every: int = constrained(3000, NON_NEGATIVE)  # steps; only in the first half of training
+                                        # (so not within the default 1500 steps)
     max_gaussians: int = constrained(5_000_000, POSITIVE)
     psnr_target: float | None = constrained(None, POSITIVE)  # stop early once held-out PSNR reaches this (dB)
     ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
