@@ -14,7 +14,11 @@ ground truth or the render has alpha > 1/255, as ``psnr_foreground``):
 - by the ground truth's local contrast (|luminance difference| to the right and below neighbours):
   the inner pixels' share of the count and of the error per bin;
 - of the model: each Gaussian's in-plane standard deviation in pixels of the nearest training view,
-  its opacity, its normal against the field's at its centre and its centre's distance to the surface.
+  its opacity, its normal against the field's at its centre and its centre's distance to the surface;
+- by viewing direction (``by_polar``): each set's foreground PSNR pooled over its views whose direction
+  lies within 25 degrees of a pole (the z axis), 25-50 degrees from one, or further: whether views off the
+  orbit near the poles score lower because they are off the orbit (the orbit's own views there score
+  higher) or because of what they see there (those score as low).
 
     python benchmarks/bench_anatomy.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
         --iterations 4000 --images out_dir
@@ -52,6 +56,7 @@ from insitu.volume import iso_distance, unit_field, whole_block  # noqa: E402
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 
 CONTRAST_BINS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, math.inf)
+POLAR_BINS = (0.0, 25.0, 50.0, 90.01)   # degrees between a view's direction and the nearest pole
 
 
 def psnr(se: float, n: float) -> float:
@@ -113,6 +118,22 @@ class Anatomy:
         }
 
 
+def polar_degrees(views, ids) -> torch.Tensor:
+    """[len(ids)] degrees between each view's direction (its optical axis) and the nearer pole (+-z)."""
+    forward_z = views.viewmats[ids, 2, 2].double().abs().clamp(max=1.0)
+    return torch.rad2deg(torch.acos(forward_z))
+
+
+def by_polar(se: list[float], fg: list[float], polar: list[float]) -> dict:
+    """The pooled foreground PSNR of the views in each of ``POLAR_BINS``, with their count."""
+    out = {}
+    for lo, hi in zip(POLAR_BINS[:-1], POLAR_BINS[1:]):
+        inside = [i for i, a in enumerate(polar) if lo <= a < hi]
+        out[f"{lo:g}-{min(hi, 90):g}"] = {"views": len(inside), "psnr_foreground": round(psnr(
+            sum(se[i] for i in inside), sum(fg[i] for i in inside)), 3) if inside else None}
+    return out
+
+
 def evaluated_sets(views, orbit_count: int, per_set: int = 56) -> dict:
     """The held-out sets, and two sets of training views beside them (``train_orbit``: orbit views,
     ``train_close``: close-up training views; ``per_set`` of each, spread over their order), so that the
@@ -126,23 +147,27 @@ def evaluated_sets(views, orbit_count: int, per_set: int = 56) -> dict:
 
 
 @torch.no_grad()
-def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str) -> dict:
+def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str, per_set: int = 56) -> dict:
     views, out = scene.views, {}
     black = torch.zeros(3, device=comm.device)
-    for role, ids in evaluated_sets(views, cfg.views.count).items():
+    for role, ids in evaluated_sets(views, cfg.views.count, per_set).items():
         if len(ids) == 0:
             continue
-        acc = Anatomy()
+        acc, se, fg = Anatomy(), [], []
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
                                       colors=colors, backend=cfg.train.backend, **training_blur(cfg))
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
+            mask = (rgba[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255)
+            se += (((rgba[..., :3] - gt[..., :3]) ** 2).mean(-1) * mask).sum((1, 2)).tolist()
+            fg += mask.sum((1, 2)).tolist()
             if images is not None and j == 0:
                 h, w = gt.shape[1] // 4, gt.shape[2] // 4           # the middle half of the view
                 a, b = gt[0, h:3 * h, w:3 * w, :3], rgba[0, h:3 * h, w:3 * w, :3]
                 write_png(images / f"{tag}_{role}.png", torch.cat([a, b, ((b - a).abs() * 4).clamp(0, 1)], 1).cpu())
         out[role] = acc.result()
+        out[role]["by_polar"] = by_polar(se, fg, polar_degrees(views, ids).tolist())
     return out
 
 
@@ -175,6 +200,7 @@ def main() -> None:
     volume_arguments(ap)
     ap.add_argument("--images", type=Path, help="write ground truth | render | error PNGs here")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--train-views", type=int, default=56, help="training views taken apart per training set")
     args = ap.parse_args()
     volume, overrides = base_settings(args)
     cfg = load_config(None, overrides)
@@ -194,13 +220,14 @@ def main() -> None:
                                       iterations=cfg.train.iterations, warm=None)
         result = {"data": Path(args.data).name, "iso": args.iso, "resolution": args.resolution,
                   "settings": args.set, "initial": take_apart(trainer, scene, comm, cfg, trainer.colors,
-                                                              args.images, "initial"),
+                                                              args.images, "initial", args.train_views),
                   "initial_model": model_stats(trainer, scene, block, cfg)}
         t0 = time.perf_counter()
         train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
               gaussians=len(trainer), show=False)
         result["train_seconds"] = round(time.perf_counter() - t0, 2)
-        result["trained"] = take_apart(trainer, scene, comm, cfg, trainer.colors_trained, args.images, "trained")
+        result["trained"] = take_apart(trainer, scene, comm, cfg, trainer.colors_trained, args.images, "trained",
+                                       args.train_views)
         result["trained_model"] = model_stats(trainer, scene, block, cfg)
         print(json.dumps(result), flush=True)
         if args.json:
