@@ -303,6 +303,12 @@ def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
     return h
 
 
+def seeds_fill(cfg: Config) -> bool:
+    """Whether seeds are points drawn on the triangles up to the budget (``seeds.fill``, or a density
+    of seeds per pixel) rather than the marching-cubes vertices: cold and warm starts alike."""
+    return cfg.seeds.fill or cfg.seeds.density > 0
+
+
 def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seeding:
     """This rank's initial shard: Gaussians seeded on its block's surface, or the previous step's
     shard refit to it (``warm``, :func:`warm_shard`), as many as :func:`seed_count` says; with the lit
@@ -319,12 +325,11 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     fresh = None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, block, comm.device)
+            shard, fresh = warm_shard(warm.gaussians, seeds, budget, cfg, block, comm.device, rank=comm.rank)
         else:
             shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
                                    thickness=cfg.seeds.thickness, sh_degree=0 if lit else cfg.train.sh_degree,
-                                   seed=cfg.train.seed + comm.rank, fill=cfg.seeds.fill or cfg.seeds.density > 0,
-                                   device=comm.device)
+                                   seed=cfg.train.seed + comm.rank, fill=seeds_fill(cfg), device=comm.device)
         if lit:                                  # normals and base colours: the ground truth's at each seed
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
@@ -355,7 +360,7 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
 
 
 def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
-               keep: float = 0.5, near: float = 1.0) -> tuple[Gaussians, Tensor]:
+               keep: float = 0.5, near: float | None = None, rank: int = 0) -> tuple[Gaussians, Tensor]:
     """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
 
     Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
@@ -365,13 +370,20 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
           isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
           (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
           ended 1.8 dB below a cold one, 0.2 dB with this rule (BENCHMARKS.md).
-    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it.
+    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it. None:
+          the side of the area each new seed stands for (``sqrt(area / seeds)``), so that where the
+          kept Gaussians are sparser than a cold start's seeds the new ones fill in (a fixed cell kept
+          seeds by density, several per cell, out of every cell with one kept Gaussian: the Gray-Scott
+          L = 128 warm step at 1024^2 started from 200k Gaussians where a cold one seeds 551k).
+    rank: this rank's number, for the new seeds' draws (as the cold start's).
+    The new seeds are drawn as a cold start draws them (``seeds.fill`` or ``seeds.density``: points
+    on the triangles up to ``budget``; else the vertices).
     """
     from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
 
     fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed,
-                           device=device)
+                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed + rank,
+                           fill=seeds_fill(cfg), device=device)
     if len(warm) == 0 or len(seeds) == 0:
         return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
     old = warm.to(device)
@@ -380,7 +392,8 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
     old = old.select(torch.as_tensor(off <= keep, device=device))
     if len(old) == 0:
         return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
-    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=near * cell)
+    reach = near * cell if near is not None else math.sqrt(seeds.total_area / max(len(fresh), 1))
+    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=reach)
     add = torch.as_tensor(~np.isfinite(d_new), device=device)
     new = fresh.select(add)
     mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),

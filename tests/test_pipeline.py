@@ -492,6 +492,7 @@ def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
     from insitu.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
+    cfg.seeds.density = 0.0                                             # seeds: the vertices (as `old`)
     old_seeds = extract_seeds(whole_block(sphere_field(24)), [5.0])
     old = init_gaussians(old_seeds, 10**6, sh_degree=cfg.train.sh_degree)   # a Gaussian on every vertex, radius 5
     # the sphere grew by 0.3, 0.7 or 2 cells: Gaussians 0.7 cells off (kept by a 1-cell rule) are stale
@@ -506,6 +507,31 @@ def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
         fresh = shard.means.numpy()[~on_old]
         assert np.all(np.abs(np.linalg.norm(fresh - 11.5, axis=1) - radius) < 0.1)   # new seeds, on the new surface
         assert (len(fresh) > 0) == (kept == 0.0)                       # new only where no old Gaussian is near
+
+
+def test_a_density_seeded_warm_start_refills_to_the_cold_starts_density():
+    """With seeds by density (points on the triangles, the default) a warm start's shard holds about as
+    many Gaussians as a cold start's seeds, whether the surface moved away from every old Gaussian or
+    a sparse fifth of them is kept: new ones are drawn as a cold start draws them, wherever the kept
+    ones are sparser than that (before, they were the marching-cubes vertices alone, and none within a
+    cell of a kept Gaussian)."""
+    from insitu.pipeline import warm_shard
+    from insitu.seeds import extract_seeds, init_gaussians
+
+    cfg = tiny_config()
+    assert cfg.seeds.density > 0 and not cfg.seeds.fill
+    budget = 4000
+    full = init_gaussians(extract_seeds(whole_block(sphere_field(24)), [5.0]), budget, fill=True)
+    for radius, old, kept in ((5.7, full, 0), (5.2, full.select(torch.arange(len(full)) % 5 == 0), budget // 5)):
+        cfg.input.iso = [radius]
+        new_block = whole_block(sphere_field(24))
+        new_seeds = extract_seeds(new_block, [radius])
+        assert len(new_seeds) < budget / 2                              # the vertices alone fall short
+        shard, new = warm_shard(old, new_seeds, budget, cfg, new_block, torch.device("cpu"))
+        assert int((~new).sum()) == kept                                # 0.7 cells off: dropped; 0.2: kept
+        assert 0.8 * budget <= len(shard) <= 1.3 * budget, (radius, len(shard))
+        r = np.linalg.norm(shard.means.numpy()[new.numpy()] - 11.5, axis=1)
+        assert np.all(np.abs(r - radius) < 0.1)                         # new seeds, on the new surface
 
 
 # ------------------------------------------------------------------------------------------ seed colours
@@ -545,6 +571,7 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
 
     cfg = tiny_config(color_model="sh")
     cfg.input.iso, cfg.input.color_var, cfg.seeds.color_views = [0.0], "ramp", 8
+    cfg.seeds.density = 0.0                                             # seeds: the vertices (as `old`)
     sphere, ramp = coloured_sphere(28)                                  # centre 13.5
     z, y, x = np.mgrid[0:28, 0:28, 0:28].astype(np.float32)
     blob = np.sqrt((x - 23.0) ** 2 + (y - 13.5) ** 2 + (z - 13.5) ** 2) - 2.5
