@@ -8,7 +8,8 @@ The simulation (``--L`` cells, the demo's parameters, no noise) runs to step ``-
   ``--eval-every`` iterations, stopping at the first evaluation that reaches the cold step's
   foreground PSNR (the early stop judges the foreground);
 - warm_fixed: from the previous step's model for ``insitu.warm_iterations`` steps, as the
-  driver runs a warm-started step (``driver.StepDriver``).
+  driver runs a warm-started step (``driver.StepDriver``), and ``warm_N`` for each of
+  ``--warm-iterations N ...``.
 
 ``--package`` takes the package's defaults instead of the demo's (``--resolution`` sets the
 images then); ``--set KEY=VALUE`` overrides either.
@@ -74,6 +75,7 @@ def main() -> None:
     ap.add_argument("--package", action="store_true", help="the package's defaults instead of the demo's")
     ap.add_argument("--resolution", type=int, help="views.resolution (with --package: 1024 if not given)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting over the defaults")
+    ap.add_argument("--warm-iterations", type=int, nargs="*", default=[], help="more warm steps of these lengths")
     args = ap.parse_args()
     if any(not 0 < g < args.step for g in args.gap):
         ap.error(f"--gap: expected values in 1..{args.step - 1}, got {args.gap}")
@@ -102,12 +104,14 @@ def main() -> None:
         to_target = dataclasses.replace(cfg, train=target)
         warm = pipeline.run_step(block(args.step), to_target, comm, step=args.step, iterations=iterations,
                                  warm=previous).metrics
-        fixed = pipeline.run_step(block(args.step), cfg, comm, step=args.step, warm=previous,
-                                  iterations=min(cfg.insitu.warm_iterations, iterations)).metrics
+        fixed = {f"warm_{n}": pick(pipeline.run_step(block(args.step), cfg, comm, step=args.step, warm=previous,
+                                                    iterations=n).metrics) for n in args.warm_iterations}
+        fixed["warm_fixed"] = pick(pipeline.run_step(block(args.step), cfg, comm, step=args.step, warm=previous,
+                                                     iterations=min(cfg.insitu.warm_iterations, iterations)).metrics)
         print(json.dumps({"L": args.L, "step": args.step, "gap": gap, "device": str(comm.device),
                           "settings": "package" if args.package else "demo", "set": args.set,
                           "changed_side_fraction": round(moved, 4), "cold": pick(cold), "warm": pick(warm),
-                          "warm_fixed": pick(fixed),
+                          **fixed,
                           "warm_over_cold": round(warm["train_seconds"] / cold["train_seconds"], 3)}), flush=True)
 
 
