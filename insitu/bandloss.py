@@ -1,8 +1,9 @@
 """The image loss of sort-last training, split over the ranks' row bands.
 
-Each rank's loss is its term of the whole image's loss ``(1 - w) L1 + w (1 - SSIM)``: L1 summed
-over its rows and divided by the whole image's pixels; SSIM (:func:`insitu.ssim.ssim_map`, valid
-11 x 11 windows) over the windows centred on its rows, divided by the whole image's window count.
+Each rank's loss is its term of the whole image's loss ``(1 - w) E + w (1 - SSIM)``: the pixel
+term E (L1, or the squared error) summed over its rows and divided by the whole image's values;
+SSIM (:func:`insitu.ssim.ssim_map`, valid 11 x 11 windows) over the windows centred on its rows,
+divided by the whole image's window count.
 The windows reach ``HALF`` = 5 rows into the neighbouring bands: every band sends its first and
 last 5 rows to the ranks whose halo reaches into it, and to no other (one ``all_to_all_single``
 with empty chunks for the others, :class:`_HaloExchange`), and backward sends their gradients
@@ -99,21 +100,43 @@ def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Ten
     return ext, received
 
 
+PIXEL_TERMS = ("l1", "l2")
+
+
+def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm) -> Tensor:
+    """This rank's share of the pixel term over the whole images of ``count`` values (see :func:`band_loss`)."""
+    diff = pred - gt
+    if pixel == "l1":
+        return diff.abs().sum() / count
+    with torch.no_grad():                           # the whole images' mean |e|, the same on every rank
+        mean_abs = diff.abs().sum().reshape(1).double()
+        if comm is not None and comm.size > 1:
+            comm.all_reduce_sum(mean_abs)
+        scale = (2.0 * mean_abs / count).clamp(min=1e-12).to(diff.dtype)
+    return diff.square().sum() / count / scale
+
+
 def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, int], height: int,
-              comm=None) -> Tensor:
-    """This rank's term of the image loss ``(1 - w) L1 + w (1 - SSIM)``; the ranks' terms sum to it exactly.
+              comm=None, pixel: str = "l1") -> Tensor:
+    """This rank's term of the image loss ``(1 - w) E + w (1 - SSIM)``; the ranks' terms sum to it exactly.
 
     pred, gt: [B, h, W, 3] rows ``rows = (r0, r1)`` of images of ``height`` rows, this rank's band
               (:func:`insitu.compositing.band_rows`); ``comm`` None or one rank: the whole image.
-    L1 is the mean over all pixels and channels of the whole images; SSIM the mean of
-    :func:`insitu.ssim.ssim_map` over the whole images' valid windows (``(H - 10) x (W - 10)``
-    per view). A rank scores the windows centred on its own rows, with the 5 rows above and below
-    taken from the neighbouring bands (a collective: every rank calls it, empty bands too, which
-    give 0). Images under 11 x 11 pixels have no SSIM window: the loss is L1 alone, on any number
-    of ranks.
+    pixel: the pixel term ``E``. ``"l1"``: the mean of ``|e|``, ``e = pred - gt``, over all pixels and
+           channels of the whole images. ``"l2"``: the mean of ``e**2`` over them, divided by twice the
+           mean of ``|e|`` (a number, no gradient; summed over the ranks): the squared error that PSNR
+           measures, with gradients ``e / mean|e|`` per value, of L1's size whatever the error's, so
+           that the SSIM weight and densification's gradient threshold mean what they mean with L1.
+    SSIM is the mean of :func:`insitu.ssim.ssim_map` over the whole images' valid windows
+    (``(H - 10) x (W - 10)`` per view). A rank scores the windows centred on its own rows, with the 5
+    rows above and below taken from the neighbouring bands (a collective: every rank calls it, empty
+    bands too, which give 0). Images under 11 x 11 pixels have no SSIM window: the loss is ``E``
+    alone, on any number of ranks.
     """
     if pred.shape != gt.shape or pred.ndim != 4 or pred.shape[-1] != 3:
         raise ValueError(f"pred, gt: expected the same shape [B, h, W, 3], got {tuple(pred.shape)}, {tuple(gt.shape)}")
+    if pixel not in PIXEL_TERMS:
+        raise ValueError(f"pixel: expected one of {PIXEL_TERMS}, got {pixel!r}")
     B, h, W, _ = pred.shape
     if h != rows[1] - rows[0]:
         raise ValueError(f"rows: expected {h} rows to match pred, got {rows}")
@@ -121,11 +144,15 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
     if size == 1 and rows != (0, height):
         raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
     with_ssim = ssim_weight > 0 and height >= KERNEL and W >= KERNEL
-    if size == 1 and with_ssim:                     # the whole image: both terms in the SSIM kernels' pass
-        return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
-    l1 = (pred - gt).abs().sum() / (B * height * W * 3)
+    count = B * height * W * 3
+    if size == 1 and with_ssim:                     # the whole image: the SSIM kernels' pass (with L1 in it)
+        if pixel == "l1":
+            return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
+        return ssim_l1_loss(pred, gt, ssim_weight=1.0) * ssim_weight \
+            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, comm)
+    term = _pixel_term(pred, gt, pixel, count, comm)
     if not with_ssim:
-        return l1
+        return term
     ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)
     x, y = ext[..., :3], ext[..., 3:]
     spare = 0.0 * received.sum()                    # this rank's backward always reaches the exchange
@@ -135,4 +162,4 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
         dssim = (m.numel() - m.sum()) / windows
     else:
         dssim = pred.new_zeros(())
-    return (1 - ssim_weight) * l1 + ssim_weight * dssim + spare
+    return (1 - ssim_weight) * term + ssim_weight * dssim + spare

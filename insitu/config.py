@@ -119,6 +119,8 @@ class TrainConfig:
     lr_sh0: float = constrained(2.5e-3, POSITIVE)
     lr_shN: float = constrained(1.25e-4, POSITIVE)
     ssim_weight: float = constrained(0.2, FRACTION)
+    pixel_loss: str = constrained("l1", choices=("l1", "l2"))  # the loss's pixel term: l1 | l2, the squared
+                                        # error that PSNR measures, scaled to L1's gradient size (bandloss.py)
     random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
     alpha_weight: float = constrained(0.0, NON_NEGATIVE)  # weight of an L1 term on alpha against the GT's alpha
     densify_from: int = constrained(500, NON_NEGATIVE)

@@ -335,7 +335,8 @@ class Trainer:
         self._schedule()
         with deferred_sh_gradients() as sh:         # the SH colours' gradient stays factored for Adam
             pred, info = render(self.params)
-        loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm)
+        loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm,
+                         pixel=self.cfg.pixel_loss)
         if self.cfg.alpha_weight > 0 and gt_alpha is not None:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)

@@ -71,8 +71,10 @@ def test_loss_and_gradients_do_not_depend_on_the_number_of_ranks(ranks):
     sums and its footprint's sides (model.ply's fit) match the one-rank sums."""
     out = run_worker(ranks, "dist_loss.py", timeout=240)
     assert all_ok(out, ranks), out.stdout
+    for size in ("12 x 16", "13 x 14", "23 x 17", "40 x 33"):   # the squared error's scale sums over the ranks
+        assert f"exchange {size}, l2, bands" in out.stdout, out.stdout
     if ranks == 5:                                          # 11 rows: bands of 3, 3, 3, 2 and an empty one
-        assert "exchange 11 x 12, bands [(0, 3), (3, 6), (6, 9), (9, 11), (11, 11)]" in out.stdout, out.stdout
+        assert "exchange 11 x 12, l1, bands [(0, 3), (3, 6), (6, 9), (9, 11), (11, 11)]" in out.stdout, out.stdout
     else:
         for model in ("sh", "lit"):                         # SH colours, and the lit model shaded per pixel
             assert f"render ({model}): images max abs diff" in out.stdout, out.stdout

@@ -436,6 +436,32 @@ def test_band_loss_on_one_rank_is_the_image_loss(height):
             band_loss(pred[:, :4], gt[:, :4], ssim_weight=0.2, rows=(0, 4), height=height)
 
 
+def test_band_loss_squared_error_term():
+    """pixel="l2": (1 - w) sum e^2 / (2 sum |e|) + w (1 - SSIM), the scale a number without gradient, so
+    the gradient of the pixel term is e / (n mean|e|): autograd of a plain torch version agrees, and the
+    gradient's mean size is L1's (1 / n) whatever the error's size."""
+    g = torch.Generator().manual_seed(5)
+    pred = torch.rand(2, 16, 16, 3, generator=g, dtype=torch.float64)
+    for size in (1.0, 0.01):
+        gt = (pred + size * (torch.rand(pred.shape, generator=g, dtype=torch.float64) - 0.5)).detach()
+        x = pred.clone().requires_grad_()
+        loss = band_loss(x, gt, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l2")
+        loss.backward()
+        y = pred.clone().requires_grad_()
+        e = y - gt
+        ref = 0.8 * (e ** 2).sum() / (2 * e.abs().sum().detach()) + 0.2 * (1 - ssim_map(y, gt).mean())
+        ref.backward()
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
+        assert torch.allclose(x.grad, y.grad, rtol=1e-10, atol=1e-15)
+        z = pred.clone().requires_grad_()
+        band_loss(z, gt, ssim_weight=0.0, rows=(0, 16), height=16, pixel="l2").backward()
+        e = (pred - gt)
+        assert torch.allclose(z.grad, e / (e.numel() * e.abs().mean()), rtol=1e-12, atol=0)
+        assert z.grad.abs().mean().item() == pytest.approx(1 / e.numel(), rel=1e-9)
+    with pytest.raises(ValueError, match="pixel: expected one of"):
+        band_loss(pred, pred, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l3")
+
+
 # ------------------------------------------------------------------------------------------ Adam
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

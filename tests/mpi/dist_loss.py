@@ -6,7 +6,8 @@ Run as ``mpiexec -n P python dist_loss.py``. Two parts (the second for P <= 4):
 exchange: random images (float32) of several sizes, split into the ranks' row bands
           (:func:`insitu.compositing.band_rows`: bands under 5 rows, a last band of 3 rows,
           an empty band: 11 rows on 5 ranks, images under 11 rows or columns); each rank computes ``band_loss`` on
-          its band. The sum of the losses and the gradient of the sum with respect to every
+          its band, with the L1 pixel term and (four sizes) the squared error, whose scale sums
+          over the ranks. The sum of the losses and the gradient of the sum with respect to every
           pixel must equal ``band_loss`` of the whole image on one rank within 1e-5.
 render:   one sphere of Gaussians per block of an uneven split along x (cells cut at 10 and 38
           on 3 ranks, at 38 on 2; an even split would cut at 16 and 32, or 24), the blocks'
@@ -49,16 +50,16 @@ TOL = 1e-5
 def exchange(comm, one) -> None:
     P, rank = comm.size, comm.rank
     cases = [(12, 16), (13, 14), (23, 17), (40, 33), (11, 12), (4, 16), (30, 9), (16, 16)]
-    for H, W in cases:
+    for (H, W), pixel in [(case, "l1") for case in cases] + [(case, "l2") for case in cases[:4]]:
         gen = torch.Generator().manual_seed(H * 100 + W)
         pred = torch.rand(2, H, W, 3, generator=gen)
         gt = (pred + 0.3 * torch.rand(2, H, W, 3, generator=gen)).clamp(0, 1)
         whole = pred.clone().requires_grad_()
-        ref = band_loss(whole, gt, ssim_weight=0.2, rows=(0, H), height=H, comm=one)
+        ref = band_loss(whole, gt, ssim_weight=0.2, rows=(0, H), height=H, comm=one, pixel=pixel)
         ref.backward()
         r0, r1 = band_rows(H, P)[rank]
         mine = pred[:, r0:r1].clone().requires_grad_()
-        loss = band_loss(mine, gt[:, r0:r1], ssim_weight=0.2, rows=(r0, r1), height=H, comm=comm)
+        loss = band_loss(mine, gt[:, r0:r1], ssim_weight=0.2, rows=(r0, r1), height=H, comm=comm, pixel=pixel)
         if not torch.isfinite(loss):
             fail(f"{H} x {W}: rank {rank} (rows {r0}:{r1}) has a non-finite loss {loss.item()}")
         loss.backward()
@@ -67,10 +68,10 @@ def exchange(comm, one) -> None:
         err = (grad - whole.grad).abs().max().item()
         scale = whole.grad.abs().max().item()
         if abs(total - ref.item()) > TOL or err > TOL * scale or not scale > 0:
-            fail(f"{H} x {W} on {P} ranks (bands {band_rows(H, P)}): loss sum {total:.8f} vs one rank "
+            fail(f"{H} x {W}, {pixel} on {P} ranks (bands {band_rows(H, P)}): loss sum {total:.8f} vs one rank "
                  f"{ref.item():.8f}, gradient max abs diff {err:.3g} (max |grad| {scale:.3g})")
         if rank == 0:
-            print(f"exchange {H} x {W}, bands {band_rows(H, P)}: loss {total:.7f} vs {ref.item():.7f}, "
+            print(f"exchange {H} x {W}, {pixel}, bands {band_rows(H, P)}: loss {total:.7f} vs {ref.item():.7f}, "
                   f"gradient diff {err / scale:.2g} relative", flush=True)
 
 
