@@ -103,30 +103,37 @@ def _with_halo(x: Tensor, rows: tuple[int, int], height: int, comm) -> tuple[Ten
 PIXEL_TERMS = ("l1", "l2")
 
 
-def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm) -> Tensor:
+def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm, foreground: Tensor | None) -> Tensor:
     """This rank's share of the pixel term over the whole images of ``count`` values (see :func:`band_loss`)."""
     diff = pred - gt
     if pixel == "l1":
         return diff.abs().sum() / count
-    with torch.no_grad():                           # the whole images' mean |e|, the same on every rank
-        mean_abs = diff.abs().sum().reshape(1).double()
+    with torch.no_grad():                           # mean |e| of the whole images' foreground, on every rank
+        err = diff.abs()
+        fg = err if foreground is None else err * foreground
+        n_fg = diff.numel() if foreground is None else foreground.sum() * diff.shape[-1]
+        sums = torch.stack([fg.sum(), torch.as_tensor(n_fg, device=diff.device).to(fg.dtype), err.sum()]).double()
         if comm is not None and comm.size > 1:
-            comm.all_reduce_sum(mean_abs)
-        scale = (2.0 * mean_abs / count).clamp(min=1e-12).to(diff.dtype)
+            comm.all_reduce_sum(sums)
+        mean_abs = torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), sums[2] / count)
+        scale = (2.0 * mean_abs).clamp(min=1e-12).to(diff.dtype)
     return diff.square().sum() / count / scale
 
 
 def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, int], height: int,
-              comm=None, pixel: str = "l1") -> Tensor:
+              comm=None, pixel: str = "l1", foreground: Tensor | None = None) -> Tensor:
     """This rank's term of the image loss ``(1 - w) E + w (1 - SSIM)``; the ranks' terms sum to it exactly.
 
     pred, gt: [B, h, W, 3] rows ``rows = (r0, r1)`` of images of ``height`` rows, this rank's band
               (:func:`insitu.compositing.band_rows`); ``comm`` None or one rank: the whole image.
     pixel: the pixel term ``E``. ``"l1"``: the mean of ``|e|``, ``e = pred - gt``, over all pixels and
            channels of the whole images. ``"l2"``: the mean of ``e**2`` over them, divided by twice the
-           mean of ``|e|`` (a number, no gradient; summed over the ranks): the squared error that PSNR
-           measures, with gradients ``e / mean|e|`` per value, of L1's size whatever the error's, so
-           that the SSIM weight and densification's gradient threshold mean what they mean with L1.
+           mean of ``|e|`` over the whole images' foreground (a number, no gradient; summed over the
+           ranks; all pixels where no rank has foreground): the squared error that PSNR measures, with a
+           gradient of ``e / mean|e|`` per value where L1's is ``sign(e)``, so of L1's size on the
+           foreground whatever the error's size and however much background the views frame, and the
+           SSIM weight and densification's gradient threshold mean what they mean with L1.
+    foreground: [B, h, W, 1] this band's foreground pixels (bool or 0/1; None: every pixel), for "l2".
     SSIM is the mean of :func:`insitu.ssim.ssim_map` over the whole images' valid windows
     (``(H - 10) x (W - 10)`` per view). A rank scores the windows centred on its own rows, with the 5
     rows above and below taken from the neighbouring bands (a collective: every rank calls it, empty
@@ -137,6 +144,8 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
         raise ValueError(f"pred, gt: expected the same shape [B, h, W, 3], got {tuple(pred.shape)}, {tuple(gt.shape)}")
     if pixel not in PIXEL_TERMS:
         raise ValueError(f"pixel: expected one of {PIXEL_TERMS}, got {pixel!r}")
+    if foreground is not None and foreground.shape != (*pred.shape[:-1], 1):
+        raise ValueError(f"foreground: expected [B, h, W, 1] = {(*pred.shape[:-1], 1)}, got {tuple(foreground.shape)}")
     B, h, W, _ = pred.shape
     if h != rows[1] - rows[0]:
         raise ValueError(f"rows: expected {h} rows to match pred, got {rows}")
@@ -149,8 +158,8 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
         if pixel == "l1":
             return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
         return ssim_l1_loss(pred, gt, ssim_weight=1.0) * ssim_weight \
-            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, comm)
-    term = _pixel_term(pred, gt, pixel, count, comm)
+            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, comm, foreground)
+    term = _pixel_term(pred, gt, pixel, count, comm, foreground)
     if not with_ssim:
         return term
     ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)

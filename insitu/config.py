@@ -119,14 +119,15 @@ class TrainConfig:
     lr_sh0: float = constrained(2.5e-3, POSITIVE)
     lr_shN: float = constrained(1.25e-4, POSITIVE)
     ssim_weight: float = constrained(0.2, FRACTION)
-    pixel_loss: str = constrained("l1", choices=("l1", "l2"))  # the loss's pixel term: l1 | l2, the squared
-                                        # error that PSNR measures, scaled to L1's gradient size (bandloss.py)
+    pixel_loss: str = constrained("l2", choices=("l1", "l2"))  # the loss's pixel term: l2, the squared error
+                                        # that PSNR measures, scaled to L1's gradient size (bandloss.py) | l1
+                                        # (the bonsai's surface 0.3 dB lower, BENCHMARKS.md run 77)
     random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
     alpha_weight: float = constrained(0.0, NON_NEGATIVE)  # weight of an L1 term on alpha against the GT's alpha
     densify_from: int = constrained(500, NON_NEGATIVE)
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)
-    grad_threshold: float = constrained(1e-4, POSITIVE)  # gsplat's 2e-4 grows the lit model 1%
+    grad_threshold: float = constrained(1e-4, POSITIVE)  # gsplat's 2e-4 grows the lit model 1% under L1
     split_px: float = constrained(0.0, NON_NEGATIVE)  # a Gaussian densification grows is split in two smaller
                                         # ones when its largest standard deviation exceeds this many pixels of
                                         # the nearest training view that sees it, else cloned; 0: gsplat's rule
@@ -134,9 +135,10 @@ class TrainConfig:
     densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
                                         # error exceeds this many times the mean of all (0: off)
     densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine
-    min_scale_px: float = constrained(1.0, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
+    min_scale_px: float = constrained(0.5, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
                                         # least this many pixels of the nearest training view that sees it
                                         # (0: no floor): zoomed in, no gaps open that the views' blur hid
+                                        # (1 px cost the bonsai's orbit 0.2 dB and 2x closer 0.4, run 77)
     max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap; a cap cost
                                         # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics

@@ -211,7 +211,8 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
                                     transfer=cfg.parallel.transfer, **blur)
     footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
                                                    backend=cfg.train.backend, transfer=cfg.parallel.transfer, **blur)
-    gt_alpha = scene.gt[ids][..., 3:].float() if cfg.train.alpha_weight > 0 else None
+    wants_alpha = cfg.train.alpha_weight > 0 or cfg.train.pixel_loss == "l2"
+    gt_alpha = scene.gt[ids][..., 3:].float() if wants_alpha else None
     return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
                         gt_alpha=gt_alpha, footprints=footprints)
 

@@ -323,7 +323,8 @@ class Trainer:
         rows ``rows`` of images of ``height`` rows (:func:`band_loss`; collective over ``comm``).
         gt_alpha: [B, h, W, 1] the band's ground-truth alpha; with ``cfg.alpha_weight > 0`` the loss
         adds that weight times the mean absolute difference of the rendered alpha (``info["alpha"]``)
-        from it over the whole images.
+        from it over the whole images; with ``cfg.pixel_loss`` "l2" it and the rendered alpha give
+        the foreground (alpha > 1/255 in either) whose mean |error| scales the squared error.
         footprints: ``footprints(params, error [B, h, W, 1]) -> [N, 2]`` each Gaussian's blending weight
         times the band's per-pixel error, and its weight, summed over its pixels
         (:func:`footprint_errors` on the same views; collective): the footprint error criterion of
@@ -335,8 +336,11 @@ class Trainer:
         self._schedule()
         with deferred_sh_gradients() as sh:         # the SH colours' gradient stays factored for Adam
             pred, info = render(self.params)
+        foreground = None
+        if self.cfg.pixel_loss == "l2" and gt_alpha is not None:   # what psnr_foreground scores
+            foreground = (gt_alpha > 1 / 255) | (info["alpha"].detach() > 1 / 255)
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm,
-                         pixel=self.cfg.pixel_loss)
+                         pixel=self.cfg.pixel_loss, foreground=foreground)
         if self.cfg.alpha_weight > 0 and gt_alpha is not None:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)

@@ -437,29 +437,64 @@ def test_band_loss_on_one_rank_is_the_image_loss(height):
 
 
 def test_band_loss_squared_error_term():
-    """pixel="l2": (1 - w) sum e^2 / (2 sum |e|) + w (1 - SSIM), the scale a number without gradient, so
-    the gradient of the pixel term is e / (n mean|e|): autograd of a plain torch version agrees, and the
-    gradient's mean size is L1's (1 / n) whatever the error's size."""
+    """pixel="l2": (1 - w) sum e^2 / (2 n mean_fg|e|) + w (1 - SSIM), mean_fg|e| the mean |e| over the
+    foreground's values, a number without gradient: autograd of a plain torch version agrees; the
+    gradient of the pixel term is e / (n mean_fg|e|), of mean size 1 / n (L1's) on the foreground whatever
+    the error's size, and framing the same foreground with more background changes a foreground
+    value's gradient as it changes L1's (by the count n); no foreground: the mean over every value."""
     g = torch.Generator().manual_seed(5)
     pred = torch.rand(2, 16, 16, 3, generator=g, dtype=torch.float64)
+    fg = torch.zeros(2, 16, 16, 1, dtype=torch.bool)
+    fg[:, 4:12, 3:9] = True
     for size in (1.0, 0.01):
-        gt = (pred + size * (torch.rand(pred.shape, generator=g, dtype=torch.float64) - 0.5)).detach()
+        gt = (pred + size * (torch.rand(pred.shape, generator=g, dtype=torch.float64) - 0.5) * fg).detach()
         x = pred.clone().requires_grad_()
-        loss = band_loss(x, gt, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l2")
+        loss = band_loss(x, gt, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l2", foreground=fg)
         loss.backward()
         y = pred.clone().requires_grad_()
         e = y - gt
-        ref = 0.8 * (e ** 2).sum() / (2 * e.abs().sum().detach()) + 0.2 * (1 - ssim_map(y, gt).mean())
+        mean_fg = (e.abs() * fg).sum().detach() / (fg.sum() * 3)
+        ref = 0.8 * (e ** 2).sum() / (2 * e.numel() * mean_fg) + 0.2 * (1 - ssim_map(y, gt).mean())
         ref.backward()
         assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
         assert torch.allclose(x.grad, y.grad, rtol=1e-10, atol=1e-15)
         z = pred.clone().requires_grad_()
-        band_loss(z, gt, ssim_weight=0.0, rows=(0, 16), height=16, pixel="l2").backward()
+        band_loss(z, gt, ssim_weight=0.0, rows=(0, 16), height=16, pixel="l2", foreground=fg).backward()
         e = (pred - gt)
-        assert torch.allclose(z.grad, e / (e.numel() * e.abs().mean()), rtol=1e-12, atol=0)
-        assert z.grad.abs().mean().item() == pytest.approx(1 / e.numel(), rel=1e-9)
+        mask = fg.expand_as(e)
+        assert torch.allclose(z.grad, e / (e.numel() * e[mask].abs().mean()), rtol=1e-12, atol=0)
+        assert z.grad[mask].abs().mean().item() == pytest.approx(1 / e.numel(), rel=1e-9)
+        # the same foreground framed by twice the background: its gradients scale as L1's, by the count
+        w = torch.cat([pred, pred], 2).requires_grad_()
+        band_loss(w, torch.cat([gt, pred], 2), ssim_weight=0.0, rows=(0, 16), height=16, pixel="l2",
+                  foreground=torch.cat([fg, fg & False], 2)).backward()
+        assert torch.allclose(w.grad[:, :, :16] * 2, z.grad, rtol=1e-12, atol=0)
+    q = pred.clone().requires_grad_()
+    band_loss(q, gt, ssim_weight=0.0, rows=(0, 16), height=16, pixel="l2",
+              foreground=torch.zeros_like(fg)).backward()
+    assert torch.allclose(q.grad, (pred - gt) / (e.numel() * (pred - gt).abs().mean()), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match="pixel: expected one of"):
         band_loss(pred, pred, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l3")
+    with pytest.raises(ValueError, match=r"foreground: expected \[B, h, W, 1\]"):
+        band_loss(pred, gt, ssim_weight=0.2, rows=(0, 16), height=16, pixel="l2", foreground=fg[..., 0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pixel", ["l1", "l2"])
+def test_band_loss_on_cuda_matches_the_cpu(pixel):
+    """On CUDA the SSIM term (and L1) come from the SSIM kernels, the squared error from torch: loss and
+    gradient equal the CPU's torch operations in float32."""
+    g = torch.Generator().manual_seed(11)
+    pred = torch.rand(3, 40, 56, 3, generator=g)
+    gt = (pred + 0.2 * torch.rand(pred.shape, generator=g)).clamp(0, 1)
+    out = []
+    for device in ("cpu", "cuda"):
+        x = pred.to(device).clone().requires_grad_()
+        loss = band_loss(x, gt.to(device), ssim_weight=0.2, rows=(0, 40), height=40, pixel=pixel)
+        loss.backward()
+        out.append((loss.item(), x.grad.cpu()))
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-5)
+    assert torch.allclose(out[1][1], out[0][1], rtol=1e-4, atol=1e-4 * out[0][1].abs().max().item())
 
 
 # ------------------------------------------------------------------------------------------ Adam

@@ -6,8 +6,8 @@ Run as ``mpiexec -n P python dist_loss.py``. Two parts (the second for P <= 4):
 exchange: random images (float32) of several sizes, split into the ranks' row bands
           (:func:`insitu.compositing.band_rows`: bands under 5 rows, a last band of 3 rows,
           an empty band: 11 rows on 5 ranks, images under 11 rows or columns); each rank computes ``band_loss`` on
-          its band, with the L1 pixel term and (four sizes) the squared error, whose scale sums
-          over the ranks. The sum of the losses and the gradient of the sum with respect to every
+          its band, with the L1 pixel term and (four sizes) the squared error, whose scale (the
+          mean |e| of a random foreground) sums over the ranks. The sum of the losses and the gradient of the sum with respect to every
           pixel must equal ``band_loss`` of the whole image on one rank within 1e-5.
 render:   one sphere of Gaussians per block of an uneven split along x (cells cut at 10 and 38
           on 3 ranks, at 38 on 2; an even split would cut at 16 and 32, or 24), the blocks'
@@ -55,11 +55,13 @@ def exchange(comm, one) -> None:
         pred = torch.rand(2, H, W, 3, generator=gen)
         gt = (pred + 0.3 * torch.rand(2, H, W, 3, generator=gen)).clamp(0, 1)
         whole = pred.clone().requires_grad_()
-        ref = band_loss(whole, gt, ssim_weight=0.2, rows=(0, H), height=H, comm=one, pixel=pixel)
+        fg = torch.rand(2, H, W, 1, generator=gen) > 0.6 if pixel == "l2" else None
+        ref = band_loss(whole, gt, ssim_weight=0.2, rows=(0, H), height=H, comm=one, pixel=pixel, foreground=fg)
         ref.backward()
         r0, r1 = band_rows(H, P)[rank]
         mine = pred[:, r0:r1].clone().requires_grad_()
-        loss = band_loss(mine, gt[:, r0:r1], ssim_weight=0.2, rows=(r0, r1), height=H, comm=comm, pixel=pixel)
+        loss = band_loss(mine, gt[:, r0:r1], ssim_weight=0.2, rows=(r0, r1), height=H, comm=comm, pixel=pixel,
+                         foreground=None if fg is None else fg[:, r0:r1])
         if not torch.isfinite(loss):
             fail(f"{H} x {W}: rank {rank} (rows {r0}:{r1}) has a non-finite loss {loss.item()}")
         loss.backward()
