@@ -111,8 +111,9 @@ def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm, foregrou
     with torch.no_grad():                           # mean |e| of the whole images' foreground, on every rank
         err = diff.abs()
         fg = err if foreground is None else err * foreground
-        n_fg = diff.numel() if foreground is None else foreground.sum() * diff.shape[-1]
-        sums = torch.stack([fg.sum(), torch.as_tensor(n_fg, device=diff.device).to(fg.dtype), err.sum()]).double()
+        n_fg = err.new_full((), float(err.numel())) if foreground is None \
+            else foreground.sum().to(err.dtype) * err.shape[-1]  # no host-to-device copy: nothing waits
+        sums = torch.stack([fg.sum(), n_fg, err.sum()]).double()
         if comm is not None and comm.size > 1:
             comm.all_reduce_sum(sums)
         mean_abs = torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), sums[2] / count)
