@@ -122,7 +122,7 @@ def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm, foregrou
 
 
 def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, int], height: int,
-              comm=None, pixel: str = "l1", foreground: Tensor | None = None) -> Tensor:
+              comm=None, pixel: str = "l1", foreground: Tensor | None = None, scale_comm=None) -> Tensor:
     """This rank's term of the image loss ``(1 - w) E + w (1 - SSIM)``; the ranks' terms sum to it exactly.
 
     pred, gt: [B, h, W, 3] rows ``rows = (r0, r1)`` of images of ``height`` rows, this rank's band
@@ -135,6 +135,9 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
            foreground whatever the error's size and however much background the views frame, and the
            SSIM weight and densification's gradient threshold mean what they mean with L1.
     foreground: [B, h, W, 1] this band's foreground pixels (bool or 0/1; None: every pixel), for "l2".
+    scale_comm: the ranks whose images share that mean (a collective over them; default ``comm``, the
+           ranks of the bands; replicas of the whole model pass theirs, so that each takes the step of
+           one rank with all their views).
     SSIM is the mean of :func:`insitu.ssim.ssim_map` over the whole images' valid windows
     (``(H - 10) x (W - 10)`` per view). A rank scores the windows centred on its own rows, with the 5
     rows above and below taken from the neighbouring bands (a collective: every rank calls it, empty
@@ -159,8 +162,8 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
         if pixel == "l1":
             return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
         return ssim_l1_loss(pred, gt, ssim_weight=1.0) * ssim_weight \
-            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, comm, foreground)
-    term = _pixel_term(pred, gt, pixel, count, comm, foreground)
+            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, scale_comm or comm, foreground)
+    term = _pixel_term(pred, gt, pixel, count, scale_comm or comm, foreground)
     if not with_ssim:
         return term
     ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)

@@ -340,7 +340,7 @@ class Trainer:
         if self.cfg.pixel_loss == "l2" and gt_alpha is not None:   # what psnr_foreground scores
             foreground = (gt_alpha > 1 / 255) | (info["alpha"].detach() > 1 / 255)
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm,
-                         pixel=self.cfg.pixel_loss, foreground=foreground)
+                         pixel=self.cfg.pixel_loss, foreground=foreground, scale_comm=self.replicas)
         if self.cfg.alpha_weight > 0 and gt_alpha is not None:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
