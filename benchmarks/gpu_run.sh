@@ -38,7 +38,8 @@
 #   fidelity `insitu run` of the fidelity cases with the defaults (bonsai 1024^2 cold then warm, engine lit and sh,
 #           bonsai 4M at 2048^2) and `insitu demo`: metrics.json files for benchmarks/fidelity_table.py;
 #           FID_CASES="bonsai_cold bonsai bonsai_500k engine engine_sh bonsai4m demo" (the default) chooses among
-#           them; bonsai_500k: the bonsai with 500k seeds instead of the package's 2M
+#           them; bonsai_500k: the bonsai with 500k seeds instead of the package's 2M; demo_pkg: the GPU demo with
+#           the package's squared error and 0.5-pixel floor instead of its own L1 and 1-pixel floor
 #   anatomy where the bonsai's surface error lies, initial and trained (bench_anatomy.py; ANATOMY_ARGS: more flags)
 #   compile the fidelity stage's bonsai run (the defaults) in a first process on the machine (an empty kernel cache),
 #           then again (warm), then both with parallel.compile_ahead off: what compiles when, on which thread, how
@@ -196,6 +197,9 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               demo) CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet \
                   > "$OUT/fid_demo.log" 2>&1
                 tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;
+              demo_pkg) CUDA_VISIBLE_DEVICES=0 timeout 200 python -m insitu demo --out /tmp/fid_demo_pkg --quiet \
+                  --set train.pixel_loss=l2 --set train.min_scale_px=0.5 > "$OUT/fid_demo_pkg.log" 2>&1   # the package's loss, floor
+                tail -n 8 "$OUT/fid_demo_pkg.log"; cp /tmp/fid_demo_pkg/metrics.csv "$OUT/fid_demo_pkg_metrics.csv" 2>/dev/null ;;
             esac; done ;;
     compile) # cold and warm processes of the same `insitu run`, with and without the kernels compiled ahead
             for v in cold:kc1: warm:kc1: cold_off:kc2:--set=parallel.compile_ahead=false \
