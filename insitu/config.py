@@ -537,6 +537,9 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     rendering:    one batch of views rendered, composited and differentiated (float32);
     loss:         the SSIM kernels' planes for one batch (float32: 15 moments and 9 saved derivatives per
                   pixel of the rank's band and its halo, or of the whole views);
+    pixel_term:   the squared error's temporaries (``train.pixel_loss`` l2: difference, its size, the
+                  foreground's share, square, ground-truth alpha and mask, 13 float32 per pixel of the rank's
+                  band or of the whole views);
     gaussians:    the rank's share of the initial Gaussians (all of them, replicated) with optimiser state, gradients
                   and the SH colours' per-view factors of a batch (the SH gradient stays factored, except in the
                   replicated layout); the budget is only reached with ``seeds.fill``, without it by the surface's
@@ -553,6 +556,8 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
         "rendering": 8 * cfg.train.batch * pixels * 4 * 4,
         "loss": cfg.train.batch * (pixels if replicated or ranks == 1 else band + 10 * res) * (15 + 9) * 4,
+        "pixel_term": (cfg.train.batch * (pixels if replicated else band) * 13 * 4
+                       if cfg.train.pixel_loss == "l2" else 0),
         "gaussians": (cfg.seeds.budget // (1 if replicated else ranks) if cfg.seeds.fill else 0)
         * (GAUSSIAN_BYTES + cfg.train.batch * SH_VIEW_BYTES + (SH_GRADIENT_BYTES if replicated else 0)),
     }

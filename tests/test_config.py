@@ -113,6 +113,8 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
     assert replicated["gaussians"] == one["gaussians"] + 1000 * 48 * 4       # the SH gradient written out
     assert sort_last["loss"] == (50 + 10) * 100 * 24 * 4                       # SSIM planes: band and halo
     assert replicated["loss"] == one["loss"] == 100 * 100 * 24 * 4            # the whole view
+    assert sort_last["pixel_term"] == 50 * 100 * 13 * 4                        # the squared error's, on the band
+    assert replicated["pixel_term"] == one["pixel_term"] == 100 * 100 * 13 * 4
     assert one == memory_estimate(Config(views=cfg.views, seeds=cfg.seeds, train=cfg.train),
                                   ranks=1)                                    # one rank: no replicas
     cfg.train.batch = 3                                                       # the SH factors of every view
