@@ -110,10 +110,12 @@ def _pixel_term(pred: Tensor, gt: Tensor, pixel: str, count: int, comm, foregrou
         return diff.abs().sum() / count
     with torch.no_grad():                           # mean |e| of the whole images' foreground, on every rank
         err = diff.abs()
-        fg = err if foreground is None else err * foreground
-        n_fg = err.new_full((), float(err.numel())) if foreground is None \
-            else foreground.sum().to(err.dtype) * err.shape[-1]  # no host-to-device copy: nothing waits
-        sums = torch.stack([fg.sum(), n_fg, err.sum()]).double()
+        total = err.sum()
+        if foreground is None:                      # a tensor made on the device: no copy for the host to wait on
+            fg_sum, n_fg = total, err.new_full((), float(err.numel()))
+        else:
+            fg_sum, n_fg = (err * foreground).sum(), foreground.sum().to(err.dtype) * err.shape[-1]
+        sums = torch.stack([fg_sum, n_fg, total]).double()
         if comm is not None and comm.size > 1:
             comm.all_reduce_sum(sums)
         mean_abs = torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), sums[2] / count)
@@ -158,12 +160,13 @@ def band_loss(pred: Tensor, gt: Tensor, *, ssim_weight: float, rows: tuple[int, 
         raise ValueError(f"rows: expected the whole image (0, {height}) on one rank, got {rows}")
     with_ssim = ssim_weight > 0 and height >= KERNEL and W >= KERNEL
     count = B * height * W * 3
+    scale_comm = scale_comm or comm
     if size == 1 and with_ssim:                     # the whole image: the SSIM kernels' pass (with L1 in it)
         if pixel == "l1":
             return ssim_l1_loss(pred, gt, ssim_weight=ssim_weight)
         return ssim_l1_loss(pred, gt, ssim_weight=1.0) * ssim_weight \
-            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, scale_comm or comm, foreground)
-    term = _pixel_term(pred, gt, pixel, count, scale_comm or comm, foreground)
+            + (1 - ssim_weight) * _pixel_term(pred, gt, pixel, count, scale_comm, foreground)
+    term = _pixel_term(pred, gt, pixel, count, scale_comm, foreground)
     if not with_ssim:
         return term
     ext, received = _with_halo(torch.cat([pred, gt], dim=-1), rows, height, comm)

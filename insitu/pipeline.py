@@ -211,9 +211,10 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
                                     transfer=cfg.parallel.transfer, **blur)
     footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
                                                    backend=cfg.train.backend, transfer=cfg.parallel.transfer, **blur)
-    wants_alpha = cfg.train.alpha_weight > 0 or cfg.train.pixel_loss == "l2"
-    gt_alpha = scene.gt[ids][..., 3:].float() if wants_alpha else None
-    return trainer.step(render, scene.gt_on(ids, bg), rows=scene.rows, height=scene.views.height, comm=comm,
+    gt, gt_alpha = scene.gt_with_alpha(ids, bg)                     # one gather of the batch's views
+    if cfg.train.alpha_weight == 0 and cfg.train.pixel_loss != "l2":  # neither the alpha term nor the
+        gt_alpha = None                                                 # squared error's foreground
+    return trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm,
                         gt_alpha=gt_alpha, footprints=footprints)
 
 

@@ -35,8 +35,12 @@ class Scene:
 
     def gt_on(self, ids: Tensor, background: Tensor) -> Tensor:
         """[B, h_band, W, 3] float32 ground truth of views ``ids`` on ``background`` ([3] or [B, 3])."""
+        return self.gt_with_alpha(ids, background)[0]
+
+    def gt_with_alpha(self, ids: Tensor, background: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`gt_on` and the same views' alpha [B, h_band, W, 1] (float32), from one gather."""
         rgba = self.gt[ids].float()
-        return over(rgba[..., :3], rgba[..., 3:], background)
+        return over(rgba[..., :3], rgba[..., 3:], background), rgba[..., 3:]
 
 
 def global_range(comm, array: np.ndarray) -> tuple[float, float]:
