@@ -52,7 +52,9 @@ DEMO_DEFAULTS_GPU = {
     "train.iterations": 3000, "train.sh_degree": 3, "train.sh_increase_every": 300,
     "train.densify_from": 300, "train.densify_every": 100, "train.densify_until": 2500,
     "train.max_gaussians": 1_000_000, "train.eval_every": 250,
-    "train.grad_threshold": TrainConfig().grad_threshold, "train.antialiased": TrainConfig().antialiased,
+    "train.grad_threshold": 1e-4,       # as measured (run 75); the package's 5e-5 is tuned on the bonsai's
+                                        # squared error, not on this demo's L1
+    "train.antialiased": TrainConfig().antialiased,
     "train.min_scale_px": 1.0,          # as measured (run 75, with the CPU demo's L1): the package's finer floor
                                         # is not measured on the GPU demo yet
     "insitu.warm_iterations": 1000,

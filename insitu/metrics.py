@@ -268,6 +268,26 @@ def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Qu
     return acc.result()
 
 
+WARMED_UP: set[str] = set()            # the devices :func:`warm_up` has scored on in this process
+
+
+def warm_up(device: torch.device | str) -> None:
+    """Score one small pair of RGBA views on ``device`` as an evaluation scores its views (PSNR, SSIM
+    and their foreground figures, no LPIPS), so that the process's first scoring, which loads their
+    kernels, happens here: on the GPU machine the first PSNR and SSIM of a first process took 1.1 and
+    0.3 s, later ones milliseconds (``benchmarks/bench_first_use.py``, BENCHMARKS.md run 82).
+    :func:`insitu.pipeline.preload_evaluation` calls it on its thread after importing this module."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    side = SSIM_KERNEL + 5
+    pred = torch.rand(1, side, side, 4, generator=g).to(device)
+    gt = torch.rand(1, side, side, 4, generator=g).to(device)
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(pred, gt, torch.zeros(3))
+    acc.result()
+    WARMED_UP.add(str(device))
+
+
 def psnr(pred: Tensor, gt: Tensor) -> float:
     """Mean per-view PSNR (dB, data range 1) of ``pred: [C, H, W, 3]`` against ``gt: [C, H, W, 3]``.
 

@@ -19,7 +19,7 @@ import sys
 import threading
 import time as _time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -148,8 +148,10 @@ def importing_metrics() -> bool:
     return any(t.is_alive() for t in _PRELOAD)
 
 
-def preload_evaluation() -> None:
-    """Import the evaluation's metrics on a background thread, once per process.
+def preload_evaluation(device: torch.device | None = None) -> None:
+    """Import the evaluation's metrics on a background thread, once per process, then (``device``
+    given) score a small pair on it (:func:`insitu.metrics.warm_up`: the first scoring of a process
+    loads its kernels).
 
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
     started once a step's input is checked, the import overlaps seeding, ray casting and the seed
@@ -168,8 +170,11 @@ def preload_evaluation() -> None:
 
     def run() -> None:
         try:
-            importlib.import_module("insitu.metrics")
-        except Exception:       # noqa: BLE001 - the evaluation imports it again and raises there
+            metrics = importlib.import_module("insitu.metrics")
+            if device is not None:
+                with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+                    metrics.warm_up(device)
+        except Exception:       # noqa: BLE001 - the evaluation imports and scores again and raises there
             pass
 
     thread = threading.Thread(target=run, name="insitu-preload", daemon=True)
@@ -750,7 +755,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
     decomposition = check_input(block, cfg, comm)
-    preload_evaluation()                            # the input is good: the step will train and evaluate
+    preload_evaluation(comm.device)                 # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)

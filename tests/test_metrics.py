@@ -265,3 +265,17 @@ def test_a_view_without_coverage_is_left_out_of_the_foreground_mean():
     with pytest.raises(ValueError, match=r"premultiplied RGBA \[C, H, W, 4\]"):
         only.add_rgba(empty[..., :3], empty[..., :3], torch.zeros(3))
     assert QualityAccumulator(lpips=False).result().psnr_white is None     # add() alone: not measured
+
+
+@pytest.mark.gpu
+def test_warm_up_scores_on_the_cuda_device():
+    """The preload thread's warm-up runs the evaluation's scoring on the GPU, without LPIPS."""
+    metrics.warm_up("cuda")
+    assert "cuda" in metrics.WARMED_UP
+
+
+def test_warm_up_scores_on_the_cpu_without_lpips(monkeypatch):
+    """On the CPU the warm-up scores its pair too, and never computes LPIPS (no weights needed)."""
+    monkeypatch.setattr(QualityAccumulator, "_lpips_sum", lambda *a: pytest.fail("LPIPS computed"))
+    metrics.warm_up(torch.device("cpu"))
+    assert "cpu" in metrics.WARMED_UP

@@ -287,7 +287,8 @@ def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(c
 
 def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts():
     """A fresh process: compute_step starts importing the evaluation's metrics (torchmetrics) on a
-    thread of its own, gsplat having been imported first on the calling thread; a second call
+    thread of its own, gsplat having been imported first on the calling thread, and that thread then
+    scores a small pair on the step's device (the first scoring's kernels loaded); a second call
     starts nothing."""
     import subprocess
     import sys
@@ -298,12 +299,14 @@ def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts()
 import sys, threading
 import insitu.pipeline as p
 assert "insitu.metrics" not in sys.modules and "torchmetrics" not in sys.modules
-p.preload_evaluation()
+import torch
+p.preload_evaluation(torch.device("cpu"))
 (thread,) = p._PRELOAD
 assert "gsplat" in sys.modules and thread.name == "insitu-preload"
 thread.join(120)
 assert "torchmetrics" in sys.modules and "insitu.metrics" in sys.modules
-p.preload_evaluation()
+assert sys.modules["insitu.metrics"].WARMED_UP == {"cpu"}
+p.preload_evaluation(torch.device("cpu"))
 assert len(p._PRELOAD) == 1 and threading.active_count() == 1
 print("ok")
 """
