@@ -211,6 +211,12 @@ class _Over(torch.autograd.Function):
         return grad, (grad * bg.view(-1, 1, 1, 3)).sum(-1, keepdim=True).neg_(), None
 
 
+def foreground(alpha_a: Tensor, alpha_b: Tensor) -> Tensor:
+    """The pixels either image covers: alpha over 1/255 (what an 8-bit image shows) in ``alpha_a`` or
+    ``alpha_b`` (same shape, bool). What ``psnr_foreground`` scores and the squared error's scale averages."""
+    return (alpha_a > 1 / 255) | (alpha_b > 1 / 255)
+
+
 def over(rgb: Tensor, alpha: Tensor, background: Tensor) -> Tensor:
     """Premultiplied colour over a background: ``rgb + (1 - alpha) * background``.
 

@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
+from .compositing import foreground
+
 SSIM_KERNEL = 11
 SSIM_SIGMA = 1.5
 LPIPS_NET = "vgg"
@@ -216,7 +218,7 @@ class QualityAccumulator:
         p, g = _channels_first(on(pred, bg)), _channels_first(on(gt, bg))
         ssim, ssim_map = _per_view_ssim_map(p, g)
         self._add_channels_first(p, g, ssim)
-        mask = ((pred[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255))[:, None].expand_as(p)    # [C, 3, H, W]
+        mask = foreground(pred[..., 3], gt[..., 3])[:, None].expand_as(p)    # [C, 3, H, W]
         self._fg_err += ((p - g) ** 2 * mask).double().sum()
         self._fg_pixels += mask.double().sum()
         self._fg_ssim += (ssim_map * mask).double().sum()

@@ -22,7 +22,7 @@ from torch import Tensor
 from .adam import ShardAdam
 from .appearance import ColorModel, quat_normals
 from .bandloss import band_loss
-from .compositing import composite, over
+from .compositing import composite, foreground, over
 from .config import TrainConfig
 from .gaussians import Gaussians, rgb_to_sh0
 from .rendering import STANDARD_EPS2D, rasterize
@@ -336,11 +336,11 @@ class Trainer:
         self._schedule()
         with deferred_sh_gradients() as sh:         # the SH colours' gradient stays factored for Adam
             pred, info = render(self.params)
-        foreground = None
+        covered = None
         if self.cfg.pixel_loss == "l2" and gt_alpha is not None:   # what psnr_foreground scores
-            foreground = (gt_alpha > 1 / 255) | (info["alpha"].detach() > 1 / 255)
+            covered = foreground(gt_alpha, info["alpha"].detach())
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm,
-                         pixel=self.cfg.pixel_loss, foreground=foreground, scale_comm=self.replicas)
+                         pixel=self.cfg.pixel_loss, foreground=covered, scale_comm=self.replicas)
         if self.cfg.alpha_weight > 0 and gt_alpha is not None:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
