@@ -154,11 +154,9 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     loads its kernels).
 
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
-    started once a step's ground truth is cast, the import overlaps the seed colours and training
-    instead of delaying the first evaluation, which then finds the module imported (or waits for the
-    rest of the import). It holds Python's lock for much of that time: beside seeding and ray casting,
-    whose launches and host work it slowed by 4 s in a first step (runs 82-83), it cost more than
-    beside training, whose device work runs ahead of its launches (BENCHMARKS.md, run 84). What a step imports lazily itself (gsplat and its
+    started once a step's input is checked, the import overlaps seeding, ray casting and the seed
+    colours instead of delaying the first evaluation, which then finds the module imported (or
+    waits for the rest of the import). What a step imports lazily itself (gsplat and its
     densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
@@ -757,6 +755,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
     decomposition = check_input(block, cfg, comm)
+    preload_evaluation(comm.device)                 # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)
@@ -766,7 +765,6 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     ahead.wait("ray caster")
     scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets)
     clock.lap("scene")
-    preload_evaluation(comm.device)                 # beside training, not beside seeding and ray casting
     shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     seconds = clock.lap("colors")
     if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
