@@ -141,11 +141,6 @@ class Training:
 
 
 _PRELOAD: list[threading.Thread] = []
-# Python's switch interval while the metrics import (s; Python's default 5 ms): a thread that
-# gives up the interpreter's lock (a wait on the device, a C++ op) waits up to one interval to get
-# it back from a thread that runs Python, so the import's 5 ms turns would stretch every such wait
-# of the step beside it (benchmarks/bench_switch_interval.py).
-PRELOAD_SWITCH_INTERVAL = 2e-4
 
 
 def importing_metrics() -> bool:
@@ -166,20 +161,14 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     and ray casting and put 9.5 s on training, whose pace is its launches' (BENCHMARKS.md, run 84). What a step imports lazily itself (gsplat and its
     densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
-    modules at once. While the thread runs, Python's switch interval is ``PRELOAD_SWITCH_INTERVAL``
-    (then the one it was again), so that the step gets the lock back sooner after each of its waits.
-    A failure on the background thread is ignored: the first evaluation then imports, and reports the
-    error, as usual.
+    modules at once. A failure on the background thread is ignored: the first evaluation then
+    imports, and reports the error, as usual.
     """
     if _PRELOAD or "insitu.metrics" in sys.modules:
         return
     import scipy.spatial  # noqa: F401 - the warm start's k-d tree
     if gsplat_import_error() is None:
         import gsplat.strategy.ops  # noqa: F401 - densification's
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, PRELOAD_SWITCH_INTERVAL))
-    ours = sys.getswitchinterval()
 
     def run() -> None:
         try:
@@ -189,9 +178,6 @@ def preload_evaluation(device: torch.device | None = None) -> None:
                     metrics.warm_up(device)
         except Exception:       # noqa: BLE001 - the evaluation imports and scores again and raises there
             pass
-        finally:
-            if sys.getswitchinterval() == ours:     # (unless something else has set it since)
-                sys.setswitchinterval(before)
 
     thread = threading.Thread(target=run, name="insitu-preload", daemon=True)
     _PRELOAD.append(thread)
