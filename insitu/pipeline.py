@@ -156,10 +156,11 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
     started once a step's input is checked, the import overlaps seeding, ray casting and the seed
     colours instead of delaying the first evaluation, which then finds the module imported (or
-    waits for the rest of the import). It holds Python's lock for most of that time, and slows what
-    runs beside it; started once the ground truth is cast, beside training, it took 2.6 s off seeding
-    and ray casting and put 9.5 s on training, whose pace is its launches' (BENCHMARKS.md, run 84). What a step imports lazily itself (gsplat and its
-    densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
+    waits for the rest of the import). The import holds Python's lock for most of that time, and
+    whatever gives the lock up beside it (a torch call, a wait on the device) waits to get it back:
+    started once the ground truth is cast, beside training, it took 2.6 s off seeding and ray
+    casting and put 9.5 s on training (BENCHMARKS.md, run 84). What a step imports lazily itself
+    (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
     imports, and reports the error, as usual.
