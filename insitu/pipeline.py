@@ -159,7 +159,7 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     waits for the rest of the import). The import holds Python's lock for most of that time, and
     whatever gives the lock up beside it (a torch call, a wait on the device) waits to get it back:
     started once the ground truth is cast, beside training, it took 2.6 s off seeding and ray
-    casting and put 9.5 s on training (BENCHMARKS.md, run 84). What a step imports lazily itself
+    casting and put 9.4 s on training (BENCHMARKS.md, run 84). What a step imports lazily itself
     (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
