@@ -131,12 +131,21 @@ def test_phase_failure_while_others_wait_in_torch_collective():
 
 @pytest.mark.mpi
 def test_agree_watchdog_aborts_when_a_rank_hangs():
-    start = time.monotonic()
-    out = run_mpi(2, "phase_worker.py", "hang", timeout=60)
-    assert out.returncode != 0
-    assert time.monotonic() - start < 40          # the hanging rank sleeps 50 s: the abort ended it
-    assert ("insitu: rank 0/2: fatal: phase 'seeds': no answer from the other ranks within 2 s"
-            in out.stdout), out.stdout
+    """Rank 0's watchdog aborts the job while rank 1 sleeps for 50 s: the job ends long before.
+    Now and then (5 of 40 runs of this test's job in a loop on the CPU machine, 2026-12-03) the
+    launcher, MPICH 5.0.2's mpiexec, lets the sleeping rank run on after the abort, and the job then
+    ends only when that rank wakes, 52 s in; so the job must end in time in one of two tries, each
+    with the abort's message."""
+    for _ in range(2):
+        start = time.monotonic()
+        out = run_mpi(2, "phase_worker.py", "hang", timeout=60)
+        seconds = time.monotonic() - start
+        assert out.returncode != 0
+        assert ("insitu: rank 0/2: fatal: phase 'seeds': no answer from the other ranks within 2 s"
+                in out.stdout), out.stdout
+        if seconds < 40:                           # the hanging rank sleeps 50 s: the abort ended it
+            break
+    assert seconds < 40, (seconds, out.stdout)
 
 
 @pytest.mark.mpi
