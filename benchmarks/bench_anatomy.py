@@ -42,6 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu.appearance import BlockSamples, quat_normals  # noqa: E402
+from insitu.compositing import foreground  # noqa: E402
 from insitu.config import load_config  # noqa: E402
 from insitu.files import write_png  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
@@ -74,7 +75,7 @@ class Anatomy:
         pa, ga = pred[..., 3], gt[..., 3]
         diff = pred[..., :3] - gt[..., :3]                          # [C, H, W, 3]
         se = (diff ** 2).mean(-1)                                   # per pixel, the channels' mean
-        fg = (pa > 1 / 255) | (ga > 1 / 255)
+        fg = foreground(pa, ga)
         inner = (pa > 0.99) & (ga > 0.99)
         edge = fg & ~inner
         low = F.avg_pool2d(diff.permute(0, 3, 1, 2), 5, stride=1, padding=2).permute(0, 2, 3, 1)
@@ -159,7 +160,7 @@ def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str,
                                       colors=colors, backend=cfg.train.backend, **training_blur(cfg))
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
-            mask = (rgba[..., 3] > 1 / 255) | (gt[..., 3] > 1 / 255)
+            mask = foreground(rgba[..., 3], gt[..., 3])
             se += (((rgba[..., :3] - gt[..., :3]) ** 2).mean(-1) * mask).sum((1, 2)).tolist()
             fg += mask.sum((1, 2)).tolist()
             if images is not None and j == 0:
