@@ -334,6 +334,46 @@ def test_triton_kernel_matches_the_torch_path_on_blocks(rank):
     assert float((fast[1][hit] - ref[1][hit]).abs().max()) < 1e-3
 
 
+def test_the_scene_holds_its_launch_values_on_the_host_as_the_device_holds_them():
+    """The Triton launch reads the scene's scalars from the host (reading them from the device would wait
+    for the views queued before): they must be the device tensors' float32 values, the colour map too."""
+    from insitu.groundtruth.field import prepare_scene
+
+    block = cut_block(gyroid_block_array(), 2, 4, spacing=(1.0, 1.2, 0.9), origin=(0.5, -2.0, 3.25))
+    scene = prepare_scene(block, [0.3, 0.5], color=(0.85, 0.8, 0.7), color_field=None, color_range=None,
+                          colormap="viridis", step=0.5, refine=6, device=torch.device("cpu"))
+    device = torch.cat([scene.origin, scene.spacing, scene.box_lo, scene.box_hi, scene.domain_lo, scene.domain_hi])
+    assert scene.bounds == tuple(device.tolist()) and len(scene.bounds) == 18
+    assert scene.rgb == tuple(scene.color.tolist())
+    assert scene.field.dims == tuple(int(v) for v in scene.field.size.tolist())
+    assert scene.field.macro == tuple(int(v) for v in scene.field.macro_dims.tolist())
+    assert scene.field.dims == tuple(block.shape_xyz)
+    positions, colours = COLORMAPS["viridis"]
+    assert scene.cmap[0].tolist() == torch.tensor(positions, dtype=torch.float32).tolist()
+    assert scene.cmap[1].tolist() == torch.tensor(colours, dtype=torch.float32).reshape(-1).tolist()
+
+
+@pytest.mark.gpu
+def test_triton_groups_of_views_after_the_first_are_cast_without_waiting_for_the_device():
+    """raycast_views queues each later group of views without a sync (a sync would leave the device idle
+    while the host, perhaps waiting for Python's lock, queues the next group)."""
+    from insitu.groundtruth import raycast_views
+
+    block = whole_block(blobs_array())
+    views = orbit_views(*block.global_box, count=6, resolution=64)
+    cast = raycast_views(block, views.viewmats.cuda(), views.Ks.cuda(), 64, 64, [0.3, 0.6], views_per_call=2,
+                         backend="triton")
+    first = next(cast)                          # the scene is prepared here (its macro grid reads the device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rest = list(cast)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [len(ids) for ids, _, _ in [first] + rest] == [2, 2, 2]
+    assert float(rest[-1][1][..., 3].mean()) > 0.02
+
+
 @pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e60, 0.0), (1e-60, 0.0), (1e-3, 1e6)])
 def test_any_field_magnitude_draws_the_unit_field_image(scale, offset):
     """The same surface at any magnitude and offset float64 holds: the image of the unit field

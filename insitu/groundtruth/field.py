@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..volume import Block, unit_colors, unit_field
+from .colormaps import COLORMAPS
 
 MACRO = 8                 # voxels per macro-cell edge for empty-space skipping
 SKIP_RADIUS_CAP = 16      # largest empty-space distance stored, in macro cells
@@ -34,12 +35,16 @@ class Field:
     distance:   [mz * my * mx] Chebyshev distance of each macro cell to the nearest active
                 one, in macro cells, capped at SKIP_RADIUS_CAP; 0 for active cells. float32.
     macro_dims: [3] macro cells per axis (x, y, z), float32.
+    dims, macro: ``size`` and ``macro_dims`` as integers on the host (a kernel's launch arguments:
+                reading them from the device would wait for the work queued before it).
     """
 
     volume: Tensor
     size: Tensor
     distance: Tensor
     macro_dims: Tensor
+    dims: tuple[int, int, int]
+    macro: tuple[int, int, int]
 
     def sample(self, q: Tensor) -> Tensor:
         """Trilinear field at local index positions ``q: [..., 3]`` (x, y, z) -> ``[...]``."""
@@ -98,7 +103,8 @@ def prepare_field(data: np.ndarray, isos: Tensor, device: torch.device) -> Field
         distance += empty
         reach = F.max_pool3d(reach, kernel_size=3, stride=1, padding=1)
     return Field(volume, torch.tensor([nx, ny, nz], dtype=torch.float32, device=device),
-                 distance.reshape(-1), mdims.to(device=device, dtype=torch.float32))
+                 distance.reshape(-1), mdims.to(device=device, dtype=torch.float32),
+                 dims=(int(nx), int(ny), int(nz)), macro=tuple(int(m) for m in mdims.tolist()))
 
 
 @dataclass
@@ -136,7 +142,11 @@ class Cameras:
 @dataclass
 class CastScene:
     """Everything a ray needs, on the device. Positions are in the block's local index space
-    ``q = (world - origin) / spacing`` with ``origin`` the world position of ``data[0, 0, 0]``."""
+    ``q = (world - origin) / spacing`` with ``origin`` the world position of ``data[0, 0, 0]``.
+    ``bounds`` holds origin, spacing, box_lo, box_hi, domain_lo, domain_hi and ``rgb`` the colour as
+    float32 values on the host, and ``cmap`` the colour map's positions [K] and colours [K * 3] on the
+    device: a kernel launch takes them as they are, without reading the device (which would wait for
+    the views cast before) or copying to it (which waits too) for every group of views."""
 
     field: Field
     isos: Tensor               # [I] sorted
@@ -152,6 +162,9 @@ class CastScene:
     color_volume: Tensor | None
     color_range: tuple[float, float]
     colormap: str
+    bounds: tuple[float, ...]   # 18 values
+    rgb: tuple[float, float, float]
+    cmap: tuple[Tensor, Tensor]
 
 
 def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | None,
@@ -167,20 +180,28 @@ def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | 
     color_volume = (as_volume(unit_colors(block.fields[color_field], *color_range), device)
                     if color_field is not None else None)
     start = np.asarray(block.start, dtype=np.float64)
+    host = lambda values: tuple(float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1))  # noqa: E731
+    positions, colours = COLORMAPS[colormap]
+    origin = np.asarray(block.origin, dtype=np.float64) + start * np.asarray(block.spacing)
+    box = (np.asarray(block.owned_lo) - start, np.asarray(block.owned_hi) - start)
+    domain = (-start, np.asarray(block.global_shape) - 1 - start)
     return CastScene(
         field=field,
         isos=iso_values,
-        origin=torch.tensor(np.asarray(block.origin, dtype=np.float64) + start * np.asarray(block.spacing),
-                            dtype=torch.float32, device=device),
+        origin=torch.tensor(origin, dtype=torch.float32, device=device),
         spacing=torch.tensor(block.spacing, dtype=torch.float32, device=device),
-        box_lo=torch.tensor(np.asarray(block.owned_lo) - start, dtype=torch.float32, device=device),
-        box_hi=torch.tensor(np.asarray(block.owned_hi) - start, dtype=torch.float32, device=device),
-        domain_lo=torch.tensor(-start, dtype=torch.float32, device=device),
-        domain_hi=torch.tensor(np.asarray(block.global_shape) - 1 - start, dtype=torch.float32, device=device),
+        box_lo=torch.tensor(box[0], dtype=torch.float32, device=device),
+        box_hi=torch.tensor(box[1], dtype=torch.float32, device=device),
+        domain_lo=torch.tensor(domain[0], dtype=torch.float32, device=device),
+        domain_hi=torch.tensor(domain[1], dtype=torch.float32, device=device),
         step=float(step) * float(min(block.spacing)),
         refine=int(refine),
         color=torch.tensor(color, dtype=torch.float32, device=device),
         color_volume=color_volume,
         color_range=(0.0, 1.0),                 # the colour field comes mapped to [0, 1] (unit_colors)
         colormap=colormap,
+        bounds=host(np.concatenate([origin, np.asarray(block.spacing, np.float64), *box, *domain])),
+        rgb=host(color),
+        cmap=(torch.tensor(positions, dtype=torch.float32, device=device),
+              torch.tensor(colours, dtype=torch.float32, device=device).reshape(-1)),
     )

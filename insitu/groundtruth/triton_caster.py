@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from .colormaps import COLORMAPS
 from .field import Cameras, CastScene
 
 try:                                    # Triton ships with CUDA builds of torch
@@ -266,21 +265,13 @@ def raycast_triton(scene: CastScene, cams: Cameras, width: int, height: int, sup
     depth = torch.empty(C, height, width, dtype=torch.float32, device=device)
     packed = torch.cat([cams.axes.reshape(C, 9), cams.centre], 1).contiguous()
     f = scene.field
-    nx, ny, nz = (int(v) for v in f.size.tolist())
-    mx, my, mz = (int(v) for v in f.macro_dims.tolist())
-    o, sp = scene.origin.tolist(), scene.spacing.tolist()
-    bl, bh = scene.box_lo.tolist(), scene.box_hi.tolist()
-    dl, dh = scene.domain_lo.tolist(), scene.domain_hi.tolist()
-    positions, colours = COLORMAPS[scene.colormap]
-    cmap_pos = torch.tensor(positions, dtype=torch.float32, device=device)
-    cmap_rgb = torch.tensor(colours, dtype=torch.float32, device=device).reshape(-1)
+    cmap_pos, cmap_rgb = scene.cmap            # host values and device tensors made once (no waits here)
     cvol = scene.color_volume if scene.color_volume is not None else f.volume
-    c = scene.color.tolist()
     grid = (triton.cdiv(width * height, _TRITON_BLOCK), C)
     _raycast_kernel[grid](
         f.volume, f.distance, scene.isos, scene.isos.numel(), packed, rgba, depth,
-        nx, ny, nz, mx, my, mz, *o, *sp, *bl, *bh, *dl, *dh,
+        *f.dims, *f.macro, *scene.bounds,
         float(scene.step), width, height, supersample,
-        c[0], c[1], c[2], cvol, cmap_pos, cmap_rgb, len(positions), *scene.color_range,
+        *scene.rgb, cvol, cmap_pos, cmap_rgb, cmap_pos.numel(), *scene.color_range,
         REFINE=scene.refine, HAS_CFIELD=scene.color_volume is not None, BLOCK=_TRITON_BLOCK)
     return rgba, depth

@@ -1,0 +1,130 @@
+"""Where a step makes the host wait for the GPU: syncs by phase and by call site (CUDA only).
+
+Sets a step up as ``pipeline.compute_step`` does (one rank), each phase under
+``torch.cuda.set_sync_debug_mode("warn")``, and counts the syncs torch reports (a read of a device
+value, a copy to the device from pageable memory, a stream synchronisation) by phase and by the
+innermost call site in this package or gsplat:
+
+- ``seeds``: :func:`insitu.pipeline.seed_shard`;
+- ``ground_truth``: :func:`insitu.scene.make_scene` (the ray caster's groups of views and their
+  compositing);
+- ``train_first``, ``train_steady``: ``--iterations`` training iterations from the start
+  (densification on) and again with densification off;
+- ``evaluation``: the held-out evaluation (:func:`insitu.pipeline.evaluate_trainer`).
+
+A sync costs the device the time the host then takes to queue its next work, and while another
+thread holds Python's lock (the metrics' import beside seeding and ray casting) the wait to get the
+lock back as well: BENCHMARKS.md, runs 84 and 87. Prints one JSON object.
+
+    python benchmarks/bench_syncs.py --data bonsai_256x256x256_uint8.raw --resolution 1024 --views 448
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from insitu import pipeline  # noqa: E402
+from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.layouts import choose_layout  # noqa: E402
+from insitu.parallel import init_comm, shutdown  # noqa: E402
+from insitu.scene import make_scene  # noqa: E402
+from insitu.volume import read_raw, whole_block  # noqa: E402
+
+OURS = ("/insitu/", "/gsplat/")
+
+
+class SyncCounter:
+    """Counts the syncs torch reports inside :meth:`phase` blocks, by phase and by call site."""
+
+    def __init__(self) -> None:
+        self.by_phase: dict[str, collections.Counter] = {}
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        sites = self.by_phase.setdefault(name, collections.Counter())
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            frames = [f for f in traceback.extract_stack()[:-1] if any(s in f.filename for s in OURS)]
+            where = frames[-1] if frames else None
+            sites[f"{Path(where.filename).name}:{where.lineno} {where.name}" if where else "elsewhere"] += 1
+
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        self.seconds[name] = round(time.perf_counter() - t, 3)
+
+    def summary(self, top: int = 12) -> dict:
+        return {name: {"syncs": sum(c.values()), "seconds": self.seconds.get(name),
+                       "sites": dict(c.most_common(top))} for name, c in self.by_phase.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--iso", type=float, default=40.0)
+    ap.add_argument("--resolution", type=int, default=1024)
+    ap.add_argument("--views", type=int, default=448)
+    ap.add_argument("--iterations", type=int, default=20, help="training iterations counted in each training phase")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
+    args = ap.parse_args()
+
+    comm = init_comm(device="auto")
+    if comm.device.type != "cuda":
+        raise SystemExit("bench_syncs.py: needs a CUDA device (syncs are a GPU's)")
+    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
+                 "train.progress": False}
+    overrides.update(dict(parse_override(s) for s in args.set))
+    cfg = load_config(None, overrides)
+    block = whole_block(read_raw(args.data))
+    count = SyncCounter()
+    decomposition = pipeline.check_input(block, cfg, comm)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    with count.phase("seeds"):
+        seeding = pipeline.seed_shard(block, cfg, comm, None)
+    with count.phase("ground_truth"):
+        scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
+                                           iterations=cfg.train.iterations, warm=None)
+    draws = pipeline.batches(scene, dataclasses.replace(cfg.train, batch=trainer.images_per_step))
+    pipeline.train_iteration(trainer, scene, *next(draws), cfg, comm)       # first use: kernels load
+    with count.phase("train_first"):
+        for _, (ids, bg) in zip(range(args.iterations), draws):
+            pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
+    trainer.cfg = dataclasses.replace(cfg.train, densify_from=10**9, opacity_reset_every=0)
+    with count.phase("train_steady"):
+        for _, (ids, bg) in zip(range(args.iterations), draws):
+            pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
+    pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)   # imports, first use
+    with count.phase("evaluation"):
+        pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
+    out = {"device": torch.cuda.get_device_name(comm.device), "resolution": args.resolution,
+           "views": len(scene.views), "gaussians": len(trainer), "iterations": args.iterations,
+           "phases": count.summary()}
+    print(json.dumps(out), flush=True)
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
