@@ -45,6 +45,9 @@
 #           then again (warm), then both with parallel.compile_ahead off: what compiles when, on which thread, how
 #           long (bench_compile.py); then the ray caster's throughput against $OLD_CASTER (another triton_caster.py)
 #   netemu  `step` on 2 GPUs over NVLink, then with NCCL kept off NVLink and shared memory (two nodes emulated)
+#   fidab   the bonsai fidelity case (`insitu run`, the defaults) from several package trees, one process after the
+#           other (the first cold): FID_AB="LABEL:DIR ..." (DIR holds an `insitu` package; "." this checkout);
+#           $OUT/fidab_LABEL_N.json (N: the process's place in the order)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
@@ -201,6 +204,18 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
                   --set train.pixel_loss=l2 --set train.min_scale_px=0.5 > "$OUT/fid_demo_pkg.log" 2>&1   # the package's loss, floor
                 tail -n 8 "$OUT/fid_demo_pkg.log"; cp /tmp/fid_demo_pkg/metrics.csv "$OUT/fid_demo_pkg_metrics.csv" 2>/dev/null ;;
             esac; done ;;
+    fidab)  n=0
+            bonsai=$(realpath "$BONSAI")
+            for v in ${FID_AB:-base:.}; do
+              label=${v%%:*}; tree=${v#*:}; n=$((n + 1)); rm -rf /tmp/fidab
+              (cd "$tree" && CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu run "$bonsai" --iso 40 \
+                 --views 448 --resolution 1024 --quiet --out /tmp/fidab > "$OUT/fidab_${label}_$n.log" 2>&1)
+              cp /tmp/fidab/step_000000/metrics.json "$OUT/fidab_${label}_$n.json" 2>/dev/null
+              python -c "import json, sys; m = json.load(open(sys.argv[1])); print(sys.argv[2], {k: m.get(k) for k in
+                ('total_seconds', 'seeds_seconds', 'ground_truth_seconds', 'train_seconds', 'ply_fit_seconds',
+                 'initial_evaluation_seconds', 'evaluation_seconds', 'psnr_foreground', 'psnr')})" \
+                "$OUT/fidab_${label}_$n.json" "$label $n" || tail -n 5 "$OUT/fidab_${label}_$n.log"
+            done ;;
     compile) # cold and warm processes of the same `insitu run`, with and without the kernels compiled ahead
             for v in cold:kc1: warm:kc1: cold_off:kc2:--set=parallel.compile_ahead=false \
                      warm_off:kc2:--set=parallel.compile_ahead=false; do
