@@ -12,6 +12,9 @@ innermost call site in this package or gsplat:
   (densification on) and again with densification off;
 - ``evaluation``: the held-out evaluation (:func:`insitu.pipeline.evaluate_trainer`).
 
+Syncs inside a compiled extension (gsplat's) reach C++'s warning printer instead of Python's: they
+are counted from what the phase writes to the process's stderr (``native``), without a call site.
+
 A sync costs the device the time the host then takes to queue its next work, and while another
 thread holds Python's lock (the metrics' import beside seeding and ray casting) the wait to get the
 lock back as well: BENCHMARKS.md, runs 84 and 87. Prints one JSON object.
@@ -25,7 +28,9 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -51,6 +56,7 @@ class SyncCounter:
     def __init__(self) -> None:
         self.by_phase: dict[str, collections.Counter] = {}
         self.seconds: dict[str, float] = {}
+        self.native: dict[str, int] = {}
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -62,20 +68,32 @@ class SyncCounter:
             sites[f"{Path(where.filename).name}:{where.lineno} {where.name}" if where else "elsewhere"] += 1
 
         torch.cuda.synchronize()
+        sys.stderr.flush()
+        saved = os.dup(2)
+        log = tempfile.TemporaryFile()
+        os.dup2(log.fileno(), 2)                # C++ warnings (an extension's syncs) go to fd 2
         t = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
-        self.seconds[name] = round(time.perf_counter() - t, 3)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = record
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    yield
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+            self.seconds[name] = round(time.perf_counter() - t, 3)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            self.native[name] = log.read().decode(errors="replace").count("synchronizing CUDA operation")
+            log.close()
 
     def summary(self, top: int = 12) -> dict:
-        return {name: {"syncs": sum(c.values()), "seconds": self.seconds.get(name),
+        return {name: {"syncs": sum(c.values()), "native": self.native.get(name), "seconds": self.seconds.get(name),
                        "sites": dict(c.most_common(top))} for name, c in self.by_phase.items()}
 
 

@@ -153,13 +153,15 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     given) score a small pair on it (:func:`insitu.metrics.warm_up`: the first scoring of a process
     loads its kernels).
 
-    Importing torchmetrics takes seconds on some machines (8.6 s on the GPU machine, run 18);
-    started once a step's input is checked, the import overlaps seeding, ray casting and the seed
-    colours instead of delaying the first evaluation, which then finds the module imported (or
-    waits for the rest of the import). The import holds Python's lock for most of that time, and
-    whatever gives the lock up beside it (a torch call, a wait on the device) waits to get it back:
-    started once the ground truth is cast, beside training, it took 2.6 s off seeding and ray
-    casting and put 9.4 s on training (BENCHMARKS.md, run 84). What a step imports lazily itself
+    Importing torchmetrics takes seconds on some machines (9–11 s on the GPU machine, where it imports
+    transformers and torchvision); started once a step's seeds are drawn, the import runs beside ray
+    casting, which queues its groups of views without waiting for the device, so that the host mostly
+    waits for the device and the import has the interpreter; the first evaluation then finds the module
+    imported (or draws now and scores later, :func:`render_now_score_later`). The import holds Python's
+    lock for most of its time, and whatever gives the lock up beside it (a torch call, a wait on the
+    device) waits to get it back: started before seeding, it put 0.8–1.0 s on the seeds (their marching
+    cubes and device work) and 1.5–2 s on the ray casting; started once the ground truth is cast, beside
+    training, it put 9.4 s on training (BENCHMARKS.md, runs 84 and 88). What a step imports lazily itself
     (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
@@ -758,13 +760,13 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
     decomposition = check_input(block, cfg, comm)
-    preload_evaluation(comm.device)                 # the input is good: the step will train and evaluate
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     seconds = clock.lap("seeds", sync=False)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({seconds:.1f} s)", show)
+    preload_evaluation(comm.device)                 # the metrics import beside the ray casting (not the seeding)
     ahead.wait("ray caster")
     scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets)
     clock.lap("scene")
