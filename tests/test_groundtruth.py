@@ -350,7 +350,7 @@ def test_the_scene_holds_its_launch_values_on_the_host_as_the_device_holds_them(
     assert scene.field.dims == tuple(block.shape_xyz)
     positions, colours = COLORMAPS["viridis"]
     assert scene.cmap[0].tolist() == torch.tensor(positions, dtype=torch.float32).tolist()
-    assert scene.cmap[1].tolist() == torch.tensor(colours, dtype=torch.float32).reshape(-1).tolist()
+    assert scene.cmap[1].tolist() == torch.tensor(colours, dtype=torch.float32).tolist()
 
 
 @pytest.mark.gpu

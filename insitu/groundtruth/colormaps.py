@@ -25,13 +25,18 @@ COLORMAPS: dict[str, tuple[tuple[float, ...], tuple[tuple[float, float, float], 
 }
 
 
-def apply_colormap(values: Tensor, name: str = "viridis") -> Tensor:
-    """Map ``values: [...]`` in [0, 1] (clamped) to colours ``[..., 3]`` through colour map ``name``."""
+def colormap_tensors(name: str, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """Colour map ``name`` as float32 tensors on ``device``: positions ``[K]`` and control colours ``[K, 3]``."""
     if name not in COLORMAPS:
         raise ValueError(f"colormap: expected one of {sorted(COLORMAPS)}, got {name!r}")
     positions, colours = COLORMAPS[name]
-    pos = torch.tensor(positions, dtype=torch.float32, device=values.device)
-    rgb = torch.tensor(colours, dtype=torch.float32, device=values.device)
+    return (torch.tensor(positions, dtype=torch.float32, device=device),
+            torch.tensor(colours, dtype=torch.float32, device=device))
+
+
+def apply_colormap(values: Tensor, name: str = "viridis") -> Tensor:
+    """Map ``values: [...]`` in [0, 1] (clamped) to colours ``[..., 3]`` through colour map ``name``."""
+    pos, rgb = colormap_tensors(name, values.device)
     v = values.to(torch.float32).clamp(0.0, 1.0)
     seg = torch.bucketize(v, pos[1:-1], right=True)             # segment 0 .. P-2
     w = ((v - pos[seg]) / (pos[seg + 1] - pos[seg])).unsqueeze(-1)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..volume import Block, unit_colors, unit_field
-from .colormaps import COLORMAPS
+from .colormaps import colormap_tensors
 
 MACRO = 8                 # voxels per macro-cell edge for empty-space skipping
 SKIP_RADIUS_CAP = 16      # largest empty-space distance stored, in macro cells
@@ -144,9 +144,10 @@ class CastScene:
     """Everything a ray needs, on the device. Positions are in the block's local index space
     ``q = (world - origin) / spacing`` with ``origin`` the world position of ``data[0, 0, 0]``.
     ``bounds`` holds origin, spacing, box_lo, box_hi, domain_lo, domain_hi and ``rgb`` the colour as
-    float32 values on the host, and ``cmap`` the colour map's positions [K] and colours [K * 3] on the
-    device: a kernel launch takes them as they are, without reading the device (which would wait for
-    the views cast before) or copying to it (which waits too) for every group of views."""
+    float32 values on the host, and ``cmap`` the colour map's positions [K] and colours [K, 3] on the
+    device (:func:`.colormaps.colormap_tensors`): a kernel launch takes them as they are, without
+    reading the device (which would wait for the views cast before) or copying to it (which waits
+    too) for every group of views."""
 
     field: Field
     isos: Tensor               # [I] sorted
@@ -181,7 +182,6 @@ def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | 
                     if color_field is not None else None)
     start = np.asarray(block.start, dtype=np.float64)
     host = lambda values: tuple(float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1))  # noqa: E731
-    positions, colours = COLORMAPS[colormap]
     origin = np.asarray(block.origin, dtype=np.float64) + start * np.asarray(block.spacing)
     box = (np.asarray(block.owned_lo) - start, np.asarray(block.owned_hi) - start)
     domain = (-start, np.asarray(block.global_shape) - 1 - start)
@@ -202,6 +202,5 @@ def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | 
         colormap=colormap,
         bounds=host(np.concatenate([origin, np.asarray(block.spacing, np.float64), *box, *domain])),
         rgb=host(color),
-        cmap=(torch.tensor(positions, dtype=torch.float32, device=device),
-              torch.tensor(colours, dtype=torch.float32, device=device).reshape(-1)),
+        cmap=colormap_tensors(colormap, device),
     )

@@ -272,6 +272,6 @@ def raycast_triton(scene: CastScene, cams: Cameras, width: int, height: int, sup
         f.volume, f.distance, scene.isos, scene.isos.numel(), packed, rgba, depth,
         *f.dims, *f.macro, *scene.bounds,
         float(scene.step), width, height, supersample,
-        *scene.rgb, cvol, cmap_pos, cmap_rgb, cmap_pos.numel(), *scene.color_range,
+        *scene.rgb, cvol, cmap_pos, cmap_rgb.reshape(-1), cmap_pos.numel(), *scene.color_range,
         REFINE=scene.refine, HAS_CFIELD=scene.color_volume is not None, BLOCK=_TRITON_BLOCK)
     return rgba, depth
