@@ -11,7 +11,15 @@ its thread (``insitu-compile-*``: :mod:`insitu.compilation`'s background threads
 (seconds after this script started) and its seconds, and for real compilations the seconds of
 each stage (``ttir``, ``ttgir``: the optimisation passes, ``llir``, ``ptx``, ``cubin``: ptxas).
 Prints and writes one JSON object: the command's wall time (from this script's start, imports
-included), the records, and per thread the seconds spent in the compiler.
+included), the records, and per thread the seconds spent in the compiler; and a timeline (seconds
+after this script started) of the step's phases as they end (``PhaseClock.lap``), its waits for
+compiled groups (:meth:`insitu.compilation.Ahead.wait`) and the package's background threads
+(``insitu-compile-*``, ``insitu-preload``: the metrics' import) from start to end.
+
+``--evict`` first drops from the machine's page cache every file of Python's library folders, of
+``PYTHONPATH``'s and of the package (``posix_fadvise(DONTNEED)``; files no process maps), so that with
+an empty ``--cache`` a process on a machine that ran others before reads its libraries from disk as a
+first process on a freshly started machine does.
 
     python benchmarks/bench_compile.py --offline [--caster FILE] [--ssim FILE]
 
@@ -40,6 +48,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=None, help="Triton's kernel cache for the command (TRITON_CACHE_DIR)")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--package", default=str(Path(__file__).resolve().parents[1]),
+                    help="the folder that holds the insitu package to run (default: this checkout)")
+    ap.add_argument("--evict", action="store_true", help="drop the libraries' files from the page cache first")
     ap.add_argument("--offline", action="store_true", help="compile the kernels for sm_90 here, no command")
     ap.add_argument("--caster", help="with --offline: another version of insitu/groundtruth/triton_caster.py")
     ap.add_argument("--ssim", help="with --offline: another version of insitu/ssim.py")
@@ -54,10 +65,18 @@ def main() -> None:
         args.cache = tempfile.mkdtemp()
     Path(args.cache).mkdir(parents=True, exist_ok=True)
     os.environ["TRITON_CACHE_DIR"] = str(Path(args.cache).resolve())
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(args.package).resolve()))
     if args.offline:
         return offline(args)
+    evicted = evict_page_cache(args.package) if args.evict else None
+    try:
+        from insitu.runner import prefetch_compiler
+    except ImportError:         # a package tree from before it
+        pass
+    else:
+        prefetch_compiler()     # as the command does at its start, before this script's imports below
     records, version = record_compilations()
+    timeline = record_timeline()
     from insitu.cli import main as insitu_main
 
     rc = insitu_main(command)
@@ -67,7 +86,8 @@ def main() -> None:
         threads[r["thread"]] = round(threads.get(r["thread"], 0.0) + r["seconds"], 2)
     out = {"command": command, "cache": args.cache, "triton": version, "rc": rc, "wall_s": round(wall, 2),
            "compiled": sum(1 for r in records if r["stages"]), "loaded": sum(1 for r in records if not r["stages"]),
-           "seconds_by_thread": threads, "records": records}
+           "package": args.package, "seconds_by_thread": threads, "evicted": evicted, "timeline": timeline,
+           "records": records}
     text = json.dumps(out)
     print(text, flush=True)
     if args.json:
@@ -76,8 +96,11 @@ def main() -> None:
 
 def record_compilations() -> tuple[list[dict], str]:
     """Record every kernel that reaches Triton's compiler in this process: the list they fill as
-    they come, and Triton's version."""
-    import triton
+    they come, and Triton's version (None, and nothing recorded, without Triton: a CPU-only torch)."""
+    try:
+        import triton
+    except ImportError:
+        return [], None
     from triton import knobs
     from triton.runtime.jit import JITFunction
 
@@ -104,6 +127,71 @@ def record_compilations() -> tuple[list[dict], str]:
     JITFunction._do_compile = timed
     knobs.runtime.add_stages_inspection_hook = stage_hook(stage)
     return records, triton.__version__
+
+
+def evict_page_cache(package: str) -> dict:
+    """Drop every file under Python's library folders, ``PYTHONPATH``'s and ``package``'s from the
+    page cache; the files and bytes asked, and the seconds it took."""
+    import site
+    import sysconfig
+
+    t = time.perf_counter()
+    roots = {sysconfig.get_paths()["stdlib"], *site.getsitepackages(), site.getusersitepackages(),
+             *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), str(Path(package).resolve())}
+    files = size = 0
+    for root in sorted(r for r in roots if os.path.isdir(r)):
+        for folder, _, names in os.walk(root):
+            for name in names:
+                try:
+                    fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    size += os.fstat(fd).st_size
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    files += 1
+                finally:
+                    os.close(fd)
+    return {"files": files, "gb": round(size / 2**30, 2), "seconds": round(time.perf_counter() - t, 2),
+            "roots": sorted(roots)}
+
+
+def record_timeline() -> list[dict]:
+    """Record, in the list returned as they come: each phase of a step as it ends, each wait for
+    compiled groups, and each of the package's background threads (start and end)."""
+    from insitu import compilation, pipeline
+
+    events: list[dict] = []
+    now = lambda: round(time.perf_counter() - T0, 3)        # noqa: E731
+    lap, wait, start = pipeline.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start
+
+    def timed_lap(self, name, **k):
+        seconds = lap(self, name, **k)
+        events.append({"phase": name, "end_s": now(), "seconds": round(seconds, 3)})
+        return seconds
+
+    def timed_wait(self, *names):
+        t = time.perf_counter()
+        wait(self, *names)
+        events.append({"wait": list(names) or "all", "start_s": round(t - T0, 3),
+                       "seconds": round(time.perf_counter() - t, 3)})
+
+    def traced_start(self):
+        if self.name.startswith("insitu-"):
+            run = self.run
+
+            def traced():
+                event = {"thread": self.name, "start_s": now()}
+                try:
+                    run()
+                finally:
+                    event["end_s"] = now()
+                    events.append(event)
+            self.run = traced
+        start(self)
+
+    pipeline.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start = timed_lap, timed_wait, traced_start
+    return events
 
 
 def stage_hook(record):

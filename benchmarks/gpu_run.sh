@@ -48,6 +48,13 @@
 #   fidab   the bonsai fidelity case (`insitu run`, the defaults) from several package trees, one process after the
 #           other (the first cold): FID_AB="LABEL:DIR ..." (DIR holds an `insitu` package; "." this checkout);
 #           $OUT/fidab_LABEL_N.json (N: the process's place in the order)
+#   coldab  the same bonsai case from several package trees, each process made cold on a machine that ran others
+#           (bench_compile.py --evict: the libraries' files dropped from the page cache, an empty kernel cache),
+#           with its timeline of phases, waits and background threads: COLD_AB="LABEL:DIR ..." ("." this checkout),
+#           COLD_ARGS: more flags for every process;
+#           $OUT/coldab_LABEL_N.json (the timeline) and coldab_LABEL_N_metrics.json
+#   plyfit  model.ply's SH fit and refinement by variant on one trained bonsai (bench_plyfit.py; PLYFIT: its
+#           --variant flags)
 set -u
 OUT=${OUT:-gpu_out}; DATA=${DATA:-../shared/data}; mkdir -p "$OUT"; export OUT DATA
 BONSAI=$DATA/bonsai_256x256x256_uint8.raw
@@ -216,6 +223,22 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
                  'initial_evaluation_seconds', 'evaluation_seconds', 'psnr_foreground', 'psnr')})" \
                 "$OUT/fidab_${label}_$n.json" "$label $n" || tail -n 5 "$OUT/fidab_${label}_$n.log"
             done ;;
+    coldab) n=0
+            bonsai=$(realpath "$BONSAI")
+            for v in ${COLD_AB:-base:.}; do
+              label=${v%%:*}; tree=$(realpath "${v#*:}"); n=$((n + 1)); rm -rf /tmp/coldab /tmp/coldab_kc
+              CUDA_VISIBLE_DEVICES=0 timeout 150 python benchmarks/bench_compile.py --evict --package "$tree" \
+                --cache /tmp/coldab_kc --json "$OUT/coldab_${label}_$n.json" -- run "$bonsai" --iso 40 --views 448 \
+                --resolution 1024 --quiet ${COLD_ARGS:-} --out /tmp/coldab > "$OUT/coldab_${label}_$n.log" 2>&1
+              cp /tmp/coldab/step_000000/metrics.json "$OUT/coldab_${label}_${n}_metrics.json" 2>/dev/null
+              python -c "import json, sys; c = json.load(open(sys.argv[1])); m = json.load(open(sys.argv[2]))
+print(sys.argv[3], 'wall', c['wall_s'], 'evicted', c['evicted']['gb'], 'GB', {k: m.get(k) for k in
+      ('total_seconds', 'seeds_seconds', 'ground_truth_seconds', 'train_seconds', 'ply_fit_seconds', 'psnr_foreground')})
+for e in c['timeline']: print('  ', e)" "$OUT/coldab_${label}_$n.json" "$OUT/coldab_${label}_${n}_metrics.json" \
+                "$label $n" || tail -n 5 "$OUT/coldab_${label}_$n.log"
+            done ;;
+    plyfit) CUDA_VISIBLE_DEVICES=0 timeout ${PLYFIT_TIMEOUT:-240} python benchmarks/bench_plyfit.py --data "$BONSAI" \
+              ${PLYFIT:---variant default=} > "$OUT/plyfit.json" 2> "$OUT/plyfit.log"; tail -n 12 "$OUT/plyfit.log" ;;
     compile) # cold and warm processes of the same `insitu run`, with and without the kernels compiled ahead
             for v in cold:kc1: warm:kc1: cold_off:kc2:--set=parallel.compile_ahead=false \
                      warm_off:kc2:--set=parallel.compile_ahead=false; do

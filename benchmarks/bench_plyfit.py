@@ -1,0 +1,112 @@
+"""What ``model.ply``'s SH model costs and scores, by how it is fitted and refined, on one trained model.
+
+Trains one step as ``pipeline.compute_step`` does (one rank, the package's defaults unless ``--set``),
+then makes ``model.ply``'s shard (:func:`insitu.pipeline.ply_shard`: the SH fit over
+``output.ply_fit_views`` views, then ``output.ply_refine`` of the step's iterations trained as a standard
+viewer draws it, ``train.batch`` views each) once per variant, each from the same trained model, and
+scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.pipeline.model_figures`). A variant is
+``NAME=KEY=VALUE,KEY=VALUE`` over those three settings; its seconds are the device's (synchronised).
+Prints one JSON object; the trained model's own figures beside the variants'.
+
+    python benchmarks/bench_plyfit.py --data bonsai_256x256x256_uint8.raw \\
+        --variant default= --variant half=output.ply_refine=0.0625 --variant b1=train.batch=1
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from insitu import pipeline  # noqa: E402
+from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.layouts import choose_layout  # noqa: E402
+from insitu.parallel import init_comm, shutdown  # noqa: E402
+from insitu.scene import make_scene  # noqa: E402
+from insitu.volume import read_raw, whole_block  # noqa: E402
+
+VARIED = ("output.ply_refine", "output.ply_fit_views", "train.batch")
+
+
+def variant(text: str) -> tuple[str, dict]:
+    """``NAME=KEY=VALUE,KEY=VALUE`` (or ``NAME=`` for the defaults) -> (name, overrides)."""
+    name, _, rest = text.partition("=")
+    pairs = dict(parse_override(p) for p in rest.split(",") if p)
+    unknown = set(pairs) - set(VARIED)
+    if not name or unknown:
+        raise SystemExit(f"--variant {text!r}: expected NAME=KEY=VALUE,... over {VARIED}, got keys {sorted(unknown)}")
+    return name, pairs
+
+
+def with_settings(cfg, pairs: dict):
+    """``cfg`` with the dotted settings ``pairs`` replaced."""
+    for key, value in pairs.items():
+        section, field = key.split(".")
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{field: value})})
+    return cfg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--iso", type=float, default=40.0)
+    ap.add_argument("--resolution", type=int, default=1024)
+    ap.add_argument("--views", type=int, default=448)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                    help=f"a way to make model.ply, over {', '.join(VARIED)} (repeatable; the first also warms up)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
+    args = ap.parse_args()
+    variants = [variant(v) for v in args.variant] or [("default", {})]
+
+    comm = init_comm(device="auto")
+    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
+                 "train.progress": False}
+    overrides.update(dict(parse_override(s) for s in args.set))
+    cfg = load_config(None, overrides)
+    block = whole_block(read_raw(args.data))
+    decomposition = pipeline.check_input(block, cfg, comm)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    clock = pipeline.PhaseClock(comm.device)
+    seeding = pipeline.seed_shard(block, cfg, comm, None)
+    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
+                                           iterations=cfg.train.iterations, warm=None)
+    pipeline.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
+                   gaussians=len(shard), show=False)
+    clock.lap("train")
+    q, _ = pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
+    trained = trainer.gaussians()
+    gaussians, _ = layout.shard(trained)
+    rows = {}
+    for i, (name, pairs) in enumerate([variants[0]] + variants):       # the first twice: its first use warms up
+        vcfg = with_settings(cfg, pairs)
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        t = time.perf_counter()
+        ply = layout.shard(pipeline.ply_shard(trained, trainer, scene, layout, vcfg))[0]
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        seconds = time.perf_counter() - t
+        _, qm = pipeline.model_figures(gaussians, ply, scene, layout, vcfg)
+        if i > 0:
+            rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3),
+                          "ply_psnr_foreground": qm.psnr_foreground, "ply_ssim_foreground": qm.ssim_foreground,
+                          "ply_psnr": qm.psnr}
+            print(name, rows[name], file=sys.stderr, flush=True)
+    out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
+           "resolution": args.resolution, "views": len(scene.views), "gaussians": len(trained),
+           "iterations": trainer.iteration, "train_seconds": round(clock.seconds["train"], 3),
+           "psnr_foreground": q.psnr_foreground, "psnr": q.psnr, "variants": rows}
+    print(json.dumps(out), flush=True)
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
