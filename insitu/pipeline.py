@@ -766,9 +766,13 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     n0 = comm.mpi.allreduce(len(seeding.shard))
     seconds = clock.lap("seeds", sync=False)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({seconds:.1f} s)", show)
-    preload_evaluation(comm.device)                 # the metrics import beside the ray casting (not the seeding)
-    ahead.wait("ray caster")
-    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets)
+
+    def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
+        ahead.wait("ray caster")
+        preload_evaluation(comm.device)             # the metrics import beside the ray casting only
+
+    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets,
+                       ready=cast_ready)
     clock.lap("scene")
     shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     seconds = clock.lap("colors")

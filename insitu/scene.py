@@ -7,6 +7,7 @@ evaluation then read the same :class:`Scene`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,12 +73,15 @@ def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tens
 
 
 def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
-               decomposition: Decomposition | None = None, targets: np.ndarray | None = None) -> Scene:
+               decomposition: Decomposition | None = None, targets: np.ndarray | None = None,
+               ready: Callable[[], None] | None = None) -> Scene:
     """The step's views (:func:`insitu.views.step_views`: the orbit, close-ups at the surface points
     ``targets: [M, 3]`` and the held-out sets off the orbit) and this rank's GT band of every view
     (ray-cast, composited).
 
     decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
+    ready: called once the views are set and the field prepared, before the first view is cast
+           (:func:`insitu.groundtruth.raycast_views`).
     """
     device = comm.device
     lo, hi = block.global_box
@@ -102,7 +106,7 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
                          views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
                          color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
-                         step=vc.march_step, device=device, value_range=global_range(comm, block.data))
+                         step=vc.march_step, device=device, value_range=global_range(comm, block.data), ready=ready)
     # On GPUs with several ranks the compositing of a group runs on a stream of its own, so a rank
     # casts its next group while the all-to-all waits for the slower rank's casting of this one.
     side = torch.cuda.Stream(device) if device.type == "cuda" and comm.size > 1 else None

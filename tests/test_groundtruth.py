@@ -439,3 +439,20 @@ def test_more_rays_per_pixel_draw_an_outline_closer_to_its_true_coverage():
     err = {s: float((alpha[s] - alpha[12])[outline].abs().mean()) for s in (2, 4)}
     assert err[4] < 0.6 * err[2], err
     assert ViewConfig().supersample == 4
+
+def test_raycast_views_calls_ready_once_with_the_field_prepared_before_the_first_cast(monkeypatch):
+    """``ready`` runs once, after the field is prepared and before the first group of views is cast
+    (the pipeline waits there for the caster's kernel compiled on another thread)."""
+    import insitu.groundtruth as gt
+
+    events = []
+    prepare, cast = gt.prepare_scene, gt.raycast_torch
+    monkeypatch.setattr(gt, "prepare_scene", lambda *a, **k: events.append("prepared") or prepare(*a, **k))
+    monkeypatch.setattr(gt, "raycast_torch", lambda *a, **k: events.append("cast") or cast(*a, **k))
+    block = whole_block(blobs_array())
+    views = orbit_views(*block.global_box, count=4, resolution=16)
+    groups = gt.raycast_views(block, views.viewmats, views.Ks, 16, 16, [0.3, 0.6], views_per_call=2,
+                              backend="torch", ready=lambda: events.append("ready"))
+    assert events == []                         # nothing before the first group is asked for
+    assert [len(ids) for ids, _, _ in groups] == [2, 2]
+    assert events == ["prepared", "ready", "cast", "cast"]

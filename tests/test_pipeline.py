@@ -335,6 +335,32 @@ def test_the_ground_truth_is_cast_with_the_configured_march_step(comm, monkeypat
     assert steps == [0.25, 0.125]
 
 
+def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_field_prepared(comm, monkeypatch):
+    """compute_step prepares the views and the field before it waits for the ray caster's kernel (compiled
+    on another thread meanwhile), then starts the metrics' import, then casts: the import does not compete
+    with the seeding or with that compilation."""
+    import insitu.groundtruth as gt
+    import insitu.pipeline as pipeline
+    from insitu.compilation import Ahead
+
+    events = []
+
+    class Recorded(Ahead):
+        def wait(self, *names):
+            events.append(("wait", names))
+
+    seed, prepare, cast = pipeline.seed_shard, gt.prepare_scene, gt.raycast_torch
+    monkeypatch.setattr(pipeline, "compile_ahead", lambda cfg, comm: Recorded())
+    monkeypatch.setattr(pipeline, "seed_shard", lambda *a, **k: events.append("seeds") or seed(*a, **k))
+    monkeypatch.setattr(gt, "prepare_scene", lambda *a, **k: events.append("prepared") or prepare(*a, **k))
+    monkeypatch.setattr(gt, "raycast_torch", lambda *a, **k: events.append("cast") or cast(*a, **k))
+    monkeypatch.setattr(pipeline, "preload_evaluation", lambda device=None: events.append("import"))
+    compute_step(whole_block(sphere_field()), tiny_config(iterations=1), comm)
+    first_cast = events.index("cast")
+    assert events[:first_cast] == ["seeds", "prepared", ("wait", ("ray caster",)), "import"]
+    assert events[-1] == ("wait", ())           # every group, before training
+
+
 def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
     """train.alpha_weight > 0: each step is given the alpha of the same views' ground-truth band;
     with the default 0, none under the L1 pixel term (the squared error takes it for its foreground)."""

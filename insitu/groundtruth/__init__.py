@@ -155,12 +155,14 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
                   colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
                   device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
                   progress: Callable[[int, int], None] | None = None, backend: str = "auto",
-                  value_range: tuple[float, float] | None = None):
+                  value_range: tuple[float, float] | None = None, ready: Callable[[], None] | None = None):
     """:func:`raycast` for ``views_per_call`` views at a time, the field prepared once.
 
     Yields ``(ids [c], rgba [c, H, W, 4], depth [c, H, W])`` for consecutive groups of the
     C cameras (``ids`` on the device), so that the caller can use each group before the next
-    one is drawn. Arguments as in :func:`raycast`.
+    one is drawn. ``ready()``, when given, is called once the field is prepared, just before the
+    first group is cast (where a caller waits for the caster's kernel compiled on another thread).
+    Other arguments as in :func:`raycast`.
     """
     isos_list = _check_inputs(block, viewmats, Ks, width, height, iso, color, color_field, color_range,
                               colormap, supersample, step, refine, chunk_rays)
@@ -178,6 +180,8 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
     all_cams = Cameras.make(viewmats.to(device=device, dtype=torch.float32),
                             Ks.to(device=device, dtype=torch.float32))
     C = viewmats.shape[0]
+    if ready is not None:
+        ready()
     for v0 in range(0, C, int(views_per_call)):
         ids = torch.arange(v0, min(C, v0 + int(views_per_call)), device=device)
         cams = Cameras(all_cams.axes[ids], all_cams.centre[ids])
