@@ -13,17 +13,29 @@ in-process caches. Triton releases Python's lock while it optimises and assemble
 compile side by side and beside seeding. The step waits for a group just before its first use (:meth:`Ahead.wait`); a
 group that fails is ignored there, and the kernel then compiles at its first launch as before.
 
+The groups needed only once training starts (:data:`IN_CHILD`: the loss's and the colours' and
+Adam's, seconds after the ray caster) compile first in a child process (:func:`spawn_compiler`), on
+its own interpreter, into the kernel cache on disk; their threads here wait for it and then load what
+it compiled. In a first process on a machine they took 15–19 s beside the ray caster's compilation,
+the seeding and the metrics' import, all competing for this process's lock, and training waited 4–5 s
+for them (BENCHMARKS.md, run 90). A child that fails or cannot start leaves its groups to compile here.
+
 With a warm cache (``TRITON_CACHE_DIR``, by default ``~/.triton/cache``) each group loads its
 kernels from disk in milliseconds; on CPUs nothing starts.
 """
 from __future__ import annotations
 
 import atexit
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, TimeoutError
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,7 +43,7 @@ import torch
 from .appearance import refits_ply
 from .bandloss import HALF, KERNEL
 from .compositing import band_rows
-from .config import Config
+from .config import Config, from_dict
 from .gaussians import Gaussians
 from .groundtruth import raycast_views
 from .layouts import training_ranks
@@ -52,6 +64,11 @@ _LOCK = threading.Lock()
 _READY = threading.Lock()
 _EXIT = threading.Lock()
 _RUNNING: list[Future] = []            # every group started: waited for when the process ends
+_CHILDREN: list[subprocess.Popen] = []  # the compiler processes started: ended when this process ends
+_KILLED: list[subprocess.Popen] = []    # those ended so (their groups then compile nowhere)
+
+# the groups a child process compiles first (spawn_compiler): those first used once training starts
+IN_CHILD = ("loss", "colours and adam")
 
 
 @dataclass
@@ -82,9 +99,13 @@ def compile_ahead(cfg: Config, comm) -> Ahead:
         return Ahead()
     ahead = Ahead()
     with _LOCK:
-        for name, (key, job) in kernel_groups(cfg, train_size=train_size, train_rank=train_rank).items():
+        groups = kernel_groups(cfg, train_size=train_size, train_rank=train_rank)
+        fresh = [name for name, (key, _) in groups.items() if key not in _STARTED]
+        child = spawn_compiler(cfg, [n for n in fresh if n in IN_CHILD], device, train_size=train_size,
+                               train_rank=train_rank)
+        for name, (key, job) in groups.items():
             if key not in _STARTED:
-                _STARTED[key] = start(name, job, device)
+                _STARTED[key] = start(name, job, device, after=waiter(child) if child and name in IN_CHILD else None)
             ahead.futures[name] = _STARTED[key]
     return ahead
 
@@ -110,18 +131,23 @@ def kernel_groups(cfg: Config, *, train_size: int = 1, train_rank: int = 0
     }
 
 
-def start(name: str, job: Callable[[torch.device], None], device: torch.device) -> Future:
-    """Run ``job(device)`` on a background thread (daemon) named for ``name``; its future. A process
-    that ends while such a thread still compiles waits for it first (:func:`wait_at_exit`): the
+def start(name: str, job: Callable[[torch.device], None], device: torch.device, *,
+          after: Callable[[], bool] | None = None) -> Future:
+    """Run ``job(device)`` on a background thread (daemon) named for ``name``, once ``after()`` (when
+    given: a child compiler's end, :func:`waiter`) returns, unless it returns False; its future. A
+    process that ends while such a thread still compiles waits for it first (:func:`wait_at_exit`): the
     compiler's own state must not be torn down under a running compilation."""
     future: Future = Future()
     with _EXIT:
-        if not _RUNNING:
+        if not _RUNNING and not _CHILDREN:
             atexit.register(wait_at_exit)
         _RUNNING.append(future)
 
     def run() -> None:
         try:
+            if after is not None and not after():   # the process ends: its kernels are not needed
+                future.set_result(None)
+                return
             if device.type == "cuda":
                 _triton_ready()
                 with torch.cuda.device(device):     # the thread's current device is the step's
@@ -137,8 +163,65 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device) 
     return future
 
 
+def spawn_compiler(cfg: Config, names: list[str], device: torch.device, *, train_size: int = 1,
+                   train_rank: int = 0) -> subprocess.Popen | None:
+    """A child process (this Python, this ``insitu`` package, this environment: the same kernel cache)
+    that runs the groups ``names`` of :func:`kernel_groups` on ``device`` (its own CUDA context on the
+    same GPU), filling the kernel cache on disk, then exits (0 when every group ran); None when there is
+    nothing to run there or it cannot start. It does not initialise MPI (an MPI rank's environment is
+    passed on) and writes nothing to this process's output. Ended with this process."""
+    if not names:
+        return None
+    spec = {"config": asdict(cfg), "groups": names, "device": str(device),
+            "train_size": train_size, "train_rank": train_rank}
+    root = str(Path(__file__).resolve().parents[1])
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "try:\n    import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+            "except ImportError:\n    pass\n"
+            "from insitu.compilation import child_main; sys.exit(child_main(sys.stdin.read()))")
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code, root], stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        child.stdin.write(json.dumps(spec))
+        child.stdin.close()
+    except OSError:
+        return None
+    with _EXIT:
+        if not _RUNNING and not _CHILDREN:
+            atexit.register(wait_at_exit)
+        _CHILDREN.append(child)
+    return child
+
+
+def waiter(child: subprocess.Popen) -> Callable[[], bool]:
+    """For :func:`start`'s ``after``: wait for the compiler process ``child`` to end; False when this
+    process ended it (it ends itself), else True (its groups then load from the cache what it compiled,
+    or compile here what it did not)."""
+    def wait() -> bool:
+        child.wait()
+        return not any(child is k for k in _KILLED)
+    return wait
+
+
+def child_main(text: str) -> int:
+    """A compiler process's work (:func:`spawn_compiler`): the groups of ``text``'s spec (JSON), each on
+    a thread of its own, as :func:`start` runs them; 0 when every group ran, else 1."""
+    spec = json.loads(text)
+    cfg = from_dict(spec["config"])
+    device = torch.device(spec["device"])
+    groups = kernel_groups(cfg, train_size=spec["train_size"], train_rank=spec["train_rank"])
+    futures = [start(name, groups[name][1], device) for name in spec["groups"]]
+    return int(any(f.exception() is not None for f in futures))
+
+
 def wait_at_exit(seconds: float = 120.0) -> None:
-    """Wait (at most ``seconds`` in all) for the background compilations still running."""
+    """End the child compilers, then wait (at most ``seconds`` in all) for the background compilations
+    still running."""
+    for child in _CHILDREN:
+        if child.poll() is None:
+            _KILLED.append(child)
+            child.kill()
+            child.wait()
     end = time.monotonic() + seconds
     for future in list(_RUNNING):
         try:

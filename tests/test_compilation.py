@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from insitu import compilation
-from insitu.compilation import Ahead, compile_ahead, kernel_groups, start
-from insitu.config import Config
+from insitu.compilation import Ahead, compile_ahead, kernel_groups, spawn_compiler, start, waiter
+from insitu.config import Config, from_dict
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import compute_step
 from insitu.volume import whole_block
@@ -126,6 +126,52 @@ def test_a_process_that_ends_waits_for_the_compilations_still_running():
     assert not late.done()
 
 
+def test_a_config_goes_to_the_child_compiler_and_comes_back_the_same():
+    """The child compiler rebuilds the step's settings from their plain form (JSON's)."""
+    import dataclasses
+    import json
+
+    cfg = small_config("sh", colormap="gray")
+    cfg.input.color_var, cfg.input.iso, cfg.views.closeup_factors = "c", [4.0, 6.0], [2.0, 3.0]
+    for c in (Config(), cfg):
+        assert from_dict(json.loads(json.dumps(dataclasses.asdict(c)))) == c
+
+
+def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(monkeypatch):
+    """Off CUDA the child runs the groups' torch code: it exits 0 when every group it was given ran, 1
+    when one failed (a group it does not know), and nothing starts without groups."""
+    monkeypatch.setattr(compilation, "_CHILDREN", [])
+    cfg = small_config()
+    assert spawn_compiler(cfg, [], torch.device("cpu")) is None
+    child = spawn_compiler(cfg, ["loss", "colours and adam"], torch.device("cpu"), train_size=2, train_rank=1)
+    broken = spawn_compiler(cfg, ["loss", "no such group"], torch.device("cpu"))
+    assert child.wait(timeout=120) == 0 and broken.wait(timeout=120) == 1
+    assert compilation._CHILDREN == [child, broken]
+
+
+def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it(monkeypatch):
+    """A group's thread waits for its child compiler, then runs its job (what the child compiled then
+    loads from the cache; what it did not, compiles here, as when it fails); a child that this process
+    ends as it exits leaves its groups' jobs unrun."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(compilation, "_CHILDREN", [])
+    monkeypatch.setattr(compilation, "_KILLED", [])
+    seen = []
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    done = start("after a failed child", lambda device: seen.append("ran"), torch.device("cpu"),
+                 after=waiter(failed))
+    assert done.exception(timeout=60) is None and seen == ["ran"]
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    compilation._CHILDREN.append(slow)
+    ended = start("after an ended child", lambda device: seen.append("ran again"), torch.device("cpu"),
+                  after=waiter(slow))
+    assert not ended.done()
+    compilation.wait_at_exit()
+    assert slow.returncode is not None and ended.done() and ended.exception() is None and seen == ["ran"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("color_model", ["lit", "sh"])
 def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, monkeypatch):
@@ -158,6 +204,7 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
         assert set(ahead.futures) == {"ray caster", "loss", "colours and adam"}
         ahead.wait()
         assert all(f.exception() is None for f in ahead.futures.values())
+        assert compilation._CHILDREN[-1].returncode == 0        # the loss's and Adam's groups compiled there
         before = len(compiled)
         assert {name for name, _ in compiled} >= {"_raycast_kernel", "_moments_cols", "_ssim_rows", "_spread_cols",
                                                   "_spread_rows", "_adam_kernel", "_sh_forward"}
@@ -168,3 +215,28 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
         assert mine == [], "the step compiled:\n" + "\n".join(mine) + "\nahead:\n" + "\n".join(ahead_keys)
     finally:
         shutdown(comm)
+
+
+def test_a_command_asks_for_the_compilers_files_without_importing_triton(tmp_path, monkeypatch):
+    """prefetch_compiler finds Triton's compiler library and assembler where Triton's package is, without
+    importing it, and asks the system to read them ahead."""
+    import importlib
+    import os
+    import sys
+
+    from insitu.runner import prefetch_compiler
+
+    package = tmp_path / "triton"
+    (package / "_C").mkdir(parents=True)
+    (package / "backends" / "nvidia" / "bin").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "_C" / "libtriton.so").write_bytes(b"\0" * 4096)
+    (package / "backends" / "nvidia" / "bin" / "ptxas").write_bytes(b"\0" * 4096)
+    asked = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, length, advice: asked.append(advice))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert prefetch_compiler() == [str(package / "_C" / "libtriton.so"),
+                                   str(package / "backends" / "nvidia" / "bin" / "ptxas")]
+    assert asked == [os.POSIX_FADV_WILLNEED] * 2 and "triton" not in sys.modules
