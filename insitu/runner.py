@@ -135,7 +135,40 @@ def check_input(args: argparse.Namespace, cfg: Config) -> None:
             raise InputError(f"{path}: is {kind}, expected {expected}")
 
 
+def prefetch_compiler() -> list[str]:
+    """Ask the operating system to read Triton's compiler library and assembler into its page cache now,
+    in the background (``posix_fadvise(WILLNEED)``), without importing Triton; the files asked (none where
+    Triton or the call is missing). The first compilation of a process hashes the whole library (some
+    400 MB): 1.8 s from a freshly started machine's disk against 0.4 s once read (BENCHMARKS.md, run 90),
+    and the ray caster's compilation waits for it; asked at a command's start, the reading overlaps
+    torch's import."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or spec.origin is None or not hasattr(os, "posix_fadvise"):
+        return []
+    root = Path(spec.origin).parent
+    asked = []
+    for path in (root / "_C" / "libtriton.so", root / "backends" / "nvidia" / "bin" / "ptxas"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            asked.append(str(path))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return asked
+
+
 def run_command(args: argparse.Namespace, cfg: Config) -> int:
+    prefetch_compiler()                         # read while torch imports (a no-op without Triton)
     # torch and MPI on first use (see train_steps)
     from .agreement import compare_configs
     from .compilation import compile_ahead
