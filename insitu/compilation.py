@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -169,8 +170,10 @@ def spawn_compiler(cfg: Config, names: list[str], device: torch.device, *, train
     that runs the groups ``names`` of :func:`kernel_groups` on ``device`` (its own CUDA context on the
     same GPU), filling the kernel cache on disk, then exits (0 when every group ran); None when there is
     nothing to run there or it cannot start. It does not initialise MPI (an MPI rank's environment is
-    passed on) and writes nothing to this process's output. Ended with this process."""
-    if not names:
+    passed on) and writes nothing to this process's output. Ended with this process. None too where this
+    process is not a Python interpreter's (a simulation that embeds Python: ``sys.executable`` is then its
+    own program, not one to start with Python's arguments)."""
+    if not names or not re.fullmatch(r"python[0-9.]*(\.exe)?", Path(sys.executable or "").name):
         return None
     spec = {"config": asdict(cfg), "groups": names, "device": str(device),
             "train_size": train_size, "train_rank": train_rank}

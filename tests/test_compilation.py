@@ -147,6 +147,8 @@ def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(
     broken = spawn_compiler(cfg, ["loss", "no such group"], torch.device("cpu"))
     assert child.wait(timeout=120) == 0 and broken.wait(timeout=120) == 1
     assert compilation._CHILDREN == [child, broken]
+    monkeypatch.setattr(compilation.sys, "executable", "/opt/sim/bin/my_simulation")   # Python embedded there
+    assert spawn_compiler(cfg, ["loss"], torch.device("cpu")) is None
 
 
 def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it(monkeypatch):
