@@ -166,28 +166,40 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device, 
 
 def spawn_compiler(cfg: Config, names: list[str], device: torch.device, *, train_size: int = 1,
                    train_rank: int = 0) -> subprocess.Popen | None:
-    """A child process (this Python, this ``insitu`` package, this environment: the same kernel cache)
-    that runs the groups ``names`` of :func:`kernel_groups` on ``device`` (its own CUDA context on the
-    same GPU), filling the kernel cache on disk, then exits (0 when every group ran); None when there is
-    nothing to run there or it cannot start. It does not initialise MPI (an MPI rank's environment is
-    passed on) and writes nothing to this process's output. Ended with this process. None too where this
-    process is not a Python interpreter's (a simulation that embeds Python: ``sys.executable`` is then its
-    own program, not one to start with Python's arguments)."""
-    if not names or not re.fullmatch(r"python[0-9.]*(\.exe)?", Path(sys.executable or "").name):
+    """A child process (this Python with its flags, this ``insitu`` package, this environment: the same
+    kernel cache) that runs the groups ``names`` of :func:`kernel_groups` on ``device`` (its own CUDA
+    context on the same GPU), filling the kernel cache on disk, then exits (0 when every group ran);
+    None when there is nothing to run there, ``parallel.compile_in_child`` is off, or it cannot start.
+    It does not initialise MPI (an MPI rank's environment is passed on), writes nothing to this
+    process's output, and ends when this process does however it ends (it reads its spec on its
+    standard input, then waits for that pipe to close). None too where this process's program is not
+    the Python that ``sys.executable`` names (a simulation that embeds Python)."""
+    if not names or not cfg.parallel.compile_in_child or not _python_is_this_program():
         return None
-    spec = {"config": asdict(cfg), "groups": names, "device": str(device),
-            "train_size": train_size, "train_rank": train_rank}
+    try:
+        spec = json.dumps({"config": asdict(cfg), "groups": names, "device": str(device),
+                           "train_size": train_size, "train_rank": train_rank})
+    except (TypeError, ValueError):             # a setting JSON cannot hold: the groups compile here
+        return None
     root = str(Path(__file__).resolve().parents[1])
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "try:\n    import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
             "except ImportError:\n    pass\n"
-            "from insitu.compilation import child_main; sys.exit(child_main(sys.stdin.read()))")
+            "import os\nfrom insitu.compilation import child_main\n"
+            "try:\n    code = child_main(sys.stdin)\nexcept BaseException:\n    code = 1\n"
+            "os._exit(code)")                  # (no interpreter shutdown under the thread that reads stdin)
     try:
-        child = subprocess.Popen([sys.executable, "-c", code, root], stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-        child.stdin.write(json.dumps(spec))
-        child.stdin.close()
+        child = subprocess.Popen([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code, root],
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 text=True)
     except OSError:
+        return None
+    try:
+        child.stdin.write(spec + "\n")
+        child.stdin.flush()                     # kept open: the child ends when it closes
+    except OSError:                             # (it died at once)
+        child.kill()
+        child.wait()
         return None
     with _EXIT:
         if not _RUNNING and not _CHILDREN:
@@ -196,20 +208,38 @@ def spawn_compiler(cfg: Config, names: list[str], device: torch.device, *, train
     return child
 
 
+def _python_is_this_program() -> bool:
+    """Whether ``sys.executable`` is the program this process runs (not so where a simulation embeds Python)."""
+    try:
+        return os.path.samefile("/proc/self/exe", sys.executable)
+    except OSError:                             # no /proc (not Linux): judge by the name
+        return bool(re.fullmatch(r"python[0-9.]*(\.exe)?", Path(sys.executable or "").name))
+
+
 def waiter(child: subprocess.Popen) -> Callable[[], bool]:
     """For :func:`start`'s ``after``: wait for the compiler process ``child`` to end; False when this
     process ended it (it ends itself), else True (its groups then load from the cache what it compiled,
     or compile here what it did not)."""
     def wait() -> bool:
         child.wait()
+        if child.stdin is not None:
+            child.stdin.close()
         return not any(child is k for k in _KILLED)
     return wait
 
 
-def child_main(text: str) -> int:
-    """A compiler process's work (:func:`spawn_compiler`): the groups of ``text``'s spec (JSON), each on
-    a thread of its own, as :func:`start` runs them; 0 when every group ran, else 1."""
-    spec = json.loads(text)
+def child_main(stream) -> int:
+    """A compiler process's work (:func:`spawn_compiler`): the groups of the spec (JSON) on the first
+    line of ``stream``, each on a thread of its own, as :func:`start` runs them; 0 when every group ran,
+    else 1. Once that line is read, the rest of ``stream`` is waited for on a thread: when it ends (the
+    parent closed it, or ended), so does this process, at once."""
+    spec = json.loads(stream.readline())
+
+    def orphaned() -> None:
+        stream.read()
+        os._exit(1)
+
+    threading.Thread(target=orphaned, name="insitu-compile-parent", daemon=True).start()
     cfg = from_dict(spec["config"])
     device = torch.device(spec["device"])
     groups = kernel_groups(cfg, train_size=spec["train_size"], train_rank=spec["train_rank"])
@@ -220,12 +250,15 @@ def child_main(text: str) -> int:
 def wait_at_exit(seconds: float = 120.0) -> None:
     """End the child compilers, then wait (at most ``seconds`` in all) for the background compilations
     still running."""
+    end = time.monotonic() + seconds
     for child in _CHILDREN:
         if child.poll() is None:
             _KILLED.append(child)
             child.kill()
-            child.wait()
-    end = time.monotonic() + seconds
+            try:
+                child.wait(timeout=max(end - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                return
     for future in list(_RUNNING):
         try:
             future.exception(timeout=max(end - time.monotonic(), 0.0))

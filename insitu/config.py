@@ -186,6 +186,9 @@ class ParallelConfig:
                                                     # on CPU ranks, fewer leave cores to the simulation
     compile_ahead: bool = True                      # compile the step's Triton kernels on background threads
                                                     # from the run's start (CUDA; insitu.compilation)
+    compile_in_child: bool = True                   # ... the loss's and Adam's first in a child process (its
+                                                    # own interpreter, CUDA context and a core); off: on this
+                                                    # process's threads (GPUs in exclusive-process mode)
     layout: str = constrained("sort-last", choices=("sort-last", "replicated"))   # how ranks share training:
                                                     # each its block's Gaussians (sort-last), or each the whole
                                                     # model and its own views (replicated: models that fit one device)
@@ -225,7 +228,7 @@ SPACING_RANGE = (1e-3, 1e8)             # a cell's size: the cameras' near and f
 # kept steps are compared with the new run on every other key).
 RUN_KEYS = frozenset({"output.dir", "output.existing", "train.progress", "input.steps", "input.every",
                       "input.timeout_s", "parallel.timeout_s", "parallel.threads", "parallel.device",
-                      "parallel.compile_ahead",
+                      "parallel.compile_ahead", "parallel.compile_in_child",
                       "insitu.mode", "insitu.queue", "insitu.policy"})
 
 

@@ -139,16 +139,59 @@ def test_a_config_goes_to_the_child_compiler_and_comes_back_the_same():
 
 def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(monkeypatch):
     """Off CUDA the child runs the groups' torch code: it exits 0 when every group it was given ran, 1
-    when one failed (a group it does not know), and nothing starts without groups."""
+    when one failed or is unknown; nothing starts without groups, with parallel.compile_in_child off, or
+    from a program that is not the Python sys.executable names (a simulation that embeds Python)."""
+    import json
+
     monkeypatch.setattr(compilation, "_CHILDREN", [])
     cfg = small_config()
     assert spawn_compiler(cfg, [], torch.device("cpu")) is None
     child = spawn_compiler(cfg, ["loss", "colours and adam"], torch.device("cpu"), train_size=2, train_rank=1)
-    broken = spawn_compiler(cfg, ["loss", "no such group"], torch.device("cpu"))
-    assert child.wait(timeout=120) == 0 and broken.wait(timeout=120) == 1
-    assert compilation._CHILDREN == [child, broken]
-    monkeypatch.setattr(compilation.sys, "executable", "/opt/sim/bin/my_simulation")   # Python embedded there
+    unknown = spawn_compiler(cfg, ["loss", "no such group"], torch.device("cpu"))
+    assert child.wait(timeout=120) == 0 and unknown.wait(timeout=120) == 1
+    assert compilation._CHILDREN == [child, unknown]
+    cfg.parallel.compile_in_child = False
     assert spawn_compiler(cfg, ["loss"], torch.device("cpu")) is None
+    cfg.parallel.compile_in_child = True
+    monkeypatch.setattr(compilation.sys, "executable", "/opt/sim/bin/my_simulation")
+    assert spawn_compiler(cfg, ["loss"], torch.device("cpu")) is None
+
+    class Spec:                                 # the first line, then a pipe that stays open
+        def readline(self):
+            return json.dumps({"config": {}, "groups": ["fine", "broken"], "device": "cpu",
+                               "train_size": 1, "train_rank": 0})
+
+        def read(self):
+            threading.Event().wait()
+
+    def broken(device):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(compilation, "kernel_groups", lambda cfg, **k: {"fine": (1, lambda d: None),
+                                                                        "broken": (2, broken)})
+    assert compilation.child_main(Spec()) == 1
+
+
+def test_a_child_compiler_ends_when_its_parent_does():
+    """Once the pipe its spec came on closes (the parent ended, however), the child ends at once, even
+    in the middle of a group."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import subprocess_env
+
+    script = """
+import io, json, sys, time
+from insitu import compilation
+compilation.kernel_groups = lambda cfg, **k: {"slow": (1, lambda device: time.sleep(60))}
+spec = json.dumps({"config": {}, "groups": ["slow"], "device": "cpu", "train_size": 1, "train_rank": 0})
+sys.exit(compilation.child_main(io.StringIO(spec + "\\n")))    # the rest of the stream: ended at once
+"""
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=50)
+    assert out.returncode == 1 and time.monotonic() - t < 40, out.stderr
 
 
 def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it(monkeypatch):
