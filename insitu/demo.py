@@ -32,9 +32,9 @@ DEMO_DEFAULTS = {
     "output.ply_refine": 0.0,            # model.ply: the SH fit alone (trained as viewers draw it for a sixth of
                                          # the iterations would add 2 dB to it and 20 s to the demo; the report
                                          # draws the model)
-    "train.densify_from": 100, "train.densify_every": 100, "train.densify_until": 500,
+    "train.densify_until": 0,            # no growth: the seeds alone score 0.5 dB more at both steps, 20 s sooner
+                                         # (BENCHMARKS.md, "The CPU demo without growth")
     "train.opacity_reset_every": 0, "train.max_gaussians": 20000, "train.eval_every": 100,
-    "train.grad_threshold": 2e-4,        # the package's 1e-4 grows 96^2 views' model to the cap for -0.4 dB
     "train.antialiased": False,          # at 96^2 the classic blur is 0.2 dB better (BENCHMARKS.md, run 67)
     "train.pixel_loss": "l1",            # the squared error grows step 300's model to the cap for -0.8 dB here
                                          # (BENCHMARKS.md, runs 76-80: L1 32.1 / 19.8 dB in 53 s, l2 31.3 / 19.8 in 65)
