@@ -155,8 +155,9 @@ def preload_evaluation(device: torch.device | None = None) -> None:
 
     Importing torchmetrics takes seconds on some machines (9–11 s on the GPU machine, where it imports
     transformers and torchvision); started once a step's seeds are drawn and its ray caster is compiled
-    (not beside that compilation: BENCHMARKS.md, run 90), the import runs beside ray casting, which queues its groups of views without waiting for the device, so that the host mostly
-    waits for the device and the import has the interpreter; the first evaluation then finds the module
+    (not beside that compilation: BENCHMARKS.md, run 90), the import runs beside ray casting, which
+    queues its groups of views without waiting for the device, so that the host mostly waits for the
+    device and the import has the interpreter; the first evaluation then finds the module
     imported (or draws now and scores later, :func:`render_now_score_later`). The import holds Python's
     lock for most of its time, and whatever gives the lock up beside it (a torch call, a wait on the
     device) waits to get it back: started before seeding, it put 0.8–1.0 s on the seeds (their marching
