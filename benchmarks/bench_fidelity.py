@@ -33,15 +33,17 @@ KEYS = ("psnr", "psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "
         "train_seconds", "evaluation_seconds", "total_seconds", "peak_gpu_memory_gb")
 
 
-def volume_arguments(ap: argparse.ArgumentParser) -> None:
-    """The volume and the base settings of one training (this script's and bench_anatomy.py's)."""
+def volume_arguments(ap: argparse.ArgumentParser, *, iso: float | None = None, budget: int | None = 500_000) -> None:
+    """The volume and the base settings of one training (this script's, bench_anatomy.py's and others'):
+    ``iso`` the default iso value (None: ``--iso`` is required), ``budget`` the default seed budget (None:
+    the package's)."""
     ap.add_argument("--data", required=True, help="a raw volume NAME_XxYxZ_DTYPE.raw")
-    ap.add_argument("--iso", type=float, required=True)
+    ap.add_argument("--iso", type=float, required=iso is None, default=iso)
     ap.add_argument("--downsample", type=int, default=1)
     ap.add_argument("--resolution", type=int, default=1024)
     ap.add_argument("--views", type=int, default=448)
     ap.add_argument("--iterations", type=int, help="optimiser steps (default: the package's train.iterations)")
-    ap.add_argument("--budget", type=int, default=500_000)
+    ap.add_argument("--budget", type=int, default=budget, help="seeds (default: %(default)s; None: the package's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a base setting")
 
@@ -50,7 +52,9 @@ def base_settings(args: argparse.Namespace):
     """``(volume, overrides)``: the volume of ``--data`` and the settings of :func:`volume_arguments`."""
     volume = downsample(read_raw(args.data), args.downsample)
     base = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-            "seeds.budget": args.budget, "train.progress": False, "parallel.device": args.device}
+            "train.progress": False, "parallel.device": args.device}
+    if args.budget is not None:
+        base["seeds.budget"] = args.budget
     if args.iterations is not None:
         base["train.iterations"] = args.iterations
     base.update(dict(parse_override(s) for s in args.set))

@@ -24,12 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 from insitu import pipeline  # noqa: E402
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
-from insitu.volume import read_raw, whole_block  # noqa: E402
+from insitu.volume import whole_block  # noqa: E402
 
 VARIED = ("output.ply_refine", "output.ply_fit_views", "train.batch")
 
@@ -54,22 +55,16 @@ def with_settings(cfg, pairs: dict):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--iso", type=float, default=40.0)
-    ap.add_argument("--resolution", type=int, default=1024)
-    ap.add_argument("--views", type=int, default=448)
+    volume_arguments(ap, iso=40.0, budget=None)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE,...",
                     help=f"a way to make model.ply, over {', '.join(VARIED)} (repeatable; the first also warms up)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
     args = ap.parse_args()
     variants = [variant(v) for v in args.variant] or [("default", {})]
 
-    comm = init_comm(device="auto")
-    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-                 "train.progress": False}
-    overrides.update(dict(parse_override(s) for s in args.set))
+    volume, overrides = base_settings(args)
+    comm = init_comm(device=args.device)
     cfg = load_config(None, overrides)
-    block = whole_block(read_raw(args.data))
+    block = whole_block(volume)
     decomposition = pipeline.check_input(block, cfg, comm)
     layout = choose_layout(cfg, comm, block, decomposition)
     clock = pipeline.PhaseClock(comm.device)

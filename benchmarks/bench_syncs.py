@@ -8,7 +8,7 @@ innermost call site in this package or gsplat:
 - ``seeds``: :func:`insitu.pipeline.seed_shard`;
 - ``ground_truth``: :func:`insitu.scene.make_scene` (the ray caster's groups of views and their
   compositing);
-- ``train_first``, ``train_steady``: ``--iterations`` training iterations from the start
+- ``train_first``, ``train_steady``: ``--counted`` training iterations from the start
   (densification on) and again with densification off;
 - ``evaluation``: the held-out evaluation (:func:`insitu.pipeline.evaluate_trainer`).
 
@@ -40,12 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 from insitu import pipeline  # noqa: E402
-from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.config import load_config  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
-from insitu.volume import read_raw, whole_block  # noqa: E402
+from insitu.volume import whole_block  # noqa: E402
 
 OURS = ("/insitu/", "/gsplat/")
 
@@ -99,22 +100,16 @@ class SyncCounter:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--iso", type=float, default=40.0)
-    ap.add_argument("--resolution", type=int, default=1024)
-    ap.add_argument("--views", type=int, default=448)
-    ap.add_argument("--iterations", type=int, default=20, help="training iterations counted in each training phase")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
+    volume_arguments(ap, iso=40.0, budget=None)
+    ap.add_argument("--counted", type=int, default=20, help="training iterations counted in each training phase")
     args = ap.parse_args()
 
-    comm = init_comm(device="auto")
+    volume, overrides = base_settings(args)
+    comm = init_comm(device=args.device)
     if comm.device.type != "cuda":
         raise SystemExit("bench_syncs.py: needs a CUDA device (syncs are a GPU's)")
-    overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-                 "train.progress": False}
-    overrides.update(dict(parse_override(s) for s in args.set))
     cfg = load_config(None, overrides)
-    block = whole_block(read_raw(args.data))
+    block = whole_block(volume)
     count = SyncCounter()
     decomposition = pipeline.check_input(block, cfg, comm)
     layout = choose_layout(cfg, comm, block, decomposition)
@@ -128,17 +123,17 @@ def main() -> None:
     draws = pipeline.batches(scene, dataclasses.replace(cfg.train, batch=trainer.images_per_step))
     pipeline.train_iteration(trainer, scene, *next(draws), cfg, comm)       # first use: kernels load
     with count.phase("train_first"):
-        for _, (ids, bg) in zip(range(args.iterations), draws):
+        for _, (ids, bg) in zip(range(args.counted), draws):
             pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
     trainer.cfg = dataclasses.replace(cfg.train, densify_from=10**9, opacity_reset_every=0)
     with count.phase("train_steady"):
-        for _, (ids, bg) in zip(range(args.iterations), draws):
+        for _, (ids, bg) in zip(range(args.counted), draws):
             pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
     pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)   # imports, first use
     with count.phase("evaluation"):
         pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
     out = {"device": torch.cuda.get_device_name(comm.device), "resolution": args.resolution,
-           "views": len(scene.views), "gaussians": len(trainer), "iterations": args.iterations,
+           "views": len(scene.views), "gaussians": len(trainer), "iterations": args.counted,
            "phases": count.summary()}
     print(json.dumps(out), flush=True)
     shutdown(comm)
