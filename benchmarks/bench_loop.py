@@ -2,7 +2,7 @@
 
 Sets up a step as ``pipeline.compute_step`` does (seeds, ground truth, colours from the ground
 truth, the Trainer with the step's schedule), then times ``pipeline.train_iteration`` over
-``pipeline.batches``:
+``sampling.ViewSampler``:
 
 - ``first_ms``: the first iteration alone (kernels compiled or loaded on first use), then the
   next ``--chunk`` iterations;
@@ -39,6 +39,7 @@ from insitu import pipeline  # noqa: E402
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
+from insitu.sampling import ViewSampler  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
@@ -89,7 +90,7 @@ def main() -> None:
     trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                            iterations=tc.iterations, warm=None)
     setup_s = sync(comm) - t0
-    draws = pipeline.batches(scene, dataclasses.replace(tc, batch=trainer.images_per_step))
+    draws = iter(ViewSampler(scene, dataclasses.replace(tc, batch=trainer.images_per_step)))
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
            "resolution": args.resolution, "gaussians": len(trainer), "setup_s": round(setup_s, 2)}
     t = time.perf_counter()
@@ -131,7 +132,7 @@ def main() -> None:
                        ("alpha_term", {"alpha_weight": 0.1})):
         cfg_v = dataclasses.replace(cfg, train=dataclasses.replace(steady, **over))
         trainer.cfg = cfg_v.train
-        draws_v = pipeline.batches(scene, cfg_v.train)
+        draws_v = iter(ViewSampler(scene, cfg_v.train))
         timed(comm, trainer, scene, cfg_v, draws_v, 10)
         variants[name] = round(timed(comm, trainer, scene, cfg_v, draws_v, args.steady), 2)
     if comm.device.type == "cuda":

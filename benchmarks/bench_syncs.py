@@ -45,6 +45,7 @@ from insitu import pipeline  # noqa: E402
 from insitu.config import load_config  # noqa: E402
 from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
+from insitu.sampling import ViewSampler  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 
@@ -120,7 +121,7 @@ def main() -> None:
     shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                            iterations=cfg.train.iterations, warm=None)
-    draws = pipeline.batches(scene, dataclasses.replace(cfg.train, batch=trainer.images_per_step))
+    draws = iter(ViewSampler(scene, dataclasses.replace(cfg.train, batch=trainer.images_per_step)))
     pipeline.train_iteration(trainer, scene, *next(draws), cfg, comm)       # first use: kernels load
     with count.phase("train_first"):
         for _, (ids, bg) in zip(range(args.counted), draws):

@@ -152,6 +152,9 @@ class TrainConfig:
     ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
     eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
     seed: int = constrained(0, NON_NEGATIVE)
+    view_weight: float = constrained(0.0, FRACTION)  # an epoch after the first draws the views the model draws
+                                        # worst more often: view i with probability (1 - w)/n + w e_i/sum(e),
+                                        # e_i its image's squared error when last drawn (sampling.py); 0: shuffled
     eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
                                         # (its pixel filter) in training, the evaluation and the report's
                                         # viewer; standard 3DGS viewers, which draw model.ply, add 0.3

@@ -38,6 +38,7 @@ from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
 from .progress import note, progress_bar
 from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
+from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
@@ -187,25 +188,6 @@ def preload_evaluation(device: torch.device | None = None) -> None:
     _PRELOAD.append(thread)
     thread.start()
 
-
-
-def batches(scene: Scene, tc) -> Iterator[tuple[Tensor, Tensor]]:
-    """Endless training batches ``(ids [B], background [B, 3] or [3])`` on the device: the training
-    views shuffled per epoch (an epoch's last partial batch is dropped), a random background per
-    view when ``tc.random_background`` (else the evaluation's). Drawn one epoch at a time, from
-    generators seeded by ``tc.seed``: the same on every rank, no host-device copy per iteration."""
-    train_ids = scene.views.train_ids
-    generator = torch.Generator().manual_seed(tc.seed)
-    bg_generator = torch.Generator().manual_seed(tc.seed + 1)
-    if len(train_ids) == 0:
-        raise InputError("no training views: views.count and views.test_every leave every view held out")
-    B = min(tc.batch, len(train_ids))
-    while True:
-        perm = torch.randperm(len(train_ids), generator=generator).to(train_ids.device)
-        epoch = train_ids[perm]
-        bgs = torch.rand(len(epoch), 3, generator=bg_generator).to(train_ids.device) if tc.random_background else None
-        for i in range(0, len(epoch) - B + 1, B):
-            yield epoch[i:i + B], (bgs[i:i + B] if bgs is not None else scene.background)
 
 
 def training_blur(cfg: Config) -> dict:
@@ -481,8 +463,11 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     bar = progress_bar(iterations, f"step {step} train", show)
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
     reached = None
-    for it, (ids, bg) in zip(range(iterations), batches(scene, replace(tc, batch=trainer.images_per_step))):
-        loss = train_iteration(trainer, scene, *layout.batch(ids, bg), cfg, layout.train_comm)
+    draws = ViewSampler(scene, replace(tc, batch=trainer.images_per_step), layout.comm)
+    for it, (ids, bg) in zip(range(iterations), draws):
+        mine, mine_bg = layout.batch(ids, bg)
+        loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
+        draws.record(mine, trainer.image_errors)
         if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
             bar.set_postfix(loss=f"{layout.loss(loss):.4f}", gaussians=layout.whole(len(trainer)))
         bar.update(1)
@@ -674,8 +659,11 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,
                      replicas=layout.replicas, pixel_size=trainer.pixel_size)
-    for _, (ids, bg) in zip(range(steps), batches(scene, replace(tc, batch=viewer.images_per_step))):
-        train_iteration(viewer, scene, *layout.batch(ids, bg), plain, layout.train_comm)
+    draws = ViewSampler(scene, replace(tc, batch=viewer.images_per_step), layout.comm)
+    for _, (ids, bg) in zip(range(steps), draws):
+        mine, mine_bg = layout.batch(ids, bg)
+        train_iteration(viewer, scene, mine, mine_bg, plain, layout.train_comm)
+        draws.record(mine, viewer.image_errors)
     return viewer.gaussians()
 
 

@@ -264,6 +264,8 @@ class Trainer:
         self._floor: Tensor | None = None        # log scale floor and cap [N], refreshed by _scale_bounds
         self._cap: Tensor | None = None
         self._bounds_of = -1                     # the count they were computed for
+        self.image_errors: Tensor | None = None  # [B] the last step's squared error per image of its band
+                                                 # (with cfg.view_weight: insitu.sampling.ViewSampler)
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -345,6 +347,8 @@ class Trainer:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
+        self.image_errors = ((pred.detach() - gt).square().sum((1, 2, 3))     # what view_weight draws by
+                             if self.cfg.view_weight > 0 else None)
         ahead = self._refines_ahead()
         seen = self._visible_gradients(info) if ahead else None
         errors = None

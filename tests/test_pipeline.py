@@ -21,6 +21,7 @@ from insitu.ply import read_ply
 from insitu.webmodel import read_spz
 from insitu.parallel import init_comm, shutdown
 from insitu.pipeline import compute_step, run_step, write_step
+from insitu.sampling import ViewSampler
 from insitu.volume import downsample, read_raw, whole_block
 from insitu.errors import InputError
 
@@ -381,7 +382,7 @@ def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypat
     r = run_step(block, cfg, comm)
     assert np.isfinite(r.metrics["psnr"])
     scene = pipeline.make_scene(block, cfg, comm)
-    first = next(pipeline.batches(scene, cfg.train))[0]
+    first = next(iter(ViewSampler(scene, cfg.train)))[0]
     assert len(seen) == 3 and all(a is not None and a.shape == (2, 32, 32, 1) for a in seen)
     torch.testing.assert_close(seen[0], scene.gt[first][..., 3:].float())
     seen.clear()

@@ -643,21 +643,78 @@ def test_alpha_term_pulls_the_opacities_towards_the_ground_truth_alpha(shard, bl
     assert opacity[0.5] < opacity[0.0] - 1e-3
 
 
+def test_a_step_keeps_each_images_squared_error_for_the_weighted_draws(shard, block, scene, comm):
+    """With view_weight > 0 a step leaves image_errors: [B] the squared error of each view's image as it
+    was drawn before the step, summed over pixels and channels; with view_weight 0 it leaves None."""
+    ids = scene.views.train_ids[:2]
+    render = lambda p: render_bands(p, scene.views, ids, scene.order, comm,  # noqa: E731
+                                    background=scene.background, colors=ColorModel("sh", 0), backend="torch")
+    gt = scene.gt_on(ids, scene.background)
+    for w in (0.0, 0.5):
+        trainer = make_trainer(shard, block, train_config(view_weight=w, batch=2))
+        with torch.no_grad():
+            want = (render(trainer.params)[0] - gt).square().sum((1, 2, 3))
+        trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm)
+        if w == 0:
+            assert trainer.image_errors is None
+        else:
+            assert trainer.image_errors.shape == (2,) and float(want.min()) > 0
+            torch.testing.assert_close(trainer.image_errors, want)
+
+
 def test_batches_cover_each_epoch_once_with_the_same_draws_every_time(scene):
-    from insitu.pipeline import batches
+    from insitu.sampling import ViewSampler
 
     tc = train_config(batch=2, seed=3)
     train = scene.views.train_ids
     per_epoch = len(train) // 2
-    draws = [list(zip(range(2 * per_epoch), batches(scene, tc))) for _ in range(2)]
+    draws = [list(zip(range(2 * per_epoch), ViewSampler(scene, tc))) for _ in range(2)]
     first = torch.cat([ids for _, (ids, _) in draws[0][:per_epoch]])
     assert set(first.tolist()) <= set(train.tolist()) and len(first) == 2 * per_epoch
     assert len(set(first.tolist())) == len(first)                   # no view twice in an epoch
     for (_, (a, bg_a)), (_, (b, bg_b)) in zip(*draws):
         assert torch.equal(a, b) and torch.equal(bg_a, bg_b)        # reproducible: the same on every rank
         assert bg_a.shape == (2, 3) and 0 <= bg_a.min() and bg_a.max() <= 1
-    fixed = next(batches(scene, train_config(random_background=False)))[1]
+    fixed = next(iter(ViewSampler(scene, train_config(random_background=False))))[1]
     assert torch.equal(fixed, scene.background)
+
+
+def test_weighted_draws_come_back_to_the_views_drawn_worst(scene):
+    """With view_weight w, an epoch after the first draws view i with probability (1 - w)/n + w e_i/sum(e):
+    a view whose recorded error is 9 times the others' comes up about 1 - w + 9 w n / (n + 8) times as
+    often as uniform drawing has it; a view never recorded takes the others' mean; w = 0 shuffles."""
+    from insitu.sampling import ViewSampler
+
+    train = scene.views.train_ids
+    n, w = len(train), 0.5
+    sampler = ViewSampler(scene, train_config(batch=1, seed=0, view_weight=w))
+    it = iter(sampler)
+    worst, unseen = int(train[0]), int(train[1])
+    for _ in range(n):                                  # the first epoch: a shuffle; record its errors
+        ids, _ = next(it)
+        if int(ids[0]) != unseen:
+            sampler.record(ids, torch.tensor([9.0 if int(ids[0]) == worst else 1.0]))
+    ids, _ = next(it)                                   # the second epoch's first draw: the first's errors
+    sampler.record(ids, torch.tensor([9.0 if int(ids[0]) == worst else 1.0]))
+    assert sampler.errors[0] == 9 and sampler.errors[1] == pytest.approx((9 + (n - 2)) / (n - 1))
+    counts = torch.zeros(len(scene.views))
+    epochs = 200
+    for _ in range(epochs * n):
+        ids, _ = next(it)
+        counts[ids] += 1
+        sampler.record(ids, torch.tensor([9.0 if int(ids[0]) == worst else 1.0]))
+    p = sampler.probabilities()
+    expected = (1 - w) / n + w * 9 / (n + 8)
+    assert p[0] == pytest.approx(expected) and p[1] == pytest.approx((1 - w) / n + w / (n + 8))
+    share = counts[train] / (epochs * n)
+    assert float(share[0]) == pytest.approx(expected, rel=0.1)
+    assert float(share[1:].min()) > 0.4 / n                          # every view still comes up
+    assert abs(float(share.sum()) - 1) < 1e-6
+    uniform = ViewSampler(scene, train_config(batch=1, seed=0, view_weight=0.0))
+    uniform.record(train[:1], torch.tensor([9.0]))                    # no effect: w = 0
+    assert uniform.probabilities() is None
+    with pytest.raises(ValueError, match="view_weight"):
+        ViewSampler(scene, train_config(view_weight=1.5))
 
 
 def test_footprint_errors_sum_blending_weights_and_their_error(shard, scene, comm):

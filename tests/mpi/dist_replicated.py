@@ -5,7 +5,7 @@ NCCL, the torch rasterizer in float64 there too). Every rank builds the same mod
 whole metaballs field, float64) and the same whole ground truth (cast alone, ``comm.solo()``). Then
 
 replicated: ``Trainer(replicas=comm)`` with ``train.batch = 1``: at each step rank r trains on view
-            r of the step's P views (``pipeline.batches`` with a batch of P, the same on every rank);
+            r of the step's P views (``sampling.ViewSampler`` with a batch of P, the same on every rank);
 reference:  on rank 0 alone, ``Trainer`` with ``train.batch = P`` on all P views of each step;
 
 from the same random seed, twice:
@@ -32,7 +32,8 @@ from worker_report import fail
 from insitu.config import Config
 from insitu.gaussians import Gaussians
 from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import batches, make_scene, train_iteration
+from insitu.pipeline import make_scene, train_iteration
+from insitu.sampling import ViewSampler
 from insitu.seeds import extract_seeds, init_gaussians
 from insitu.training import Trainer
 from insitu.views import Views
@@ -55,7 +56,7 @@ def train(trainer: Trainer, scene, cfg, comm, run, *, per_rank: int, perturb: bo
     its ``per_rank`` views. ``perturb``: rank 0 alone draws from torch's generators before each step
     (as rank 0's evaluations may), so the replicas' random states differ."""
     torch.manual_seed(7)
-    draws = batches(scene, replace(cfg.train, batch=trainer.images_per_step))
+    draws = iter(ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step)))
     for _ in range(cfg.train.iterations):
         if perturb and comm.rank == 0:
             torch.rand(5, device=comm.device)
