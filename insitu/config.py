@@ -154,7 +154,8 @@ class TrainConfig:
     seed: int = constrained(0, NON_NEGATIVE)
     view_weight: float = constrained(0.0, FRACTION)  # an epoch after the first draws the views the model draws
                                         # worst more often: view i with probability (1 - w)/n + w e_i/sum(e),
-                                        # e_i its image's squared error when last drawn (sampling.py); 0: shuffled
+                                        # e_i its image's squared error in the last epoch that drew it (sampling.py);
+                                        # 0: shuffled
                                         # (0.6: the engine's views off the orbit +0.18 dB, its orbit -0.13, the
                                         # bonsai -0.26, model.ply -0.5: BENCHMARKS.md run 94)
     eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance

@@ -618,7 +618,7 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
 def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
     """What ``model.ply`` holds of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) when
     viewers draw it otherwise than training did (:func:`insitu.appearance.drawn_otherwise`), in the trainer's
-    layout; collective over the layout's training ranks.
+    layout; collective over every rank of the layout (``layout.comm``).
 
     A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
     over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
@@ -648,7 +648,8 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
     densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
     where they are); the other learning rates and the image loss as in training (no alpha term); none when
-    neither ``model.ply`` nor its figures are made. Collective over the layout's training ranks."""
+    neither ``model.ply`` nor its figures are made. Collective over every rank of the layout (``layout.comm``: the
+    replicas' gradients and the weighted draws' errors are summed over it)."""
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted

@@ -5,16 +5,18 @@ By default every epoch shows every training view once, in a shuffled order. With
 
     p_i = (1 - w) / n + w * e_i / sum(e)
 
-where ``e_i`` is the squared error of view ``i``'s whole image the last time training drew it (its sum over
-pixels and channels, on the random background it was drawn on): the views the model draws worst come up
-more often, and every view still at least ``1 - w`` times as often as uniform drawing has it. A uniform
+where ``e_i`` is the squared error of view ``i``'s image (its sum over pixels and channels, on the random
+background it was drawn on) in the last epoch that drew it, averaged over that epoch's draws of it: the
+views the model draws worst come up more often, and every view still at least ``1 - w`` times as often as
+uniform drawing has it. Drawn with replacement, a view can come twice in one batch. A uniform
 orbit gives every direction the same share of the steps, however hard the surface is to draw from it: the
 engine's views within 25 degrees of a pole score 2.4 dB under the others even among the views it trains on
 (BENCHMARKS.md, run 95). Weighted draws move quality towards such views at a cost to all the others (run 94):
 the default is the shuffle.
 
 The draws come from generators seeded by ``train.seed`` and, for weighted epochs, from errors summed over
-every rank of the step and sent from rank 0: the same batches on every rank.
+every rank of the step and sent from rank 0: the same batches on every rank. (On a GPU the error sums add
+in no fixed order, so two runs of weighted draws can differ in the sums' last bits, and then in a draw.)
 """
 
 from __future__ import annotations
@@ -56,11 +58,14 @@ class ViewSampler:
         self.bg_generator = torch.Generator().manual_seed(tc.seed + 1)
         device = self.train_ids.device
         self._sums = torch.zeros(2, len(scene.views), dtype=torch.float64, device=device)   # error, draws
-        self.errors: np.ndarray | None = None       # [n] per training view, the latest (weighted epochs)
+        self.errors: np.ndarray | None = None       # [n] per training view, as :meth:`_folded` keeps them
 
     def record(self, ids: Tensor, errors: Tensor | None) -> None:
-        """Note this rank's ``errors: [b]`` (its band's part of each image's squared error) of the views
-        ``ids: [b]`` it just trained on; nothing when the draws are uniform or ``errors`` is None."""
+        """Note ``errors: [b]``, this rank's part of the squared error of each view ``ids: [b]`` it just trained on
+        (:attr:`insitu.training.Trainer.image_errors`): its band's rows in sort-last, where every rank counts
+        the draw (the folded errors are the images' over the number of ranks, alike for every view, which the
+        probabilities do not see), the whole image in the replicated layout, where each rank records its own
+        views. Nothing when the draws are uniform or ``errors`` is None. No wait for the device."""
         if self.weight == 0 or errors is None:
             return
         ids = ids.to(self._sums.device)
@@ -79,22 +84,29 @@ class ViewSampler:
         return p / p.sum()
 
     def _update(self) -> None:
-        """Fold the epoch's recorded errors into :attr:`errors` (collective over ``comm``: one all-reduce
-        and one broadcast an epoch; views not drawn keep their last error, views never drawn take the
-        mean of the others)."""
+        """Fold the epoch's recorded errors into :attr:`errors` (collective over ``comm``: one all-reduce and one
+        broadcast of rank 0's result an epoch, so every rank draws from the same errors, bit for bit). Reading
+        the sums waits for the device once an epoch, only when the draws are weighted."""
         sums = self._sums if self.comm is None else self.comm.all_reduce_sum(self._sums)
         sums = sums[:, self.train_ids].cpu().numpy()
         self._sums.zero_()
+        errors = self._folded(sums)
+        if self.comm is not None and self.comm.size > 1:
+            errors = self.comm.mpi.bcast(errors, root=0)
+        self.errors = errors
+
+    def _folded(self, sums: np.ndarray) -> np.ndarray | None:
+        """:attr:`errors` after an epoch whose ``sums: [2, n]`` (errors, draws) per training view were recorded:
+        a view drawn takes the mean of its recorded errors, a view not drawn keeps its last, a view never drawn
+        the mean of the others (None while no view was ever recorded)."""
         drawn = sums[1] > 0
         errors = np.full(len(self.train_ids), np.nan) if self.errors is None else self.errors.copy()
         errors[drawn] = sums[0][drawn] / sums[1][drawn]
         known = np.isfinite(errors)
         if not known.any():
-            return
+            return self.errors
         errors[~known] = errors[known].mean()
-        if self.comm is not None and self.comm.size > 1:
-            errors = self.comm.mpi.bcast(errors, root=0)    # the same draws on every rank, bit for bit
-        self.errors = errors
+        return errors
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n, B, device = len(self.train_ids), self.batch, self.train_ids.device

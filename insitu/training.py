@@ -347,7 +347,7 @@ class Trainer:
             B, _, W, _ = pred.shape
             loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
-        self.image_errors = ((pred.detach() - gt).square().sum((1, 2, 3))     # what view_weight draws by
+        self.image_errors = ((pred.detach() - gt).square_().sum((1, 2, 3))    # what view_weight draws by
                              if self.cfg.view_weight > 0 else None)
         ahead = self._refines_ahead()
         seen = self._visible_gradients(info) if ahead else None
