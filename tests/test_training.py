@@ -698,7 +698,7 @@ def test_weighted_draws_come_back_to_the_views_drawn_worst(scene):
     sampler.record(ids, torch.tensor([9.0 if int(ids[0]) == worst else 1.0]))
     assert sampler.errors[0] == 9 and sampler.errors[1] == pytest.approx((9 + (n - 2)) / (n - 1))
     counts = torch.zeros(len(scene.views))
-    epochs = 200
+    epochs = 500
     for _ in range(epochs * n):
         ids, _ = next(it)
         counts[ids] += 1
@@ -707,12 +707,14 @@ def test_weighted_draws_come_back_to_the_views_drawn_worst(scene):
     expected = (1 - w) / n + w * 9 / (n + 8)
     assert p[0] == pytest.approx(expected) and p[1] == pytest.approx((1 - w) / n + w / (n + 8))
     share = counts[train] / (epochs * n)
-    assert float(share[0]) == pytest.approx(expected, rel=0.1)
+    assert float(share[0]) == pytest.approx(expected, rel=0.1)        # about 5 standard deviations
     assert float(share[1:].min()) > 0.4 / n                          # every view still comes up
-    assert abs(float(share.sum()) - 1) < 1e-6
     uniform = ViewSampler(scene, train_config(batch=1, seed=0, view_weight=0.0))
-    uniform.record(train[:1], torch.tensor([9.0]))                    # no effect: w = 0
-    assert uniform.probabilities() is None
+    plain = iter(ViewSampler(scene, train_config(batch=1, seed=0, view_weight=0.0)))
+    for _, (ids, _) in zip(range(3 * n), uniform):                    # w = 0: records change nothing
+        uniform.record(ids, torch.tensor([9.0]))
+        assert torch.equal(ids, next(plain)[0])
+    assert uniform.errors is None and not uniform._sums.any()
     with pytest.raises(ValueError, match="view_weight"):
         ViewSampler(scene, train_config(view_weight=1.5))
 

@@ -8,11 +8,12 @@ bands:    every rank records every view of the batch with its band's part of the
 replicas: rank r records only its own two views of the batch, with the whole image's error.
 
 A sampler in one process records every view with its whole error. Over four epochs (the first a
-shuffle, the others weighted) every rank draws the same views as the one process, and the weighted
-epochs differ from uniform shuffles (a view comes up twice).
+shuffle, the others weighted: a view comes up twice in one of them, and they differ from a uniform
+sampler's) every rank draws the same views as the one process.
 
 Prints ``OK rank r of P`` on success; exits non-zero on any mismatch.
 """
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -54,10 +55,13 @@ def main() -> None:
         sampler.record(mine, error[mine])
 
     reference = draws(ViewSampler(scene, tc), 4, n, whole)
+    uniform = draws(ViewSampler(scene, replace(tc, view_weight=0.0)), 4, n, whole)
     per_epoch = n // (2 * P)
-    weighted = [v for batch in reference[per_epoch:] for v in batch]
-    if len(set(weighted)) == len(weighted):
-        fail("the weighted epochs drew no view twice: the test would not see weighting")
+    epochs = [[v for batch in reference[e * per_epoch:(e + 1) * per_epoch] for v in batch] for e in range(4)]
+    if len(set(epochs[0])) != len(epochs[0]) or all(len(set(e)) == len(e) for e in epochs[1:]):
+        fail("the first epoch is not a shuffle, or no weighted epoch drew a view twice")
+    if reference[:per_epoch] != uniform[:per_epoch] or reference[per_epoch:] == uniform[per_epoch:]:
+        fail("the weighted draws should match the shuffle in the first epoch alone")
     for name, record in (("bands", band), ("replicas", replica)):
         mine = draws(ViewSampler(scene, tc, comm), 4, n, record)
         if mine != reference:
