@@ -231,3 +231,6 @@ def test_demo_defaults_fit_the_device():
     assert gpu["views.resolution"] >= 512 and GPU_SIMULATION["L"] >= 128
     assert GPU_SIMULATION["steps"] // GPU_SIMULATION["plotgap"] >= 4 and gpu["insitu.warm_start"]
     assert CPU_SIMULATION["steps"] // CPU_SIMULATION["plotgap"] == 2
+    from insitu.config import TrainConfig
+    assert cfg.train.lr_means == demo_defaults(gpu=False)["train.lr_means"] > TrainConfig().lr_means
+    assert gpu["train.lr_means"] == TrainConfig().lr_means      # the CPU demo's faster means are not the GPU's
