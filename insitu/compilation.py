@@ -139,10 +139,7 @@ def start(name: str, job: Callable[[torch.device], None], device: torch.device, 
     process that ends while such a thread still compiles waits for it first (:func:`wait_at_exit`): the
     compiler's own state must not be torn down under a running compilation."""
     future: Future = Future()
-    with _EXIT:
-        if not _RUNNING and not _CHILDREN:
-            atexit.register(wait_at_exit)
-        _RUNNING.append(future)
+    _waited_at_exit(_RUNNING, future)
 
     def run() -> None:
         try:
@@ -201,11 +198,17 @@ def spawn_compiler(cfg: Config, names: list[str], device: torch.device, *, train
         child.kill()
         child.wait()
         return None
+    _waited_at_exit(_CHILDREN, child)
+    return child
+
+
+def _waited_at_exit(kept: list, item) -> None:
+    """Append ``item`` (a compiling thread's future, or a child compiler) to ``kept``, :data:`_RUNNING` or
+    :data:`_CHILDREN`, which :func:`wait_at_exit` ends or waits for; registered at the first."""
     with _EXIT:
         if not _RUNNING and not _CHILDREN:
             atexit.register(wait_at_exit)
-        _CHILDREN.append(child)
-    return child
+        kept.append(item)
 
 
 def _python_is_this_program() -> bool:
@@ -224,7 +227,7 @@ def waiter(child: subprocess.Popen) -> Callable[[], bool]:
         child.wait()
         if child.stdin is not None:
             child.stdin.close()
-        return not any(child is k for k in _KILLED)
+        return child not in _KILLED
     return wait
 
 

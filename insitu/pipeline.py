@@ -211,6 +211,19 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
                         gt_alpha=gt_alpha, footprints=footprints)
 
 
+def train_iterations(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, count: int) -> Iterator[Tensor]:
+    """``count`` optimiser steps of ``trainer`` on the training views, drawn by a :class:`ViewSampler` of
+    ``cfg.train`` (each step's batch split among the layout's ranks by ``layout.batch``, each rank's errors
+    recorded for weighted draws); yields this rank's loss after each step (collective over ``layout.comm``;
+    stopping early is the same on every rank)."""
+    draws = ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step), layout.comm)
+    for _, (ids, bg) in zip(range(count), draws):
+        mine, mine_bg = layout.batch(ids, bg)
+        loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
+        draws.record(mine, trainer.image_errors)
+        yield loss
+
+
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
     """The field's global range, after checking that every iso value makes a surface: a sample equal
     to an iso value counts as above it, so an iso value in ``(min, max]`` does."""
@@ -463,11 +476,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     bar = progress_bar(iterations, f"step {step} train", show)
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
     reached = None
-    draws = ViewSampler(scene, replace(tc, batch=trainer.images_per_step), layout.comm)
-    for it, (ids, bg) in zip(range(iterations), draws):
-        mine, mine_bg = layout.batch(ids, bg)
-        loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
-        draws.record(mine, trainer.image_errors)
+    for it, loss in enumerate(train_iterations(trainer, scene, layout, cfg, iterations)):
         if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
             bar.set_postfix(loss=f"{layout.loss(loss):.4f}", gaussians=layout.whole(len(trainer)))
         bar.update(1)
@@ -660,11 +669,8 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,
                      replicas=layout.replicas, pixel_size=trainer.pixel_size)
-    draws = ViewSampler(scene, replace(tc, batch=viewer.images_per_step), layout.comm)
-    for _, (ids, bg) in zip(range(steps), draws):
-        mine, mine_bg = layout.batch(ids, bg)
-        train_iteration(viewer, scene, mine, mine_bg, plain, layout.train_comm)
-        draws.record(mine, viewer.image_errors)
+    for _ in train_iterations(viewer, scene, layout, plain, steps):
+        pass
     return viewer.gaussians()
 
 
