@@ -1,5 +1,5 @@
 """One timestep of the CPU demo on its own: the Gray-Scott mini-app run to ``--step`` (the demo's
-simulation: L = 32, no noise), then one cold ``compute_step`` of its V field with the CPU demo's
+simulation: L = 32 or ``--L``, no noise), then one cold ``compute_step`` of its V field with the CPU demo's
 settings (``insitu.demo.DEMO_DEFAULTS`` without its in situ and output keys) and the ``--set`` ones.
 Prints one JSON object: the step's surface figures, its Gaussians, its seconds and its evaluations.
 
@@ -29,9 +29,10 @@ from insitu_sims.gray_scott import GrayScott, GrayScottSettings  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--step", type=int, default=600, help="the simulation step whose V is trained")
+    ap.add_argument("--L", type=int, default=CPU_SIMULATION["L"], help="the simulation's grid (the CPU demo's by default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting (as insitu run's --set)")
     args = ap.parse_args()
-    sim = GrayScott(GrayScottSettings(L=CPU_SIMULATION["L"], noise=CPU_SIMULATION["noise"], steps=args.step,
+    sim = GrayScott(GrayScottSettings(L=args.L, noise=CPU_SIMULATION["noise"], steps=args.step,
                                       engine="none"), MPI.COMM_SELF)
     while sim.step_count < args.step:
         sim.step()
@@ -42,7 +43,7 @@ def main() -> None:
     comm = init_comm(device="cpu")
     t = time.perf_counter()
     m = compute_step(whole_block(sim.v.astype("float32")), cfg, comm).metrics
-    print(json.dumps({"step": args.step, "settings": sets, "psnr_foreground": m["psnr_foreground"], "psnr": m["psnr"],
+    print(json.dumps({"L": args.L, "step": args.step, "settings": sets, "psnr_foreground": m["psnr_foreground"], "psnr": m["psnr"],
                       "gaussians_initial": m["gaussians_initial"], "gaussians": m["gaussians"],
                       "seconds": round(time.perf_counter() - t, 1),
                       "history": [(h["iteration"], round(h["psnr_foreground"], 2), h["gaussians"])

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",
                        description="Runs the Gray-Scott mini-app in this process and trains a splat model of the "
                                    "isosurface of V every plotgap steps, in the background.")
-    p.add_argument("--L", type=int, help="grid size of the simulation (default 32; 128 with a CUDA GPU)")
+    p.add_argument("--L", type=int, help="grid size of the simulation (default 36; 128 with a CUDA GPU)")
     p.add_argument("--steps", type=int, help="simulation steps (default 600; 480 with a CUDA GPU)")
     p.add_argument("--plotgap", type=int, help="analyse every this many steps (default 300; 80 with a CUDA GPU)")
     _common(p)

@@ -154,3 +154,34 @@ def test_bp_output_replays_block_by_block(bp_runs, ranks, name):
         blocks = sorted((x["start"], x["count"], x["owned"]) for x in lines if "step" in x and x["step"] == 10)
         assert blocks == [([0, 0, 0], [10, 18, 18], [[0, 0, 0], [8, 17, 17]]),
                           ([7, 0, 0], [11, 18, 18], [[8, 0, 0], [17, 17, 17]])]
+
+
+def _outputs_off_the_faces(L: int) -> list[tuple[int, float, float]]:
+    """(step, share of cells over the demo's iso value, share of them within two cells of a face) at every output
+    of the CPU demo's simulation on an ``L^3`` grid."""
+    from insitu.demo import CPU_SIMULATION, DEMO_DEFAULTS
+
+    iso = DEMO_DEFAULTS["input.iso"][0]
+    sim = GrayScott(GrayScottSettings(L=L, noise=CPU_SIMULATION["noise"], steps=CPU_SIMULATION["steps"],
+                                      engine="none"), MPI.COMM_SELF)
+    rim = np.ones((L, L, L), bool)
+    rim[2:-2, 2:-2, 2:-2] = False
+    out = []
+    while sim.step_count < CPU_SIMULATION["steps"]:
+        sim.step()
+        if sim.step_count % CPU_SIMULATION["plotgap"] == 0:
+            inside = sim.v > iso
+            out.append((sim.step_count, float(inside.mean()), float((inside & rim).sum() / max(1, inside.sum()))))
+    return out
+
+
+def test_cpu_demo_grid_holds_its_pattern_to_the_last_output():
+    """The CPU demo shows spots that grow and divide: at every output its V pattern stays clear of the periodic
+    faces. On a grid too small for its steps (L = 32) the fronts meet across the faces and V collapses into
+    sheets a cell thick along them, which a 96^2 model cannot draw."""
+    from insitu.demo import CPU_SIMULATION
+
+    demo = _outputs_off_the_faces(CPU_SIMULATION["L"])
+    assert len(demo) == 2 and all(rim == 0 and share > 0.05 for _, share, rim in demo), demo
+    small = _outputs_off_the_faces(32)
+    assert small[-1][2] > 0.5 and small[-1][1] < 0.05, small
