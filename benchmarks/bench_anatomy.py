@@ -15,6 +15,9 @@ ground truth or the render has alpha > 1/255, as ``psnr_foreground``):
   the inner pixels' share of the count and of the error per bin;
 - of the model: each Gaussian's in-plane standard deviation in pixels of the nearest training view,
   its opacity, its normal against the field's at its centre and its centre's distance to the surface;
+- with ``--roll DEG``, the trained model again on every view turned by DEG degrees about its optical axis
+  (``trained_rolled``: the same eyes and look-at points, the ground truth cast anew), against the upright
+  cameras every set has: whether the model holds the surface's edges at any angle to the pixel grid;
 - by viewing direction (``by_polar``): each set's foreground PSNR pooled over its views whose direction
   lies within 25 degrees of a pole (the z axis), 25-50 degrees from one, or further: whether views off the
   orbit near the poles score lower because they are off the orbit (the orbit's own views there score
@@ -33,6 +36,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +53,10 @@ from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard,  # noqa: E402
                              train, training_blur)
+import insitu.scene  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
 from insitu.training import render_bands  # noqa: E402
-from insitu.views import HELD_OUT, pixel_size  # noqa: E402
+from insitu.views import HELD_OUT, Views, pixel_size  # noqa: E402
 from insitu.volume import iso_distance, unit_field, whole_block  # noqa: E402
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
@@ -135,6 +140,14 @@ def by_polar(se: list[float], fg: list[float], polar: list[float]) -> dict:
     return out
 
 
+def rolled(views: Views, degrees: float) -> Views:
+    """``views`` turned by ``degrees`` about each camera's optical axis (the same eyes, looking at the same points)."""
+    a = math.radians(degrees)
+    turn = torch.eye(4, dtype=views.viewmats.dtype, device=views.viewmats.device)
+    turn[0, 0], turn[0, 1], turn[1, 0], turn[1, 1] = math.cos(a), -math.sin(a), math.sin(a), math.cos(a)
+    return replace(views, viewmats=turn @ views.viewmats)
+
+
 def evaluated_sets(views, orbit_count: int, per_set: int = 56) -> dict:
     """The held-out sets, and two sets of training views beside them (``train_orbit``: orbit views,
     ``train_close``: close-up training views; ``per_set`` of each, spread over their order), so that the
@@ -202,6 +215,8 @@ def main() -> None:
     ap.add_argument("--images", type=Path, help="write ground truth | render | error PNGs here")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--train-views", type=int, default=56, help="training views taken apart per training set")
+    ap.add_argument("--roll", type=float, help="also take the trained model apart on every view turned by this "
+                                               "many degrees about its optical axis")
     args = ap.parse_args()
     volume, overrides = base_settings(args)
     cfg = load_config(None, overrides)
@@ -230,6 +245,16 @@ def main() -> None:
         result["trained"] = take_apart(trainer, scene, comm, cfg, trainer.colors_trained, args.images, "trained",
                                        args.train_views)
         result["trained_model"] = model_stats(trainer, scene, block, cfg)
+        if args.roll is not None:
+            upright = insitu.scene.step_views
+            insitu.scene.step_views = lambda *a, **k: rolled(upright(*a, **k), args.roll)
+            try:
+                turned = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+            finally:
+                insitu.scene.step_views = upright
+            result["roll_degrees"] = args.roll
+            result["trained_rolled"] = take_apart(trainer, turned, comm, cfg, trainer.colors_trained, args.images,
+                                                  "rolled", args.train_views)
         print(json.dumps(result), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))

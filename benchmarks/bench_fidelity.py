@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ def variant_config(spec: str, base: dict):
     """``(name, settings, cfg)`` of one ``--variant NAME=KEY=VALUE,KEY=VALUE`` over the ``base`` settings."""
     name, _, settings = spec.partition("=")
     overrides = dict(base)
-    overrides.update(dict(parse_override(s) for s in settings.split(",") if s))
+    parts = re.split(r",(?![^\[]*\])", settings)             # commas inside [..] belong to a list value
+    overrides.update(dict(parse_override(s) for s in parts if s))
     return name, settings, load_config(None, overrides)
 
 
