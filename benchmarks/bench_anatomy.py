@@ -53,7 +53,6 @@ from insitu.layouts import choose_layout  # noqa: E402
 from insitu.parallel import init_comm, shutdown  # noqa: E402
 from insitu.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard,  # noqa: E402
                              train, training_blur)
-import insitu.scene  # noqa: E402
 from insitu.scene import make_scene  # noqa: E402
 from insitu.training import render_bands  # noqa: E402
 from insitu.views import HELD_OUT, Views, pixel_size  # noqa: E402
@@ -246,12 +245,7 @@ def main() -> None:
                                        args.train_views)
         result["trained_model"] = model_stats(trainer, scene, block, cfg)
         if args.roll is not None:
-            upright = insitu.scene.step_views
-            insitu.scene.step_views = lambda *a, **k: rolled(upright(*a, **k), args.roll)
-            try:
-                turned = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-            finally:
-                insitu.scene.step_views = upright
+            turned = make_scene(block, cfg, comm, decomposition=decomposition, views=rolled(scene.views, args.roll))
             result["roll_degrees"] = args.roll
             result["trained_rolled"] = take_apart(trainer, turned, comm, cfg, trainer.colors_trained, args.images,
                                                   "rolled", args.train_views)

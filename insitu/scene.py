@@ -74,11 +74,12 @@ def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tens
 
 def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
                decomposition: Decomposition | None = None, targets: np.ndarray | None = None,
-               ready: Callable[[], None] | None = None) -> Scene:
+               ready: Callable[[], None] | None = None, views: Views | None = None) -> Scene:
     """The step's views (:func:`insitu.views.step_views`: the orbit, close-ups at the surface points
     ``targets: [M, 3]`` and the held-out sets off the orbit) and this rank's GT band of every view
     (ray-cast, composited).
 
+    views: these cameras instead of the step's (the same on every rank; ``targets`` is then unused).
     decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
     ready: called once the views are set and the field prepared, before the first view is cast
            (:func:`insitu.groundtruth.raycast_views`).
@@ -86,9 +87,11 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     device = comm.device
     lo, hi = block.global_box
     vc = cfg.views
-    views = step_views(lo, hi, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,
-                       test_every=vc.test_every, closeups=int(round(vc.closeups * vc.count)),
-                       closeup_factors=vc.closeup_factors, held_out=vc.held_out, targets=targets).to(device)
+    if views is None:
+        views = step_views(lo, hi, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,
+                           test_every=vc.test_every, closeups=int(round(vc.closeups * vc.count)),
+                           closeup_factors=vc.closeup_factors, held_out=vc.held_out, targets=targets)
+    views = views.to(device)
     dec = decomposition if decomposition is not None else block_decomposition(comm, block)
     order = view_order(views, block, dec)
     background = torch.tensor(vc.background, dtype=torch.float32, device=device)

@@ -684,3 +684,25 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
     for key in ("psnr_initial", "psnr_foreground_initial"):
         assert abs(got[key] - want[key]) < 0.01, key
     assert got["psnr_foreground"] == want["psnr_foreground"]        # training itself is the same
+
+
+def test_scene_casts_the_cameras_it_is_given(comm):
+    """make_scene(views=...) casts those cameras: the step's own cameras give the step's scene, and some of them
+    turned a quarter about their optical axes give their images turned."""
+    import insitu.pipeline as pipeline
+    from dataclasses import replace
+
+    cfg = tiny_config()
+    block = whole_block(sphere_field())
+    scene = pipeline.make_scene(block, cfg, comm)
+    again = pipeline.make_scene(block, cfg, comm, views=scene.views)
+    assert torch.equal(again.views.viewmats, scene.views.viewmats) and torch.equal(again.gt, scene.gt)
+    some = torch.arange(0, len(scene.views), 3)
+    turn = torch.tensor([[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    subset = replace(scene.views, viewmats=turn @ scene.views.viewmats[some], Ks=scene.views.Ks[some],
+                     role=scene.views.role[some])
+    turned = pipeline.make_scene(block, cfg, comm, views=subset)
+    assert turned.gt.shape == (len(some), *scene.gt.shape[1:])
+    # a quarter turn about the optical axis of a square image: the same picture, turned
+    torch.testing.assert_close(turned.gt.float(), torch.rot90(scene.gt[some].float(), -1, (1, 2)), atol=2e-3, rtol=0)
+    assert not torch.equal(turned.gt, scene.gt[some])
