@@ -1,5 +1,5 @@
 """One timestep of the CPU demo on its own: the Gray-Scott mini-app run to ``--step`` (the demo's
-simulation: L = 32 or ``--L``, no noise), then one cold ``compute_step`` of its V field with the CPU demo's
+simulation: its L or ``--L``, no noise), then one cold ``compute_step`` of its V field with the CPU demo's
 settings (``insitu.demo.DEMO_DEFAULTS`` without its in situ and output keys) and the ``--set`` ones.
 Prints one JSON object: the step's surface figures, its Gaussians, its seconds and its evaluations.
 

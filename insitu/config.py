@@ -112,8 +112,9 @@ class TrainConfig:
     lr_means: float = constrained(1.6e-4, POSITIVE)  # times the scene extent
     lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE)
     lr_scales: float = constrained(5e-3, POSITIVE)
-    lr_quats: float = constrained(3e-4, POSITIVE)  # the discs' normals shade them: gsplat's 1e-3 turns them
-                                        # off the surface (BENCHMARKS.md, runs 102-103)
+    lr_quats: float = constrained(3e-4, POSITIVE)  # a disc's rotation is also its shading normal: 3e-4 lifted
+                                        # the engine 0.46 dB over gsplat's 1e-3, the bonsai within 0.05 (BENCHMARKS.md,
+                                        # runs 102-104)
     lr_opacities: float = constrained(5e-2, POSITIVE)
     lr_decay: float = constrained(1.0, POSITIVE, FRACTION)  # the rates of scales, rotations, opacities and
                                         # colours end at this fraction of theirs, log-linearly (1: constant)
