@@ -699,8 +699,8 @@ def test_scene_casts_the_cameras_it_is_given(comm):
     assert torch.equal(again.views.viewmats, scene.views.viewmats) and torch.equal(again.gt, scene.gt)
     some = torch.arange(0, len(scene.views), 3)
     turn = torch.tensor([[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
-    subset = replace(scene.views, viewmats=turn @ scene.views.viewmats[some], Ks=scene.views.Ks[some],
-                     role=scene.views.role[some])
+    picked = scene.views.subset(some)
+    subset = replace(picked, viewmats=turn @ picked.viewmats)
     turned = pipeline.make_scene(block, cfg, comm, views=subset)
     assert turned.gt.shape == (len(some), *scene.gt.shape[1:])
     # a quarter turn about the optical axis of a square image: the same picture, turned
