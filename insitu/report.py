@@ -14,11 +14,16 @@ once, here, from the project's convention (:mod:`insitu.views`: world-to-camera,
 three.js's (:func:`viewer_camera`). Browsers load ES modules and models only over HTTP, not from
 ``file://``: ``insitu view OUT`` serves the report on localhost (:func:`make_server`): the report's
 own files only, under a random token that the URL it prints holds, so that other users of a shared
-login node, who can reach the port too, cannot read them.
+login node, who can reach the port too, cannot read them. Those users can open connections
+without the token, so the server bounds what they hold: each connection is closed after
+:data:`CONNECTION_TIMEOUT` without progress, at most :data:`MAX_CONNECTIONS` are served at once (fewer
+under a low descriptor limit, :func:`connection_bound`), and at the bound the one idle the longest
+makes room for a new one, so idle or half-sent connections cannot keep a request out.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import html
 import http.server
@@ -26,13 +31,17 @@ import json
 import math
 import os
 import re
+import resource
 import secrets
 import shutil
 import socket
 import stat
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
+from itertools import count
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -310,6 +319,12 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", 
                  ".css": "text/css", ".json": "application/json", ".csv": "text/csv; charset=utf-8",
                  ".yaml": "text/plain; charset=utf-8", ".png": "image/png", ".wasm": "application/wasm",
                  ".spz": "application/octet-stream", ".ply": "application/octet-stream"}
+CONNECTION_TIMEOUT = 10.0     # seconds a connection may send or take nothing before it is closed: an idle
+                              # one, a request without its blank line, a client that stopped reading
+MAX_CONNECTIONS = 64          # connections served at once, a thread each (a browser opens about six)
+ACCEPT_BACKOFF = 0.1          # seconds to wait after accept() found no descriptor left, instead of spinning
+_FD_RESERVE = 64              # descriptors left to the rest of the process (streams, listening socket, libraries)
+_FDS_PER_CONNECTION = 2       # its socket and, while it answers, the file it sends
 
 
 def served_name(parts: Sequence[str]) -> bool:
@@ -348,14 +363,33 @@ def report_file(root: Path, parts: Sequence[str]) -> Path | None:
     return real
 
 
+def connection_bound(limit: int = MAX_CONNECTIONS) -> int:
+    """How many connections a server of this process may hold at once: ``limit``, or fewer where the
+    descriptor limit (``ulimit -n``, ``RLIMIT_NOFILE``) leaves less room, so that the connections never
+    use up the descriptors and accept() keeps working (the connections past the bound wait in the
+    kernel's queue, which holds no descriptor of the process). At least 1."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(1, min(limit, (soft - _FD_RESERVE) // _FDS_PER_CONNECTION))
+
+
 class _ReportHandler(http.server.BaseHTTPRequestHandler):
     """GET/HEAD of the report's files under ``/TOKEN/`` (:func:`report_file`); anything else is 404,
-    a wrong token included. ``root`` and ``token`` are set per server (:func:`make_server`)."""
+    a wrong token included. ``root``, ``token`` and ``timeout`` (of every read and write on the
+    connection, see ``StreamRequestHandler``) are set per server (:func:`make_server`)."""
 
     root: Path
     token: str
+    server: ReportServer
     server_version = "insitu-view"
     sys_version = ""
+
+    def parse_request(self) -> bool:
+        whole = super().parse_request()
+        if whole:                                     # its request line and headers are in: no longer idle
+            self.server.answering(self.connection)
+        return whole
 
     def do_GET(self) -> None:
         self._answer(body=True)
@@ -412,14 +446,87 @@ class _ReportHandler(http.server.BaseHTTPRequestHandler):
 
 
 class ReportServer(http.server.ThreadingHTTPServer):
-    """The server of :func:`make_server`: ``token``, and :meth:`url` of the report."""
+    """The server of :func:`make_server`: ``token``, :meth:`url` of the report, and at most
+    ``max_connections`` connections (a thread each) at once. A connection is idle from its accept
+    until its request line and headers are in, then answering. At the bound, a new connection closes
+    the one idle the longest (a client that opened connections and sent nothing, or half a request,
+    loses them first); when all are answering, it waits for one to end, up to ``connection_timeout``
+    (every answer's writes time out too), and is dropped after that."""
 
     daemon_threads = True
+    request_queue_size = 256    # a burst of connections waits in the kernel's queue, not in SYN retries
     token: str
+
+    def __init__(self, address, handler, *, max_connections: int, connection_timeout: float) -> None:
+        self.max_connections = max_connections
+        self.connection_timeout = connection_timeout
+        self._changed = threading.Condition()          # (reentrant) guards the two below; notified when one closes
+        self._open: set[socket.socket] = set()         # accepted, not yet closed
+        self._idle: dict[socket.socket, int] = {}      # the open ones still reading their request: order of accept
+        self._accepts = count()
+        super().__init__(address, handler)
 
     def url(self, name: str = "report.html") -> str:
         """``http://localhost:PORT/TOKEN/name``: what a browser opens."""
         return f"http://localhost:{self.server_address[1]}/{self.token}/{name}"
+
+    def answering(self, connection: socket.socket) -> None:
+        """``connection``'s request is whole (its handler answers): it is no longer one to close for room."""
+        with self._changed:
+            self._idle.pop(connection, None)
+
+    def _close_idlest(self) -> None:
+        """Shut down the connection idle the longest, if any (under the lock): its thread reads the end
+        of the stream, ends and closes it (:meth:`shutdown_request`)."""
+        if self._idle:
+            connection = min(self._idle, key=self._idle.__getitem__)
+            del self._idle[connection]
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def get_request(self):
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # no descriptor left (files of the process besides the bounded connections, or the
+                # system's): free one and wait, or the loop would spin on a socket that stays readable
+                with self._changed:
+                    self._close_idlest()
+                time.sleep(ACCEPT_BACKOFF)
+            raise                        # socketserver skips a failed accept
+
+    def process_request(self, request, client_address) -> None:
+        """Start ``request``'s thread once fewer than ``max_connections`` are open (see the class)."""
+        with self._changed:
+            deadline = time.monotonic() + self.connection_timeout
+            while len(self._open) >= self.max_connections:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.shutdown_request(request)
+                    return
+                self._close_idlest()
+                self._changed.wait(left)
+            self._open.add(request)
+            self._idle[request] = next(self._accepts)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        # closed under the lock, so that _close_idlest never shuts down a descriptor already reused
+        with self._changed:
+            super().shutdown_request(request)
+            self._open.discard(request)
+            self._idle.pop(request, None)
+            self._changed.notify_all()
+
+    def server_close(self) -> None:
+        """Stop listening and end every connection (their threads, which server_close joins, end too)."""
+        with self._changed:
+            for connection in self._open:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+            self._idle.clear()
+        super().server_close()
 
     def handle_error(self, request, client_address) -> None:
         """One line for a request that failed (a client that went away is not an error)."""
@@ -428,19 +535,27 @@ class ReportServer(http.server.ThreadingHTTPServer):
             print(f"insitu view: a request failed ({type(error).__name__}: {error})", file=sys.stderr, flush=True)
 
 
-def make_server(out_dir: str | Path, port: int = 8000, host: str = "127.0.0.1") -> ReportServer:
+def make_server(out_dir: str | Path, port: int = 8000, host: str = "127.0.0.1", *,
+                timeout: float = CONNECTION_TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> ReportServer:
     """A server of ``out_dir``'s report on ``host:port`` (port 0: any free port), not yet serving.
 
     It serves the report's files only (:func:`report_file`), under a random token:
-    ``server.url()`` is the report's address, ``server.token`` the token."""
+    ``server.url()`` is the report's address, ``server.token`` the token. A connection that sends or
+    takes nothing for ``timeout`` seconds is closed; at most ``max_connections`` are served at once
+    (fewer under a low descriptor limit: :func:`connection_bound`), see :class:`ReportServer`."""
     out = Path(out_dir)
     if not (out / "report.html").is_file():
         raise FileNotFoundError(f"{out}: no report.html here (expected the --out folder of an insitu run)")
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
     token = secrets.token_urlsafe(24)
-    handler = type("Handler", (_ReportHandler,), {"root": out.resolve(), "token": token})
-    server = ReportServer((host, port), handler)
+    handler = type("Handler", (_ReportHandler,), {"root": out.resolve(), "token": token, "timeout": timeout})
+    server = ReportServer((host, port), handler, max_connections=connection_bound(max_connections),
+                          connection_timeout=float(timeout))
     server.token = token
     return server
 
