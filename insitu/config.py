@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -489,21 +490,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if path.is_dir():
-            raise ConfigError(f"config file {path}: is a directory, expected a YAML file")
-        if not path.is_file():
-            raise ConfigError(f"config file {path}: does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {path}: not a text file (byte {e.start} is not UTF-8); "
-                              "expected YAML") from None
-        except OSError as e:
-            raise ConfigError(f"config file {path}: cannot be read ({e.strerror})") from None
-        values = _yaml(text, f"config file {path}") or {}
+        where = f"config file {_shown(path)}"
+        values = _yaml(_read_config(path, where), where) or {}
         if not isinstance(values, dict):
-            raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(values).__name__}")
+            raise ConfigError(f"{where}: expected a mapping of sections, got {type(values).__name__}")
     base = merge({}, defaults or {})
     for section, sub in values.items():
         if isinstance(sub, dict) and isinstance(base.get(section), dict):
@@ -511,6 +501,49 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         else:
             base[section] = sub
     return from_dict(merge(base, overrides or {}))
+
+
+CONFIG_BYTES_MAX = 1 << 20              # a configuration is a few kB; the YAML parser takes seconds a MiB
+FILE_KINDS = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
+              stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def _shown(path: str | Path) -> str:
+    """``path`` as an error message names it: whole, or its start and length when longer than a file name
+    can be (255 bytes), so that the message stays one line a terminal shows."""
+    name = os.fspath(path)
+    return name if len(name) <= 255 else f"{name[:60]}... ({len(name)} characters)"
+
+
+def _read_config(path: str | Path, where: str) -> str:
+    """The text of the configuration file ``path``, or a ConfigError (``where`` names it) saying why it cannot
+    be one: absent, a name the system refuses, not a regular file (a folder, a FIFO, a device), unreadable,
+    larger than CONFIG_BYTES_MAX, not UTF-8."""
+    if os.fspath(path) == "":
+        raise ConfigError("config file: expected a file name, got ''")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: does not exist") from None
+    except OSError as e:                        # a name too long, a component that is a file, a link loop
+        raise ConfigError(f"{where}: cannot be opened ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{where}: is a directory, expected a YAML file")
+    if not stat.S_ISREG(mode):                  # reading a device or a FIFO may never end
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise ConfigError(f"{where}: is {kind}, expected a YAML file (a regular file)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_BYTES_MAX + 1)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    if len(data) > CONFIG_BYTES_MAX:
+        raise ConfigError(f"{where}: holds {os.stat(path).st_size} bytes, expected a YAML configuration of at most "
+                          f"{CONFIG_BYTES_MAX} bytes (1 MiB)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not a text file (byte {e.start} is not UTF-8); expected YAML") from None
 
 
 def _depth(value: Any) -> int:
