@@ -79,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small Gray-Scott simulation and train on it, in situ (no data needed)",
                        description="Runs the Gray-Scott mini-app in this process and trains a splat model of the "
                                    "isosurface of V every plotgap steps, in the background.")
-    p.add_argument("--L", type=int, help="grid size of the simulation (default 36; 128 with a CUDA GPU)")
-    p.add_argument("--steps", type=int, help="simulation steps (default 600; 480 with a CUDA GPU)")
-    p.add_argument("--plotgap", type=int, help="analyse every this many steps (default 300; 80 with a CUDA GPU)")
+    p.add_argument("--L", type=int, help="grid size of the simulation, at least 4 (default 36; 128 with a CUDA GPU)")
+    p.add_argument("--steps", type=int, help="simulation steps, at least 1 (default 600; 480 with a CUDA GPU)")
+    p.add_argument("--plotgap", type=int, help="analyse every this many steps, at least 1 (default 300; 80 with a "
+                                               "CUDA GPU)")
     _common(p)
 
     p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
@@ -123,8 +124,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
              if dest.startswith(CONFIG_DEST) and value is not None}
     defaults = None
     if args.command == "demo":
-        from .demo import demo_defaults        # the demo's modules only for the demo
+        from .demo import check_demo_args, demo_defaults       # the demo's modules only for the demo
 
+        check_demo_args(args)
         defaults = demo_defaults(gpu=False)
     load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
     overrides.update(flags)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,14 +24,25 @@ from .errors import ConfigError
 
 
 # Constraints, declared with each field (``constrained(default, POSITIVE, ...)``) and checked by
-# :func:`validate`: the value must be > 0 (None passes: "not set"), >= 0, in [0, 1], or one of ``choices``.
-POSITIVE, NON_NEGATIVE, FRACTION = "> 0", ">= 0", "in [0, 1]"
+# :func:`validate`: the value must be > 0 (None passes: "not set"), >= 0, in [0, 1], in (0, 1), or one of
+# ``choices``; ``below``/``at_most``: an upper bound that the code consuming the value sets.
+POSITIVE, NON_NEGATIVE, FRACTION, OPEN_FRACTION = "> 0", ">= 0", "in [0, 1]", "in (0, 1)"
 
 
-def constrained(default: Any, *checks: str, choices: tuple[str, ...] | None = None) -> Any:
+def constrained(default: Any, *checks: str, choices: tuple[str, ...] | None = None,
+                below: tuple[float, str] | None = None, at_most: tuple[float, str] | None = None) -> Any:
     """A dataclass field with ``default`` whose value must pass ``checks`` (POSITIVE, NON_NEGATIVE,
-    FRACTION) and, with ``choices``, be one of them."""
-    return field(default=default, metadata={"checks": checks, "choices": choices})
+    FRACTION, OPEN_FRACTION), with ``choices`` be one of them, and stay ``below`` (exclusive) or
+    ``at_most`` (inclusive) a bound, given as (bound, what it rests on)."""
+    return field(default=default, metadata={"checks": checks, "choices": choices, "below": below,
+                                            "at_most": at_most})
+
+
+TIMEOUT_S_MAX = 7 * 24 * 3600.0         # a week, longer than a batch job runs: the operating system's waits (poll,
+                                        # a child process's) take at most 2**31 - 1 ms, 24.8 days, and the in situ
+                                        # analysis waits up to 3 x parallel.timeout_s
+TIMEOUT_S_LIMIT = (TIMEOUT_S_MAX, "seconds, a week: the system's waits end at 24.8 days, and the analysis waits up "
+                                  "to 3 times this")
 
 
 def field_choices(key: str) -> tuple[str, ...] | None:
@@ -50,7 +62,8 @@ class InputConfig:
     downsample: int = constrained(1, POSITIVE)  # box-filter by k per axis (raw/array input)
     steps: list[int] | None = None      # replay/stream: only these step numbers
     every: int = constrained(1, POSITIVE)  # replay/stream: train every k-th step that arrives
-    timeout_s: float = constrained(60.0, POSITIVE)  # stream: give up when no step arrives for this long
+    timeout_s: float = constrained(60.0, POSITIVE, at_most=TIMEOUT_S_LIMIT)  # stream: give up when no step arrives
+                                        # for this long
     origin: list[float] | None = None   # run/replay/stream: world (x, y, z) of sample (0, 0, 0); default: the
                                         # file's, else 0
     spacing: list[float] | None = None  # replay/stream: world size (dx, dy, dz) of a cell; default: the
@@ -65,8 +78,9 @@ class InputConfig:
 @dataclass
 class SeedConfig:
     budget: int = constrained(2_000_000, POSITIVE)  # global number of Gaussians at initialisation, at most
-    thickness: float = constrained(0.1, POSITIVE)  # disc thickness, as a fraction of its radius
-    opacity: float = constrained(0.5, FRACTION)
+    thickness: float = constrained(0.1, POSITIVE, FRACTION)  # disc thickness, as a fraction of its radius (its
+                                        # thin axis is its normal, the lit colours' shading normal)
+    opacity: float = constrained(0.5, OPEN_FRACTION)  # initial opacity: its logit is the parameter trained
     fill: bool = False                  # sample points on the triangles up to the budget
     density: float = constrained(4.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
                                         # up to the budget (points drawn on the triangles where the surface has
@@ -146,7 +160,8 @@ class TrainConfig:
     max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap; a cap cost
                                         # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
     densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
-    prune_opacity: float = constrained(0.005, NON_NEGATIVE, FRACTION)
+    prune_opacity: float = constrained(0.005, NON_NEGATIVE, below=(0.5, "an opacity reset caps every opacity at "
+                                       "twice it, and an opacity is below 1"))  # growth removes Gaussians fainter
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)  # steps; only in the first half of training
                                         # (so not within the default 1500 steps)
     max_gaussians: int = constrained(5_000_000, POSITIVE)
@@ -187,10 +202,12 @@ class OutputConfig:
 
 @dataclass
 class ParallelConfig:
-    timeout_s: float = constrained(300.0, POSITIVE)  # collective timeout: a failed rank never hangs the rest
+    timeout_s: float = constrained(300.0, POSITIVE, at_most=TIMEOUT_S_LIMIT)  # collective timeout: a failed rank
+                                        # never hangs the rest
     device: str = constrained("auto", choices=("auto", "cpu", "cuda"))
     transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"))  # the composited colour bands
-    threads: int = constrained(0, NON_NEGATIVE)     # torch CPU threads per rank (0: torch's default); in situ
+    threads: int = constrained(0, NON_NEGATIVE, at_most=(2**31 - 1, "torch takes a 32-bit count"))  # torch CPU
+                                                    # threads per rank (0: torch's default); in situ
                                                     # on CPU ranks, fewer leave cores to the simulation
     compile_ahead: bool = True                      # compile the step's Triton kernels on background threads
                                                     # from the run's start (CUDA; insitu.compilation)
@@ -208,8 +225,8 @@ class InsituConfig:
     queue: int = constrained(1, POSITIVE)  # steps waiting to be trained
     policy: str = constrained("block", choices=("block", "discard"))     # discard: the newest step wins
     warm_start: bool = True
-    warm_iterations: int = constrained(250, NON_NEGATIVE)   # a warm-started step's optimiser steps (a sixth of
-                                        # a cold one's, as before batches of 4)
+    warm_iterations: int = constrained(250, POSITIVE)   # a warm-started step's optimiser steps (a sixth of a
+                                        # cold one's, as before batches of 4); its new seeds need some
 
 
 @dataclass
@@ -323,7 +340,14 @@ def validate(cfg: Config) -> Config:
             if NON_NEGATIVE in checks and value < 0:
                 raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
             if FRACTION in checks and not 0 <= value <= 1:
-                raise ConfigError(f"{key}: expected a value in [0, 1], got {value!r}")
+                low = "(" if POSITIVE in checks else "["
+                raise ConfigError(f"{key}: expected a value in {low}0, 1], got {value!r}")
+            if OPEN_FRACTION in checks and not 0 < value < 1:
+                raise ConfigError(f"{key}: expected a value in (0, 1), got {value!r}")
+            for op, limit in (("<", f.metadata.get("below")), ("<=", f.metadata.get("at_most"))):
+                if limit is not None and not (value < limit[0] if op == "<" else value <= limit[0]):
+                    bound = f"{limit[0]:g}" if isinstance(limit[0], float) else limit[0]
+                    raise ConfigError(f"{key}: expected a value {op} {bound} ({limit[1]}), got {value!r}")
     if not cfg.input.iso:
         raise ConfigError("input.iso: expected at least one iso value, got an empty list")
     twice = sorted({v for v in cfg.input.iso if cfg.input.iso.count(v) > 1})
@@ -345,6 +369,10 @@ def validate(cfg: Config) -> Config:
     if 0 < cfg.train.max_scale_px < cfg.train.min_scale_px:
         raise ConfigError(f"train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px "
                           f"({cfg.train.min_scale_px:g}), got {cfg.train.max_scale_px:g}")
+    if cfg.train.prune_opacity == 0 and cfg.train.opacity_reset_every > 0:
+        raise ConfigError(f"train.prune_opacity: expected a value > 0 while train.opacity_reset_every "
+                          f"({cfg.train.opacity_reset_every}) resets opacities to twice it (0 leaves every Gaussian "
+                          f"transparent for good); to prune nothing, set train.opacity_reset_every=0 too")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
     if not cfg.views.closeup_factors or not all(f >= 1 for f in cfg.views.closeup_factors):
@@ -462,21 +490,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if path.is_dir():
-            raise ConfigError(f"config file {path}: is a directory, expected a YAML file")
-        if not path.is_file():
-            raise ConfigError(f"config file {path}: does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {path}: not a text file (byte {e.start} is not UTF-8); "
-                              "expected YAML") from None
-        except OSError as e:
-            raise ConfigError(f"config file {path}: cannot be read ({e.strerror})") from None
-        values = _yaml(text, f"config file {path}") or {}
+        where = f"config file {_shown(path)}"
+        values = _yaml(_read_config(path, where), where) or {}
         if not isinstance(values, dict):
-            raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(values).__name__}")
+            raise ConfigError(f"{where}: expected a mapping of sections, got {type(values).__name__}")
     base = merge({}, defaults or {})
     for section, sub in values.items():
         if isinstance(sub, dict) and isinstance(base.get(section), dict):
@@ -484,6 +501,49 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         else:
             base[section] = sub
     return from_dict(merge(base, overrides or {}))
+
+
+CONFIG_BYTES_MAX = 1 << 20              # a configuration is a few kB; the YAML parser takes seconds a MiB
+FILE_KINDS = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
+              stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def _shown(path: str | Path) -> str:
+    """``path`` as an error message names it: whole, or its start and length when longer than a file name
+    can be (255 bytes), so that the message stays one line a terminal shows."""
+    name = os.fspath(path)
+    return name if len(name) <= 255 else f"{name[:60]}... ({len(name)} characters)"
+
+
+def _read_config(path: str | Path, where: str) -> str:
+    """The text of the configuration file ``path``, or a ConfigError (``where`` names it) saying why it cannot
+    be one: absent, a name the system refuses, not a regular file (a folder, a FIFO, a device), unreadable,
+    larger than CONFIG_BYTES_MAX, not UTF-8."""
+    if os.fspath(path) == "":
+        raise ConfigError("config file: expected a file name, got ''")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: does not exist") from None
+    except OSError as e:                        # a name too long, a component that is a file, a link loop
+        raise ConfigError(f"{where}: cannot be opened ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"{where}: is a directory, expected a YAML file")
+    if not stat.S_ISREG(mode):                  # reading a device or a FIFO may never end
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise ConfigError(f"{where}: is {kind}, expected a YAML file (a regular file)")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_BYTES_MAX + 1)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    if len(data) > CONFIG_BYTES_MAX:
+        raise ConfigError(f"{where}: holds {os.stat(path).st_size} bytes, expected a YAML configuration of at most "
+                          f"{CONFIG_BYTES_MAX} bytes (1 MiB)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not a text file (byte {e.start} is not UTF-8); expected YAML") from None
 
 
 def _depth(value: Any) -> int:

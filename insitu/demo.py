@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from .config import OutputConfig, TrainConfig, ViewConfig
+from .config import Config, OutputConfig, TrainConfig, ViewConfig, memory_estimate
+from .errors import ConfigError
 from .progress import summary
 
 DEMO_DEFAULTS = {
@@ -96,14 +97,61 @@ def _simulation():
     return gray_scott
 
 
+def check_demo_args(args: argparse.Namespace) -> None:
+    """ConfigError for ``--L``, ``--steps`` or ``--plotgap`` out of range on any number of ranks."""
+    least = {"L": (_simulation().L_MIN, "the simulation's initial cube of V is L // 4 cells each way from the "
+                                        "centre: below that there is none, and V = 0 has no surface"),
+             "steps": (1, "the analysis trains on the simulation's steps"),
+             "plotgap": (1, "the analysis trains every this many steps")}
+    for name, (low, why) in least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise ConfigError(f"--{name} {value}: expected an integer >= {low} ({why})")
+
+
+def demo_settings(args: argparse.Namespace, device_type: str):
+    """The simulation's settings for a demo training on ``device_type`` ("cpu" or "cuda"): the flags given,
+    the defaults for the device otherwise."""
+    gs = _simulation()
+    sim = GPU_SIMULATION if device_type == "cuda" else CPU_SIMULATION
+    L, steps, plotgap = (sim[k] if getattr(args, k) is None else getattr(args, k) for k in ("L", "steps", "plotgap"))
+    return gs.GrayScottSettings(L=L, steps=steps, plotgap=plotgap, noise=sim["noise"], engine="none").validate()
+
+
+def check_demo(args: argparse.Namespace, cfg: Config, ranks: int, device_type: str, available: int) -> None:
+    """ConfigError when the demo's grid cannot run on ``ranks`` ranks: too small for every rank's block to own
+    a cell (marching cubes, the analysis's decomposition), or too large for the ``available`` bytes of this
+    machine's memory with the simulation, the analysis's copies of its block and, on the CPU, the step."""
+    gs = _simulation()
+    s = demo_settings(args, device_type)
+    dims = gs.grid_dims(ranks)
+    least = max(gs.L_MIN, max(dims) + 1)     # the last block along an axis holds the last sample: one more
+    if s.L < least:
+        raise ConfigError(f"--L {s.L}: expected at least {least} on {ranks} ranks (the simulation splits the grid "
+                          f"{' x '.join(map(str, dims))} over them, and every rank's block must own a cell for "
+                          "marching cubes)")
+    block = 1
+    for n in gs.largest_block(s.L, ranks):
+        block *= n + 3                          # a ghost layer below; above, the cells' closing layer and a ghost
+    waiting = cfg.insitu.queue + 2 if cfg.insitu.mode == "background" else 1   # queued, training, being copied
+    parts = {"the simulation": gs.memory_bytes(s, ranks),
+             "the analysis's copies of its block": waiting * 8 * block + 4 * block,   # float64, and float32 trained
+             "the training step": sum(memory_estimate(cfg, ranks).values()) if device_type == "cpu" else 0}
+    need = sum(parts.values())
+    if need > available:
+        gib = 2.0 ** 30
+        detail = ", ".join(f"{k} {v / gib:.3g} GiB" for k, v in parts.items() if v)
+        raise ConfigError(f"--L {s.L}: the demo needs {need / gib:.3g} GiB per rank on {ranks} rank(s) ({detail}); "
+                          f"this machine has {available / gib:.3g} GiB")
+
+
 def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
     """Run the simulation with the adaptor attached; returns the number of steps trained."""
     from .adaptor import Adaptor                # torch and the analysis: only when the demo runs
 
     gs = _simulation()
-    sim = GPU_SIMULATION if comm.device.type == "cuda" else CPU_SIMULATION
-    L, steps, plotgap = (sim[k] if getattr(args, k) is None else getattr(args, k) for k in ("L", "steps", "plotgap"))
-    settings = gs.GrayScottSettings(L=L, steps=steps, plotgap=plotgap, noise=sim["noise"], engine="none").validate()
+    settings = demo_settings(args, comm.device.type)
+    L, steps, plotgap = settings.L, settings.steps, settings.plotgap
     if comm.rank == 0:
         print(f"demo: Gray-Scott L={L}, {steps} steps on {comm.size} rank(s); training on V = "
               f"{cfg.input.iso} every {plotgap} steps ({cfg.insitu.mode}) on {comm.device}; "

@@ -12,7 +12,7 @@ import numpy as np
 
 from .agreement import agree_errors, first_error
 from .config import Config, check_backend, check_memory, check_spacing
-from .demo import run_demo
+from .demo import check_demo, run_demo
 from .errors import ConfigError, InputError, RankFailure
 from .progress import summary
 
@@ -113,9 +113,16 @@ def run_provenance(args: argparse.Namespace) -> dict:
     return provenance
 
 
-def check_input(args: argparse.Namespace, cfg: Config) -> None:
+def check_input(args: argparse.Namespace, cfg: Config, comm) -> None:
     """What a command's input can be refused for before any work: ``--spacing`` out of range, a colour
-    field asked of a one-field input, a path that is neither a file nor a folder (a FIFO, a device)."""
+    field asked of a one-field input, a path that is neither a file nor a folder (a FIFO, a device), a
+    demo's grid too small for the ranks or too large for the machine's memory."""
+    if args.command == "demo":                  # the simulation's memory is the host's, whatever trains
+        import torch
+
+        from .parallel import device_memory
+
+        check_demo(args, cfg, comm.size, comm.device.type, device_memory(torch.device("cpu")))
     if args.command == "run":
         check_spacing(args.spacing)
         if cfg.input.color_var is not None:
@@ -192,7 +199,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
         # before any work: sizes that cannot fit, a rasterizer the device lacks, input refused as it is
         _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
-                               check_backend(cfg, comm.device.type, gsplat_import_error()), check_input(args, cfg)))
+                               check_backend(cfg, comm.device.type, gsplat_import_error()),
+                               check_input(args, cfg, comm)))
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,

@@ -59,16 +59,20 @@ def test_every_declared_constraint_is_checked_under_its_own_key():
     import dataclasses
     import typing
 
-    from insitu.config import FRACTION, NON_NEGATIVE, POSITIVE, Config, from_dict
+    from insitu.config import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, Config, from_dict
 
     checked = 0
     for section, cls in typing.get_type_hints(Config).items():
         for f in dataclasses.fields(cls):
             checks, choices = f.metadata.get("checks", ()), f.metadata.get("choices")
+            below, at_most = f.metadata.get("below"), f.metadata.get("at_most")
             bad = ([("nope", "expected one of")] if choices else []) + \
                   ([(-1, "expected a value > 0")] if POSITIVE in checks else []) + \
                   ([(-1, "expected a value >= 0")] if NON_NEGATIVE in checks else []) + \
-                  ([(2, "expected a value in \\[0, 1\\]")] if FRACTION in checks else [])
+                  ([(2, "expected a value in [\\[(]0, 1\\]")] if FRACTION in checks else []) + \
+                  ([(1, "expected a value in \\(0, 1\\)")] if OPEN_FRACTION in checks else []) + \
+                  ([(below[0], "expected a value < ")] if below else []) + \
+                  ([(at_most[0] * 2, "expected a value <= ")] if at_most else [])
             for value, message in bad:
                 with pytest.raises(ConfigError, match=f"^{section}\\.{f.name}: {message}"):
                     from_dict({section: {f.name: value}})

@@ -99,7 +99,8 @@ def test_settings_are_checked_up_front(capsys):
         GrayScottSettings(plotgap=0).validate()
     with pytest.raises(SystemExit):
         parse_args(["--L", "1"])
-    assert "L: expected an integer >= 2, got 1" in capsys.readouterr().err
+    assert "L: expected an integer >= 4 (the initial cube of V is L // 4 cells each way from the centre), got 1" \
+        in capsys.readouterr().err
     s = parse_args(["--L", "20", "--engine", "SST", "--sst-readers", "2", "--sst-policy", "Discard"])
     assert (s.L, s.engine, s.sst_readers, s.sst_policy) == (20, "SST", 2, "Discard")
 

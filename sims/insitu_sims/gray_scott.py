@@ -27,6 +27,7 @@ This module is a standalone simulation and does not import ``insitu``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -39,6 +40,9 @@ ENGINES = ("BP5", "BP4", "SST", "none")
 SST_POLICIES = ("Block", "Discard")
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
+
+L_MIN = 4       # the initial cube of V reaches L // 4 cells (at most 6) each way from the centre: below 4 there is
+                # none, and U = 1, V = 0 stay uniform for ever
 
 
 @dataclass
@@ -74,8 +78,9 @@ class GrayScottSettings:
     sst_open_timeout_s: float = 60.0
 
     def validate(self) -> "GrayScottSettings":
-        if not isinstance(self.L, int) or self.L < 2:
-            raise ValueError(f"L: expected an integer >= 2, got {self.L!r}")
+        if not isinstance(self.L, int) or self.L < L_MIN:
+            raise ValueError(f"L: expected an integer >= {L_MIN} (the initial cube of V is L // 4 cells each way "
+                             f"from the centre), got {self.L!r}")
         if self.steps < 0:
             raise ValueError(f"steps: expected >= 0, got {self.steps}")
         if self.plotgap < 1:
@@ -111,6 +116,46 @@ def _split(n: int, parts: int, index: int) -> tuple[int, int]:
     return a, b - a
 
 
+def grid_dims(ranks: int) -> tuple[int, int, int]:
+    """How the grid is split over ``ranks`` ranks: (px, py, pz) blocks."""
+    return tuple(MPI.Compute_dims(ranks, 3))
+
+
+def largest_block(L: int, ranks: int) -> tuple[int, int, int]:
+    """(nx, ny, nz) samples of the largest rank's block of the ``L^3`` grid split over ``ranks`` ranks."""
+    return tuple(-(-L // p) for p in grid_dims(ranks))
+
+
+def split_dims(L: int, ranks: int) -> tuple[int, int, int]:
+    """How the ``L^3`` grid is split over ``ranks`` ranks, (px, py, pz); ValueError when an axis has fewer
+    samples than ranks along it."""
+    dims = grid_dims(ranks)
+    if max(dims) > L:
+        raise ValueError(f"L: expected at least {max(dims)} on {ranks} ranks (the grid is split over them "
+                         f"{' x '.join(map(str, dims))}, a sample each at least), got {L}")
+    return dims
+
+
+BLOCK_ARRAYS = 2 + 3 + 4 + 2           # of 8-byte values: u and v with their ghost layers, the noise's 3 hashes,
+                                        # 4 work arrays, the 2 copies of an output
+
+
+def memory_bytes(settings: GrayScottSettings, ranks: int, gathered: bool = False) -> int:
+    """Bytes that the largest rank's part of a run on ``ranks`` ranks holds at once (its block's arrays, as
+    :class:`GrayScott` and :func:`run` allocate them); ``gathered``: rank 0 also receives the whole grid to
+    write it (a serial ADIOS2: a receive buffer and U and V whole)."""
+    L = settings.L
+    nx, ny, nz = largest_block(L, ranks)
+    ghosts = (nx + 2) * (ny + 2) * (nz + 2)
+    faces = 4 * ((ny + 2) * (nz + 2) + (nx + 2) * (nz + 2) + (nx + 2) * (ny + 2))   # the exchange's buffers
+    return 8 * (2 * ghosts + (BLOCK_ARRAYS - 2) * nx * ny * nz + faces + (3 * L ** 3 if gathered else 0))
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory of this machine."""
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 class GrayScott:
     """One rank's piece of the periodic Gray-Scott grid.
 
@@ -122,10 +167,7 @@ class GrayScott:
     def __init__(self, settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD):
         self.settings = settings.validate()
         L = settings.L
-        size = comm.Get_size()
-        dims = MPI.Compute_dims(size, 3)                      # (px, py, pz)
-        if any(d > L for d in dims):
-            raise ValueError(f"cannot split L={L} over {size} ranks as {dims}: fewer cells than ranks on an axis")
+        dims = split_dims(L, comm.Get_size())                # (px, py, pz)
         self.cart = comm.Create_cart(dims, periods=[True, True, True], reorder=False)
         self.dims = tuple(dims)
         self.coords = tuple(self.cart.Get_coords(self.cart.Get_rank()))
@@ -402,7 +444,15 @@ def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
     return RunStats(sim.step_count, outputs, elapsed, out_s, comm.Get_size())
 
 
-def parse_args(argv: list[str] | None = None) -> GrayScottSettings:
+def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) -> GrayScottSettings:
+    """The settings of the command line ``argv``, checked for a run on the ranks of ``comm``: a value out of
+    range, a grid that cannot be split over the ranks or does not fit this machine's memory ends the process
+    with one line (from rank 0) and exit code 2."""
+    ranks = comm.Get_size()
+
+    def refuse(text: str) -> None:
+        p.exit(2, f"{p.prog}: error: {text}\n" if comm.Get_rank() == 0 else None)
+
     p = argparse.ArgumentParser(description="3D Gray-Scott reaction-diffusion (ADIOS2 tutorial model) on MPI.")
     helps = {
         "L": "grid size (L^3 samples)", "Du": "diffusion of U", "Dv": "diffusion of V", "F": "feed rate",
@@ -424,10 +474,25 @@ def parse_args(argv: list[str] | None = None) -> GrayScottSettings:
     ns = p.parse_args(argv)
     settings = GrayScottSettings(**{f.name: getattr(ns, f.name) for f in fields(GrayScottSettings)})
     try:
-        return settings.validate()
+        settings.validate()
+        split_dims(settings.L, ranks)
     except ValueError as e:
-        p.error(str(e))
-    raise AssertionError("unreachable")  # pragma: no cover
+        refuse(str(e))
+    need, have, gathered = memory_bytes(settings, ranks), machine_memory(), False
+    # rank 0 gathers the grid to write it with a serial ADIOS2 (the PyPI wheel), and on one rank: asked of
+    # ADIOS2 (seconds to import) only when that would not fit
+    if settings.engine != "none" and memory_bytes(settings, ranks, gathered=True) > have:
+        import adios2
+
+        if ranks == 1 or not adios2.is_built_with_mpi:
+            need, gathered = memory_bytes(settings, ranks, gathered=True), True
+    if need > have:
+        gib = 2.0 ** 30
+        refuse(f"--L {settings.L}: the simulation needs {need / gib:.3g} GiB on a rank of {ranks} "
+               f"({BLOCK_ARRAYS} arrays the size of its block, 8 bytes a sample"
+               f"{', and the whole grid gathered on rank 0 to be written' if gathered else ''}); this machine has "
+               f"{have / gib:.3g} GiB")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     # writes numpy arrays only, and skipping them saves seconds at start-up.
     for name in ("torch", "cupy"):
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    settings = parse_args(argv)
     comm = MPI.COMM_WORLD
+    settings = parse_args(argv, comm)
     stats = run(settings, comm)
     if comm.Get_rank() == 0:
         target = f" -> {settings.output}" if settings.engine != "none" else ""
