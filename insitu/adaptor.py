@@ -298,7 +298,8 @@ class Adaptor:
         """Hand one timestep to the pipeline (collective: every rank calls it for every step).
 
         step, time:   the simulation's step number (each one once: it names the step's outputs) and time.
-        fields:       name -> this rank's [nz, ny, nx] C-ordered array (no ghost layers);
+        fields:       name -> this rank's [nz, ny, nx] C-ordered array (no ghost layers) of integers or
+                      floats, any width (float16 and long double are trained in float32 and float64);
                       the field ``cfg.input.var`` (and ``cfg.input.color_var`` if set) is used.
         global_shape: (nx, ny, nz) samples of the whole grid.
         start:        global index (x, y, z) of this rank's ``array[0, 0, 0]``.
@@ -544,8 +545,9 @@ class Adaptor:
             if not isinstance(a, np.ndarray) or a.ndim != 3:
                 raise InputError(f"field {name!r}: expected a 3D array [nz, ny, nx], got "
                                  f"{type(a).__name__} with shape {np.shape(a)}")
-            if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
-                raise InputError(f"field {name!r}: expected a real numeric array, got dtype {a.dtype}")
+            if a.dtype.kind not in "uif":     # (timedelta64 counts as a number to numpy)
+                raise InputError(f"field {name!r}: expected a real numeric array (integers or floats), "
+                                 f"got dtype {a.dtype}")
             if shape is not None and a.shape != shape:
                 raise InputError(f"field {name!r}: expected the shape of {cfg.var!r} {shape}, got {a.shape}")
             shape = a.shape

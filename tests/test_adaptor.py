@@ -8,6 +8,7 @@ The last test runs the real pipeline end to end.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -309,3 +310,40 @@ def test_pipeline_end_to_end_in_the_background(tmp_path):
     assert [m["iterations"] for m in r0["metrics"]] == [20, 10]    # step 1 warm-started: warm_iterations
     assert [m["step"] for m in r0["metrics"]] == [m["step"] for m in r1["metrics"]] == [0, 1]
     assert (out / "metrics.csv").read_text().count("\n") == 3     # header + one row per step
+
+
+def tiny_sync_config(out: Path) -> dict:
+    """The real pipeline, one rank, sync mode, sizes that train a step in about a second on a CPU."""
+    return {"insitu": {"mode": "sync", "warm_iterations": 1}, "input": {"iso": [50]}, "seeds": {"budget": 100},
+            "views": {"count": 8, "resolution": 16, "supersample": 1},
+            "train": {"iterations": 2, "progress": False, "backend": "torch"},
+            "output": {"dir": str(out), "images": 0}, "parallel": {"device": "cpu"}}
+
+
+def sphere(n: int = 10, radius: float = 0.5) -> np.ndarray:
+    """[n, n, n] samples 100 inside a ball of ``radius`` (the grid spans [-1, 1]) down to 0 outside; iso 50."""
+    z, y, x = np.meshgrid(*(np.linspace(-1, 1, n),) * 3, indexing="ij")
+    return np.clip(1.2 - np.sqrt(x**2 + y**2 + z**2) / radius, 0, 1) * 100
+
+
+def test_float16_long_double_and_big_endian_fields_train_warm_started_steps(tmp_path):
+    """torch reads no big-endian array, scipy's interpolation (a warm start samples the field with it) no
+    float16 or long double: each is converted, so every step trains, the ones after the first warm-started."""
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+    from insitu.files import read_csv
+
+    n = 10
+    dtypes = [">u2", np.float16, np.longdouble]
+    with Adaptor(None, tiny_sync_config(tmp_path)) as ad:
+        for step, dtype in enumerate(dtypes):
+            ad.execute(step, 0.5 * step, {"U": sphere(n, 0.5 + 0.05 * step).astype(dtype)}, (n, n, n), (0, 0, 0))
+        for dtype in (bool, "m8[s]"):        # no numbers to train on: refused before the step
+            with pytest.raises(InputError, match=re.escape("field 'U': expected a real numeric array (integers or "
+                                                           f"floats), got dtype {np.dtype(dtype)}")):
+                ad.execute(9, 9.0, {"U": sphere(n).astype(dtype)}, (n, n, n), (0, 0, 0))
+    assert {s: v.status for s, v in ad.status.items()} == {s: "trained" for s in range(len(dtypes))}, ad.status
+    assert [t.metrics["iterations"] for t in ad.stats.trained] == [2, 1, 1]     # warm_iterations after step 0
+    assert all(t.metrics["gaussians"] > 0 for t in ad.stats.trained)
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [(row["step"], row["status"]) for row in rows] == [(str(s), "trained") for s in range(len(dtypes))]
