@@ -35,7 +35,7 @@ def queue_cases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def error_cases(tmp_path_factory):
-    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config,bad_decomposition",
+    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config,bad_decomposition,bad_time",
                      tmp_path_factory.mktemp("errors"))
 
 
@@ -236,6 +236,17 @@ def test_missing_field_on_one_rank_raises_on_every_rank(error_cases):
 
 
 @pytest.mark.mpi
+def test_a_nan_time_on_one_rank_raises_on_every_rank_and_queues_the_step_on_none(error_cases):
+    r0, r1 = error_cases["bad_time"]
+    assert r0["errors"] == r1["errors"]
+    assert [(e["step"], e["type"], e["status"]) for e in r0["errors"]] == [(1, "InputError", [0])]
+    assert ("rank 1: time: expected a finite real number (the simulation's time at this step), got nan"
+            in r0["errors"][0]["message"])
+    assert r0["trained"] == r1["trained"] == [0, 1]
+    assert r0["times"] == r1["times"] == [0.0, 0.1]
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("case, words", [
     ("overlap", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [4, 12)"),
     ("duplicate", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [0, 6)"),
@@ -347,3 +358,46 @@ def test_float16_long_double_and_big_endian_fields_train_warm_started_steps(tmp_
     assert all(t.metrics["gaussians"] > 0 for t in ad.stats.trained)
     rows = read_csv(tmp_path / "metrics.csv")
     assert [(row["step"], row["status"]) for row in rows] == [(str(s), "trained") for s in range(len(dtypes))]
+
+
+INVALID_CALLS = [    # (step, time, start) -> what the InputError says
+    ((1, "noon", (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got 'noon'"),
+    ((1, float("nan"), (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got nan"),
+    ((1, np.float64("inf"), (0, 0, 0)), "time: expected a finite real number"),
+    ((1, None, (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got None"),
+    ((1, True, (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got True"),
+    ((1, 10**400, (0, 0, 0)), "time: expected a finite real number"),
+    ((-1, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got -1"),
+    ((1.0, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got 1.0"),
+    ((True, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got True"),
+    (("1", 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got '1'"),
+    ((1, 0.5, (0.5, 0, 0)), "start: expected 3 integers (x, y, z), got (0.5, 0, 0)"),
+    ((1, 0.5, ("0", 0, 0)), "start: expected 3 integers (x, y, z), got ('0', 0, 0)"),
+    ((1, 0.5, (False, 0, 0)), "start: expected 3 integers (x, y, z), got (False, 0, 0)"),
+    ((1, 0.5, (0, 0)), "start: expected 3 integers (x, y, z), got (0, 0)"),
+]
+
+
+def test_invalid_step_time_or_start_is_refused_before_anything_is_queued(tmp_path):
+    """Each call of INVALID_CALLS is refused with an InputError naming the argument; nothing is queued or
+    written; then the same step number trains (numpy scalars and integral floats pass)."""
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+
+    n = 10
+    u = sphere(n).astype(np.float32)
+    with Adaptor(None, tiny_sync_config(tmp_path)) as ad:
+        ad.execute(0, 0.0, {"U": u}, (n, n, n), (0, 0, 0))
+        csv = (tmp_path / "metrics.csv").read_bytes()
+        listing = sorted(p.name for p in tmp_path.iterdir())
+        for (step, time, start), words in INVALID_CALLS:
+            with pytest.raises(InputError) as caught:
+                ad.execute(step, time, {"U": u}, (n, n, n), start)
+            assert words in str(caught.value), (step, time, start, str(caught.value))
+            assert (tmp_path / "metrics.csv").read_bytes() == csv
+            assert sorted(p.name for p in tmp_path.iterdir()) == listing
+            assert list(ad.status) == [0] and len(ad.stats.executes) == 1
+        ad.execute(np.int64(1), np.float32(0.25), {"U": u}, (n, n, n), (0.0, np.int32(0), np.uint8(0)))
+    assert [(s, v.status) for s, v in ad.status.items()] == [(0, "trained"), (1, "trained")]
+    metrics = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
+    assert metrics["time"] == 0.25 and metrics["step"] == 1
