@@ -28,8 +28,9 @@ next ``execute()`` (after it has taken its own step) or by ``finalize()``; then 
 process group is rebuilt (a rank's collective may have timed out while another had left it,
 which breaks the group) and later steps train as usual. In sync mode the step's own
 ``execute()`` raises it. Steps dropped by policy ``discard`` are recorded as "skipped". Invalid
-input (a missing field, wrong shapes, a step number given before) raises InputError from the same
-``execute()`` call, on every rank, and that step is not taken.
+input (a missing field, wrong shapes or dtypes, a step that is not an integer >= 0 or was given
+before, a time that is not a finite number, a start that is not integers) raises InputError from
+the same ``execute()`` call, on every rank, and that step is not taken (nothing is queued or written).
 
 Agreement never hangs and never pairs different calls: every call starts with one
 cross-rank decision (the call and step number, bad input, failures to report) that waits
@@ -54,6 +55,8 @@ configuration) are ConfigErrors too. Rank 0 holds the output folder's lock until
 from __future__ import annotations
 
 import collections
+import math
+import numbers
 import sys
 import threading
 import time as _time
@@ -174,6 +177,34 @@ def _report(what: str, messages: list[str | None]) -> str:
     n = sum(len(r) for r in by_text.values())
     lines = [f"  rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {m}" for m, r in by_text.items()]
     return f"{what} on {n} of {len(messages)} rank(s):\n" + "\n".join(lines)
+
+
+def _integers(name: str, value) -> tuple[int, int, int]:
+    """``value`` as 3 integers (x, y, z): ints, numpy integers or floats of integral value (2.0, not 0.5)."""
+    def integer(v):
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            return int(v)
+        if isinstance(v, (float, np.floating)) and float(v).is_integer():
+            return int(v)
+        return None
+    try:
+        out = None if isinstance(value, (str, bytes)) else [integer(v) for v in value]
+    except TypeError:
+        out = None
+    if out is None or len(out) != 3 or None in out:
+        raise InputError(f"{name}: expected 3 integers (x, y, z), got {value!r}")
+    return tuple(out)   # type: ignore[return-value]
+
+
+def _step_time(value) -> float:
+    """The step's time as a float: a finite real number (numpy's too), not a bool."""
+    try:
+        out = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+    except OverflowError:               # an int beyond float's range
+        out = None
+    if out is None or not math.isfinite(out):
+        raise InputError(f"time: expected a finite real number (the simulation's time at this step), got {value!r}")
+    return out
 
 
 def _triple(name: str, value, kind=int) -> tuple:
@@ -297,11 +328,13 @@ class Adaptor:
                 origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0)) -> None:
         """Hand one timestep to the pipeline (collective: every rank calls it for every step).
 
-        step, time:   the simulation's step number (each one once: it names the step's outputs) and time.
-        fields:       name -> this rank's [nz, ny, nx] C-ordered array (no ghost layers);
+        step, time:   the simulation's step number, an integer >= 0 (each one once: it names the step's
+                      outputs), and its time, a finite real number (Python's or numpy's).
+        fields:       name -> this rank's [nz, ny, nx] C-ordered array (no ghost layers) of integers or
+                      floats, any width (float16 and long double are trained in float32 and float64);
                       the field ``cfg.input.var`` (and ``cfg.input.color_var`` if set) is used.
-        global_shape: (nx, ny, nz) samples of the whole grid.
-        start:        global index (x, y, z) of this rank's ``array[0, 0, 0]``.
+        global_shape: (nx, ny, nz) samples of the whole grid (integers).
+        start:        global index (x, y, z) of this rank's ``array[0, 0, 0]`` (integers; 2.0 passes, 0.5 does not).
         origin, spacing: world position of sample (0, 0, 0) and size of one cell.
 
         Returns once the data is copied (background) or the step is trained (sync).
@@ -321,7 +354,7 @@ class Adaptor:
         error = None
         fields: dict[str, np.ndarray] = {}
         try:
-            count = _triple("count", count)
+            count = _integers("count", count)
             for name, buf, code in buffers:
                 if not name:
                     raise InputError("field name: expected a non-empty string, got NULL or ''")
@@ -532,8 +565,8 @@ class Adaptor:
         cfg = self.cfg.input
         if not isinstance(fields, dict):
             raise InputError(f"fields: expected a dict name -> [nz, ny, nx] array, got {type(fields).__name__}")
-        gshape = _triple("global_shape", global_shape)
-        start = _triple("start", start)
+        gshape = _integers("global_shape", global_shape)
+        start = _integers("start", start)
         wanted = [cfg.var] + ([cfg.color_var] if cfg.color_var else [])
         shape = None
         for name in wanted:
@@ -544,8 +577,9 @@ class Adaptor:
             if not isinstance(a, np.ndarray) or a.ndim != 3:
                 raise InputError(f"field {name!r}: expected a 3D array [nz, ny, nx], got "
                                  f"{type(a).__name__} with shape {np.shape(a)}")
-            if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
-                raise InputError(f"field {name!r}: expected a real numeric array, got dtype {a.dtype}")
+            if a.dtype.kind not in "uif":     # (timedelta64 counts as a number to numpy)
+                raise InputError(f"field {name!r}: expected a real numeric array (integers or floats), "
+                                 f"got dtype {a.dtype}")
             if shape is not None and a.shape != shape:
                 raise InputError(f"field {name!r}: expected the shape of {cfg.var!r} {shape}, got {a.shape}")
             shape = a.shape
@@ -562,10 +596,12 @@ class Adaptor:
             raise InsituError(self._broken)
         # 1. agree: the same call on every rank, unusable input on any rank, failures to report
         gshape = start_ = None
+        number = None                       # the step number, once it is one
         try:
             if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
                 raise InputError(f"step: expected an integer >= 0 (the outputs are named by it), got {step!r}")
-            step = int(step)
+            step = number = int(step)
+            time = _step_time(time)
             if step in self._given:
                 raise InputError(f"step {step}: given to execute() before; each step number once (it names the "
                                  "step's outputs)")
@@ -575,9 +611,10 @@ class Adaptor:
                 spacing = check_spacing(_triple("spacing", spacing, float), "spacing")
         except (InputError, ConfigError) as e:
             error = str(e)
-        gathered = self._same_call(("execute()", step if isinstance(step, int) else None), error)
+        gathered = self._same_call(("execute()", number), error)
         if any(g["error"] for g in gathered):
-            raise InputError(_report(f"step {step}: invalid input", [g["error"] for g in gathered]))
+            call = f"step {step}" if number is not None else "execute()"
+            raise InputError(_report(f"{call}: invalid input", [g["error"] for g in gathered]))
         self._given.add(step)
         pending = [g["pending"] for g in gathered]
         record = ExecuteRecord(step=step, seconds=0.0, bytes_copied=0)

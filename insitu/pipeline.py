@@ -43,7 +43,7 @@ from .scene import Scene, block_decomposition, global_range, make_scene, view_gr
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
-from .volume import Block, check_field, iso_distance, unit_field
+from .volume import Block, check_field, iso_distance, readable_block, unit_field
 
 if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
     from .metrics import Quality
@@ -755,6 +755,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     torch.manual_seed(cfg.train.seed + comm.rank)
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
+    block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
     decomposition = check_input(block, cfg, comm)
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)

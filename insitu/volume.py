@@ -7,7 +7,7 @@ files and in most simulations); world coordinates are ``(x, y, z)``:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +80,7 @@ def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0), nonfin
         raise InputError(f"{name}: expected a 3D array [nz, ny, nx], got {array.ndim}D with shape {array.shape}")
     if min(array.shape) < 2:
         raise InputError(f"{name}: expected at least 2 samples along each axis, got shape {array.shape}")
-    if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
+    if array.dtype.kind not in "uif":        # (timedelta64 counts as a number to numpy)
         raise InputError(f"{name}: expected a real numeric array, got dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.floating) and nonfinite == "error":
         bad = ~np.isfinite(array)
@@ -92,6 +92,26 @@ def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0), nonfin
                              "(e.g. land), give input.nonfinite=outside to count them as outside the surface")
     return array
 
+
+
+def readable_field(array: np.ndarray) -> np.ndarray:
+    """``array`` in a type that every stage reads: float16 as float32 (exactly) and long double as float64
+    (scipy's interpolation, with which a warm start samples the field, reads neither), any other type in
+    the machine's byte order (torch reads no other); ``array`` itself when it is one already."""
+    dtype = array.dtype
+    if dtype.kind == "f" and dtype.itemsize < 4:
+        wanted = np.dtype(np.float32)
+    elif dtype.kind == "f" and dtype.itemsize > 8:
+        wanted = np.dtype(np.float64)
+    else:
+        wanted = dtype.newbyteorder("=")
+    return array if wanted == dtype else array.astype(wanted)
+
+
+def readable_block(block: Block) -> Block:
+    """``block`` with its field and its other fields in types that every stage reads (:func:`readable_field`)."""
+    return replace(block, data=readable_field(block.data),
+                   fields={k: readable_field(v) for k, v in block.fields.items()})
 
 def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
                 fields: dict[str, np.ndarray] | None = None, name: str = "field") -> Block:

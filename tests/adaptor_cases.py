@@ -67,7 +67,7 @@ def make_process(delays: dict[int, float], fail: tuple[int, int] | None = None, 
         if fail is not None and (step, rank) == fail:
             raise ValueError(f"boom at step {step}")
         if log is not None:
-            log.append({"step": step, "thread": threading.current_thread().name,
+            log.append({"step": step, "time": time, "thread": threading.current_thread().name,
                         "warm": None if warm is None else warm.gaussians, "iterations": iterations})
         return Result(gaussians=step, metrics={"step": step})
 
@@ -189,6 +189,20 @@ def run(case: str, out: Path) -> None:
                 record["errors"].append({"case": name, "type": type(e).__name__, "message": str(e)})
         ad.execute(len(bad), 0.0, {"U": local(len(bad), rank, size)[0]}, GLOBAL, start)
         ad.finalize()
+    elif case == "bad_time":
+        # rank 1 passes a NaN time at step 1: the same InputError on both ranks, step 1 queued on neither;
+        # then step 1 with a valid time trains
+        ad = Adaptor(comm, config(policy="block", queue=1), process=make_process({}, log=log))
+        record["errors"] = []
+        for step, time_ in ((0, 0.0), (1, float("nan") if rank == 1 else 0.1), (1, 0.1)):
+            u, start = local(step, rank, size)
+            try:
+                ad.execute(step, time_, {"U": u}, GLOBAL, start)
+            except InputError as e:
+                record["errors"].append({"step": step, "type": type(e).__name__, "message": str(e),
+                                         "status": sorted(ad.status)})
+        ad.finalize()
+        record["times"] = [e["time"] for e in log]
     elif case == "bad_config":
         path = out / ("missing.yaml" if rank == 1 else "good.yaml")
         if rank == 0:

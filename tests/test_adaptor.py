@@ -8,6 +8,7 @@ The last test runs the real pipeline end to end.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def queue_cases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def error_cases(tmp_path_factory):
-    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config,bad_decomposition",
+    return run_cases("worker_error,error_at_finalize,sync,missing_field,bad_config,bad_decomposition,bad_time",
                      tmp_path_factory.mktemp("errors"))
 
 
@@ -235,6 +236,17 @@ def test_missing_field_on_one_rank_raises_on_every_rank(error_cases):
 
 
 @pytest.mark.mpi
+def test_a_nan_time_on_one_rank_raises_on_every_rank_and_queues_the_step_on_none(error_cases):
+    r0, r1 = error_cases["bad_time"]
+    assert r0["errors"] == r1["errors"]
+    assert [(e["step"], e["type"], e["status"]) for e in r0["errors"]] == [(1, "InputError", [0])]
+    assert ("rank 1: time: expected a finite real number (the simulation's time at this step), got nan"
+            in r0["errors"][0]["message"])
+    assert r0["trained"] == r1["trained"] == [0, 1]
+    assert r0["times"] == r1["times"] == [0.0, 0.1]
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("case, words", [
     ("overlap", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [4, 12)"),
     ("duplicate", "ranks 0 and 1 overlap: rank 0 holds samples [0, 6) x [0, 10) x [0, 8), rank 1 holds [0, 6)"),
@@ -309,3 +321,83 @@ def test_pipeline_end_to_end_in_the_background(tmp_path):
     assert [m["iterations"] for m in r0["metrics"]] == [20, 10]    # step 1 warm-started: warm_iterations
     assert [m["step"] for m in r0["metrics"]] == [m["step"] for m in r1["metrics"]] == [0, 1]
     assert (out / "metrics.csv").read_text().count("\n") == 3     # header + one row per step
+
+
+def tiny_sync_config(out: Path) -> dict:
+    """The real pipeline, one rank, sync mode, sizes that train a step in about a second on a CPU."""
+    return {"insitu": {"mode": "sync", "warm_iterations": 1}, "input": {"iso": [50]}, "seeds": {"budget": 100},
+            "views": {"count": 8, "resolution": 16, "supersample": 1},
+            "train": {"iterations": 2, "progress": False, "backend": "torch"},
+            "output": {"dir": str(out), "images": 0}, "parallel": {"device": "cpu"}}
+
+
+def sphere(n: int = 10, radius: float = 0.5) -> np.ndarray:
+    """[n, n, n] samples 100 inside a ball of ``radius`` (the grid spans [-1, 1]) down to 0 outside; iso 50."""
+    z, y, x = np.meshgrid(*(np.linspace(-1, 1, n),) * 3, indexing="ij")
+    return np.clip(1.2 - np.sqrt(x**2 + y**2 + z**2) / radius, 0, 1) * 100
+
+
+def test_float16_long_double_and_big_endian_fields_train_warm_started_steps(tmp_path):
+    """torch reads no big-endian array, scipy's interpolation (a warm start samples the field with it) no
+    float16 or long double: each is converted, so every step trains, the ones after the first warm-started."""
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+    from insitu.files import read_csv
+
+    n = 10
+    dtypes = [">u2", np.float16, np.longdouble]
+    with Adaptor(None, tiny_sync_config(tmp_path)) as ad:
+        for step, dtype in enumerate(dtypes):
+            ad.execute(step, 0.5 * step, {"U": sphere(n, 0.5 + 0.05 * step).astype(dtype)}, (n, n, n), (0, 0, 0))
+        for dtype in (bool, "m8[s]"):        # no numbers to train on: refused before the step
+            with pytest.raises(InputError, match=re.escape("field 'U': expected a real numeric array (integers or "
+                                                           f"floats), got dtype {np.dtype(dtype)}")):
+                ad.execute(9, 9.0, {"U": sphere(n).astype(dtype)}, (n, n, n), (0, 0, 0))
+    assert {s: v.status for s, v in ad.status.items()} == {s: "trained" for s in range(len(dtypes))}, ad.status
+    assert [t.metrics["iterations"] for t in ad.stats.trained] == [2, 1, 1]     # warm_iterations after step 0
+    assert all(t.metrics["gaussians"] > 0 for t in ad.stats.trained)
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [(row["step"], row["status"]) for row in rows] == [(str(s), "trained") for s in range(len(dtypes))]
+
+
+INVALID_CALLS = [    # (step, time, start) -> what the InputError says
+    ((1, "noon", (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got 'noon'"),
+    ((1, float("nan"), (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got nan"),
+    ((1, np.float64("inf"), (0, 0, 0)), "time: expected a finite real number"),
+    ((1, None, (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got None"),
+    ((1, True, (0, 0, 0)), "time: expected a finite real number (the simulation's time at this step), got True"),
+    ((1, 10**400, (0, 0, 0)), "time: expected a finite real number"),
+    ((-1, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got -1"),
+    ((1.0, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got 1.0"),
+    ((True, 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got True"),
+    (("1", 0.5, (0, 0, 0)), "step: expected an integer >= 0 (the outputs are named by it), got '1'"),
+    ((1, 0.5, (0.5, 0, 0)), "start: expected 3 integers (x, y, z), got (0.5, 0, 0)"),
+    ((1, 0.5, ("0", 0, 0)), "start: expected 3 integers (x, y, z), got ('0', 0, 0)"),
+    ((1, 0.5, (False, 0, 0)), "start: expected 3 integers (x, y, z), got (False, 0, 0)"),
+    ((1, 0.5, (0, 0)), "start: expected 3 integers (x, y, z), got (0, 0)"),
+]
+
+
+def test_invalid_step_time_or_start_is_refused_before_anything_is_queued(tmp_path):
+    """Each call of INVALID_CALLS is refused with an InputError naming the argument; nothing is queued or
+    written; then the same step number trains (numpy scalars and integral floats pass)."""
+    from insitu.adaptor import Adaptor
+    from insitu.errors import InputError
+
+    n = 10
+    u = sphere(n).astype(np.float32)
+    with Adaptor(None, tiny_sync_config(tmp_path)) as ad:
+        ad.execute(0, 0.0, {"U": u}, (n, n, n), (0, 0, 0))
+        csv = (tmp_path / "metrics.csv").read_bytes()
+        listing = sorted(p.name for p in tmp_path.iterdir())
+        for (step, time, start), words in INVALID_CALLS:
+            with pytest.raises(InputError) as caught:
+                ad.execute(step, time, {"U": u}, (n, n, n), start)
+            assert words in str(caught.value), (step, time, start, str(caught.value))
+            assert (tmp_path / "metrics.csv").read_bytes() == csv
+            assert sorted(p.name for p in tmp_path.iterdir()) == listing
+            assert list(ad.status) == [0] and len(ad.stats.executes) == 1
+        ad.execute(np.int64(1), np.float32(0.25), {"U": u}, (n, n, n), (0.0, np.int32(0), np.uint8(0)))
+    assert [(s, v.status) for s, v in ad.status.items()] == [(0, "trained"), (1, "trained")]
+    metrics = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
+    assert metrics["time"] == 0.25 and metrics["step"] == 1
