@@ -93,7 +93,6 @@ def check_field(array: np.ndarray, name: str = "field", offset=(0, 0, 0), nonfin
     return array
 
 
-
 def readable_field(array: np.ndarray) -> np.ndarray:
     """``array`` in a type that every stage reads: float16 as float32 (exactly) and long double as float64
     (scipy's interpolation, with which a warm start samples the field, reads neither), any other type in
@@ -112,6 +111,7 @@ def readable_block(block: Block) -> Block:
     """``block`` with its field and its other fields in types that every stage reads (:func:`readable_field`)."""
     return replace(block, data=readable_field(block.data),
                    fields={k: readable_field(v) for k, v in block.fields.items()})
+
 
 def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
                 fields: dict[str, np.ndarray] | None = None, name: str = "field") -> Block:
