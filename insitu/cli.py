@@ -128,7 +128,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
         check_demo_args(args)
         defaults = demo_defaults(gpu=False)
-    load_config(args.config, overrides, defaults)       # a flag never hides an invalid value for its key
+    # a flag never hides an invalid value for its key: the --set values checked over the flags' others
+    # (checks across keys, such as train.min_scale_px against views.resolution, see the flags' values)
+    load_config(args.config, {**flags, **overrides}, defaults)
     overrides.update(flags)
     if args.command == "demo" and load_config(args.config, overrides, defaults).parallel.device != "cpu":
         import torch                            # seconds to import: only to size the demo

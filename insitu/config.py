@@ -247,6 +247,16 @@ MARCH_STEP_MAX = 1.0                    # cells: a longer step skips whole cells
 SUPERSAMPLE_MAX = 8                     # 8 x 8 rays per pixel; more multiplies ray casting time for no visible gain
 NESTING_MAX = 32                        # deeper YAML is not a configuration (and would exhaust the parser's stack)
 RESOLUTION_MIN = 6                      # the held-out SSIM's 11 x 11 window reaches 5 pixels beyond each pixel
+FOV_RANGE = (1.0, 170.0)                # degrees. At 1 the orbit stands 120 bounding radii away, where a float32 ray
+                                        # position is exact to 1/16 cell of an 8192^3 grid (the march step: 1/4);
+                                        # far narrower, the ground truth comes out wrong, then NaN. At 170 a pinhole
+                                        # image stretches its edges 130 times its centre (1 / cos^2(fov / 2)), and
+                                        # the surface at the centre covers a few pixels
+CLOSEUP_MAX = 100.0                     # close-up cameras stand views.closeup_factors times closer than the orbit:
+                                        # at 100 (the held-out sets: 2 and 3) they stand 7 cells from the surface of
+                                        # a 256^3 grid at the default field of view, their pixels 1/50 of a cell
+SCALE_PX_SIGMAS = 3                     # a Gaussian is drawn out to 3 standard deviations: a floor of
+                                        # views.resolution / 6 pixels makes every one cover the whole image
 SPACING_RANGE = (1e-3, 1e8)             # a cell's size: the cameras' near and far planes are fixed distances
                                         # (0.01 and 1e10), outside this the images come out empty
 # Keys that say how or where a run runs, not what it computes: a resumed run may change them (the
@@ -375,14 +385,24 @@ def validate(cfg: Config) -> Config:
                           f"transparent for good); to prune nothing, set train.opacity_reset_every=0 too")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
-    if not cfg.views.closeup_factors or not all(f >= 1 for f in cfg.views.closeup_factors):
-        raise ConfigError(f"views.closeup_factors: expected one or more factors >= 1 (how many times closer than "
-                          f"the orbit), got {cfg.views.closeup_factors}")
+    if not cfg.views.closeup_factors or not all(1 <= f <= CLOSEUP_MAX for f in cfg.views.closeup_factors):
+        raise ConfigError(f"views.closeup_factors: expected one or more factors in [1, {CLOSEUP_MAX:g}] (how many "
+                          f"times closer than the orbit; closer still, a camera stands within a few cells of the "
+                          f"surface and its pixels are hundredths of a cell), got {cfg.views.closeup_factors}")
     if cfg.views.march_step > MARCH_STEP_MAX:
         raise ConfigError(f"views.march_step: expected a step in (0, {MARCH_STEP_MAX:g}] cells (a longer one skips "
                           f"whole cells of the field), got {cfg.views.march_step:g}")
-    if cfg.views.fov_deg >= 180:
-        raise ConfigError(f"views.fov_deg: expected a value in (0, 180), got {cfg.views.fov_deg}")
+    lo, hi = FOV_RANGE
+    if not lo <= cfg.views.fov_deg <= hi:
+        raise ConfigError(f"views.fov_deg: expected a field of view in [{lo:g}, {hi:g}] degrees (narrower, the "
+                          f"orbit stands so far away that float32 cannot place its rays; wider, the pinhole image "
+                          f"stretches its edges and leaves the surface a few pixels), got {cfg.views.fov_deg:g}")
+    widest = cfg.views.resolution / (2 * SCALE_PX_SIGMAS)
+    if cfg.train.min_scale_px > widest:
+        raise ConfigError(f"train.min_scale_px: expected at most views.resolution / {2 * SCALE_PX_SIGMAS} = "
+                          f"{widest:g} pixels (a floor on each Gaussian's standard deviation, in pixels of the nearest "
+                          f"view that sees it; at views.resolution / 6 each Gaussian's 3-sigma disc spans that whole "
+                          f"image), got {cfg.train.min_scale_px:g}")
     for key in ("background", "surface_color"):
         v = getattr(cfg.views, key)
         if len(v) != 3 or not all(0.0 <= c <= 1.0 for c in v):

@@ -2,11 +2,13 @@
 
 The rule it holds, in one place: with ``insitu.warm_start``, a step starts from the previous
 trained step's model and trains ``min(insitu.warm_iterations, train.iterations)`` iterations;
-the first step, and a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
-that failed, as the caller decides), start cold and train ``train.iterations``. A step's result
-becomes the next warm start once the caller has recorded it (:meth:`StepDriver.trained`), after
-the ranks agree that the step succeeded everywhere. With ``input.nonfinite: outside``, a step's
-NaN/Inf samples are filled first (:func:`masked`), so that the step trains on a finite field.
+the first step, a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
+that failed, as the caller decides) and a step after one whose training diverged (NaN or infinite
+values: :class:`insitu.errors.TrainingDiverged`, raised on every rank alike) start cold and train
+``train.iterations``. A step's result becomes the next warm start once the caller has recorded it
+(:meth:`StepDriver.trained`), after the ranks agree that the step succeeded everywhere. With
+``input.nonfinite: outside``, a step's NaN/Inf samples are filled first (:func:`masked`), so that the
+step trains on a finite field.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .config import Config
-from .errors import InputError
+from .errors import InputError, TrainingDiverged
 from .volume import fill_nonfinite, outside_value
 
 
@@ -38,13 +40,19 @@ class StepDriver:
 
     def train(self, block, *, step: int, time: float) -> Any:
         """Train one step (collective); returns the process's result (give it to :meth:`trained`
-        once every rank succeeded, so that it warm-starts the next step)."""
+        once every rank succeeded, so that it warm-starts the next step). A step whose training
+        diverged (:class:`TrainingDiverged`, raised here) makes the next one start cold, from seeds: the
+        model before it was trained with the settings that diverged and may hold what ran away."""
         if self.cfg.input.nonfinite == "outside":
             block = masked(block, self.cfg, self.comm)
         warm = self.previous if self.cfg.insitu.warm_start else None
         iterations = min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations) if warm is not None else None
-        return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
-                            warm=warm, iterations=iterations)
+        try:
+            return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
+                                warm=warm, iterations=iterations)
+        except TrainingDiverged:
+            self.forget()
+            raise
 
     def trained(self, result: Any) -> None:
         """``result`` (of :meth:`train`) succeeded on every rank: the next step starts from it."""

@@ -3,6 +3,8 @@
 - ``InputError``: the field, file or stream given as input cannot be used (a ``ValueError``;
   command lines report it as bad input, exit code 2).
 - ``ConfigError``: a configuration value is unknown, of the wrong type or out of range (a ``ValueError``).
+- ``TrainingDiverged``: a step's training reached NaN or infinite values (an InputError: the settings cannot
+  train this input; the step is recorded as failed and no model is written).
 - ``SourceError`` / ``SourceInputError``: a timestep source failed / its content cannot be used.
 - ``RankFailure`` / ``RankInputFailure``: raised on every rank when one or more ranks failed
   (on bad input only, for the latter); ``AgreementTimeout``: the other ranks did not join a
@@ -18,6 +20,13 @@ class InputError(ValueError):
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range."""
+
+
+class TrainingDiverged(InputError):
+    """A step's training diverged: the Gaussians' parameters (or the loss) became NaN or infinite.
+
+    Raised the same on every rank of the step (the ranks agree on it), so the command lines report it
+    in one line (exit 2) and a series records the step as failed and trains the next one cold."""
 
 
 class SourceError(InputError, RuntimeError):

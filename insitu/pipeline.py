@@ -28,12 +28,13 @@ import torch
 from mpi4py import MPI
 from torch import Tensor
 
+from .agreement import agree_errors
 from .appearance import BlockSamples, ColorModel, base_colors, drawn_otherwise, refits_ply
 from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
 from .decomposition import Decomposition
-from .errors import InputError
+from .errors import InputError, TrainingDiverged
 from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
 from .progress import note, progress_bar
@@ -41,7 +42,7 @@ from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, render_bands
+from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, nonfinite, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, check_field, iso_distance, readable_block, unit_field
 
@@ -222,6 +223,34 @@ def train_iterations(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config
         loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
         draws.record(mine, trainer.image_errors)
         yield loss
+
+
+DIVERGED_SETTINGS = ("check the learning rates (train.lr_*), train.min_scale_px and the views (views.fov_deg, "
+                     "views.closeup_factors)")
+
+
+def check_finite(tensors: dict[str, Tensor], comm, when: str, settings: str = DIVERGED_SETTINGS) -> None:
+    """Raise :class:`insitu.errors.TrainingDiverged`, the same on every rank of ``comm``, when some rank's
+    ``tensors`` (its shard: a trainer's ``params`` or ``Gaussians.tensors()``) hold NaN or infinite values;
+    collective (one wait for the device, one agreement: not for every iteration). ``when`` says where the
+    step stood ("after iteration 40 of 1500"), ``settings`` what to check."""
+    mine = nonfinite(tensors)
+    reports = agree_errors(comm.mpi if comm.size > 1 else None, mine or None)
+    bad = [(rank, words) for rank, words in enumerate(reports) if words]
+    if not bad:
+        return
+    words = list(dict.fromkeys(w for _, ws in bad for w in ws))
+    ranks = f" on rank(s) {', '.join(str(r) for r, _ in bad)}" if comm.size > 1 else ""
+    raise TrainingDiverged(f"training diverged: non-finite Gaussian {', '.join(words)} {when}{ranks}; {settings}")
+
+
+def check_training(trainer: Trainer, layout: Layout, iterations: int, *, loss: float | None = None) -> None:
+    """:func:`check_finite` of the trainer's model as it stands, and of the whole loss ``loss`` (the same on
+    every rank: :meth:`Layout.loss`) when given; collective over ``layout.comm``."""
+    when = f"after iteration {trainer.iteration} of {iterations}"
+    check_finite(trainer.params, layout.comm, when)
+    if loss is not None and not math.isfinite(loss):
+        raise TrainingDiverged(f"training diverged: the loss is {loss} {when}; {DIVERGED_SETTINGS}")
 
 
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
@@ -452,7 +481,11 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     """``iterations`` optimiser steps of ``trainer`` on the training views (collective); the held-out
     views evaluated first (scored after training while the metrics still import:
     :func:`render_now_score_later`) and every ``train.eval_every`` iterations, training stopped once
-    the quality target is met. ``gaussians``: the initial model's; ``show``: progress on this rank."""
+    the quality target is met. ``gaussians``: the initial model's; ``show``: progress on this rank.
+
+    Training that diverges raises :class:`insitu.errors.TrainingDiverged` on every rank (:func:`check_training`):
+    found where the loop waits for the device anyway (a progress update, an evaluation) and, at the latest,
+    once the iterations are done, so that no NaN model is evaluated, written or warm-started from."""
     tc = cfg.train
 
     def scored(colors: ColorModel):
@@ -476,17 +509,24 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     bar = progress_bar(iterations, f"step {step} train", show)
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
     reached = None
-    for it, loss in enumerate(train_iterations(trainer, scene, layout, cfg, iterations)):
-        if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
-            bar.set_postfix(loss=f"{layout.loss(loss):.4f}", gaussians=layout.whole(len(trainer)))
-        bar.update(1)
-        if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iterations:
-            q = scored(trainer.colors_trained)
-            history.append(row(q, it + 1, layout.whole(len(trainer)), clock.elapsed()))
-            if target_reached(q, tc):
-                reached = it + 1
-                break
-    bar.close()
+    try:
+        for it, loss in enumerate(train_iterations(trainer, scene, layout, cfg, iterations)):
+            if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
+                value = layout.loss(loss)
+                check_training(trainer, layout, iterations, loss=value)     # (NaN Gaussians draw nothing:
+                                                                            # the loss alone can stay finite)
+                bar.set_postfix(loss=f"{value:.4f}", gaussians=layout.whole(len(trainer)))
+            bar.update(1)
+            if tc.eval_every and (it + 1) % tc.eval_every == 0 and it + 1 < iterations:
+                check_training(trainer, layout, iterations)
+                q = scored(trainer.colors_trained)
+                history.append(row(q, it + 1, layout.whole(len(trainer)), clock.elapsed()))
+                if target_reached(q, tc):
+                    reached = it + 1
+                    break
+        check_training(trainer, layout, iterations)
+    finally:
+        bar.close()
     if later is not None:
         with clock.span("evaluation"):
             q0 = later()
@@ -648,7 +688,10 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
                                     rows=scene.rows, backend=cfg.train.backend, transfer=cfg.parallel.transfer,
                                     **training_blur(cfg))
             fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
-    return refine_for_viewers(fitted, trainer, scene, layout, cfg)
+    fitted = refine_for_viewers(fitted, trainer, scene, layout, cfg)
+    check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
+                 "check the learning rates (train.lr_*) and output.ply_refine")
+    return fitted
 
 
 def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:

@@ -237,14 +237,13 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                 if n == 0 and not failed and not skipped and not done:
                     raise InputError(f"{args.input}: none of the steps asked for (--steps "
                                      f"{' '.join(map(str, cfg.input.steps))}) is in it; its steps: {_steps_text(seen)}")
+        if comm.rank == 0 and failed:           # in metrics.csv, with the reason, even when no step trained
+            writer.record_all("failed", failed)
         if skipped and n == 0 and not done:
             raise InputError(untrained_text(failed, skipped))
         if failed and n == 0 and not done:
             raise InputError(failed[0][1] if len(failed) == 1 else
                              "no step could be trained:\n" + "\n".join(f"  step {s}: {m}" for s, m in failed))
-        if comm.rank == 0:
-            for step, message in failed:
-                writer.record(step, "failed", message)
         if n == 0 and not done:
             raise InputError("no step was trained: the source delivered none")
         text = f"done: {n} step(s) trained"

@@ -32,6 +32,23 @@ from .views import Views
 PARAM_NAMES = {"means": "means", "scales": "log_scales", "quats": "quats", "opacities": "opacity_logits"}
 
 
+# What each tensor of a shard holds, in words, by its trainer name (PARAM_NAMES, "colors") or Gaussians field name
+PARAM_WORDS = {"means": "means", "scales": "scales", "log_scales": "scales", "quats": "rotations",
+               "opacities": "opacities", "opacity_logits": "opacities", "colors": "colours", "sh0": "colours",
+               "shN": "colours"}
+
+
+def nonfinite(tensors: dict[str, Tensor]) -> list[str]:
+    """What of a shard holds NaN or infinite values: the words of ``PARAM_WORDS`` for the names of
+    ``tensors`` (the trainer's ``params``, or ``Gaussians.tensors()``) that do, in order, each once.
+    One wait for the device, however many tensors: for the points where the caller reads from it anyway."""
+    if not tensors:
+        return []
+    flags = torch.stack([torch.isfinite(t.detach()).all() for t in tensors.values()])   # (a shard: one device)
+    words = [PARAM_WORDS.get(name, name) for name, ok in zip(tensors, flags.tolist()) if not ok]
+    return list(dict.fromkeys(words))
+
+
 def to_params(g: Gaussians) -> dict[str, torch.nn.Parameter]:
     """Gaussians -> the parameter dict gsplat's strategy ops work on.
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import InputError
+
 
 # What a view is for: training, the held-out orbit views, and the held-out views a viewer's user takes
 # and the orbit never has: 2x closer (looking at the centre), 3x closer (looking at points on the
@@ -241,6 +243,29 @@ def off_orbit_views(lo, hi, count: int, resolution: int, fov_deg: float = 40.0, 
                   np.full(count, ROLES.index("off"), np.int8))
 
 
+PIXEL_STEPS = 4                         # float32 steps of the world coordinates a pixel spans at least at its camera's
+                                        # target: the Gaussians' positions then resolve a quarter of a pixel
+
+
+def check_precision(lo, hi, *, resolution: int, fov_deg: float, cameras: list[tuple[str, float, str | None]]) -> None:
+    """InputError unless a pixel of every camera, at the point it looks at, spans ``PIXEL_STEPS`` float32
+    steps of the world coordinates there (the box ``lo``..``hi`` and the camera): finer, the Gaussians' means
+    and the rays cannot be placed within a pixel, and the views show rounding. ``cameras``: (what they are,
+    how many times closer than the orbit they stand, the setting that brings them closer or None)."""
+    _, distance = orbit_distance(lo, hi, fov_deg)
+    reach = float(np.max(np.abs(np.concatenate([np.asarray(lo, np.float64), np.asarray(hi, np.float64)]))))
+    width = 2.0 * math.tan(math.radians(fov_deg) / 2) / resolution        # a pixel's size per unit of depth
+    for what, factor, key in cameras:
+        depth = distance / factor
+        pixel, step = depth * width, float(np.spacing(np.float32(reach + depth)))
+        if pixel < PIXEL_STEPS * step:
+            raise InputError(
+                f"views: a pixel of {what} spans {pixel:.3g} world units at the surface, under {PIXEL_STEPS} float32 "
+                f"steps ({step:.3g} each) of coordinates as large as {reach + depth:.3g}: the Gaussians cannot be "
+                f"placed within a pixel; lower views.resolution ({resolution})" + (f" or {key}" if key else "")
+                + ", or give the data coordinates nearer 0 (input.origin)")
+
+
 def step_views(lo, hi, *, count: int, resolution: int, fov_deg: float = 40.0, test_every: int = 8,
                closeups: int = 0, closeup_factors=(2.0, 3.0), held_out: int = 0,
                targets: np.ndarray | None = None) -> Views:
@@ -248,9 +273,14 @@ def step_views(lo, hi, *, count: int, resolution: int, fov_deg: float = 40.0, te
     ``closeups`` training views closer than the orbit (spread over ``closeup_factors``, each looking at
     one of the surface points ``targets: [M, 3]``), then ``held_out`` views of each held-out set a viewer's
     user takes: ``near2`` (2x closer, at the centre), ``near3`` (3x closer, at surface points) and ``off``
-    (the orbit's distance, off its lattice). The draws are seeded: the same cameras on every rank."""
-    parts = [orbit_views(lo, hi, count, resolution, fov_deg, test_every)]
+    (the orbit's distance, off its lattice). The draws are seeded: the same cameras on every rank.
+    InputError when a pixel of some camera is finer than float32 resolves (:func:`check_precision`)."""
     factors = [float(f) for f in closeup_factors]
+    cameras = [("the orbit's cameras", 1.0, None)]
+    cameras += [(f"the close-ups {f:g} times closer", f, "views.closeup_factors") for f in factors if closeups]
+    cameras += [("the held-out views 3 times closer", 3.0, "views.held_out (0: none)")] if held_out else []
+    check_precision(lo, hi, resolution=resolution, fov_deg=fov_deg, cameras=cameras)
+    parts = [orbit_views(lo, hi, count, resolution, fov_deg, test_every)]
     for i, closer in enumerate(factors):
         n = closeups // len(factors) + (1 if i < closeups % len(factors) else 0)
         parts.append(near_views(lo, hi, n, resolution, fov_deg, closer=closer, points=targets, role="train",
