@@ -26,12 +26,15 @@ errors, so that no rank is left waiting in a collective.
 Failures raise ``SourceError`` (an ``insitu.errors.InputError`` and a ``RuntimeError``):
 a stream that ends unexpectedly, or one that delivers no step in time. Input that cannot
 be used (a missing file or variable, a variable that is not 3D, a truncated or corrupt
-BP file) raises its subclass ``SourceInputError``. Every step completed before a
-failure has been yielded.
+BP file, a step whose selection of samples cannot fit a rank's share of the machine's
+memory, checked from the declared shape before anything is read) raises its subclass
+``SourceInputError``. Every step completed before a failure has been yielded.
 """
 from __future__ import annotations
 
 import abc
+import bisect
+import math
 import os
 import re
 import sys
@@ -47,7 +50,7 @@ from .agreement import agree_errors, first_error
 from .bpfile import adios_message, check_bp, need_bytes, probe_bp, unique_step
 from .config import Config
 from .conventions import StepMeta, field_variable, geometry, number_record, step_number, step_time
-from .decomposition import block_extent, cut_block, split_dims
+from .decomposition import block_extent, coords_rank, cut_block, split_dims
 from .errors import SourceError, SourceInputError
 from .volume import Block, check_field, downsample, read_raw
 
@@ -223,6 +226,7 @@ class _AdiosSource(_Source):
         self._stream = None
         self._used = False
         self._open()
+        self._room = memory_share(self.comm)     # (bytes, how counted): what one step's selection may take
 
     # -- subclass hooks ----------------------------------------------------------------------
     def _params(self) -> dict[str, str]:
@@ -386,8 +390,16 @@ class _AdiosSource(_Source):
         if kind not in _NUMERIC:
             raise _Unusable(f"{what} {name!r} is of type {kind} at step {number}, expected a real number type "
                             f"({', '.join(_NUMERIC)})")
+        for i, b in enumerate(blocks):
+            lo = b["start"] if b["start"] is not None and not local else [0] * len(shape)
+            if len(lo) != len(shape) or len(b["count"]) != len(shape) or any(
+                    s < 0 or c < 0 or s + c > n for s, c, n in zip(lo, b["count"], shape)):
+                raise SourceInputError(f"{self.name}: truncated or corrupt BP file: block {i} of {what} {name!r} at "
+                                       f"step {number} (start {b['start']}, count {b['count']}) lies outside its "
+                                       f"declared shape {shape}")
         self._check_operators(name, number)
-        return {"name": name, "shape": shape, "blocks": blocks, "local": local}
+        return {"name": name, "shape": shape, "blocks": blocks, "local": local,
+                "itemsize": np.dtype(_adios_dtype(kind)).itemsize}
 
     def _blocks(self, name: str) -> list[dict]:
         """The step's blocks of variable ``name``: ``start`` (None where ADIOS2 cannot say), ``count``,
@@ -435,46 +447,83 @@ class _AdiosSource(_Source):
         axes = geo.axes
         zyx = tuple(field_["shape"][a] for a in axes)
         gshape = tuple(reversed(zyx))                                  # (x, y, z)
-        ext = block_extent(self.rank, split_dims(gshape, self.size), gshape)
+        dims = split_dims(gshape, self.size)
+        ext = block_extent(self.rank, dims, gshape)
         start, count = [0, 0, 0], [0, 0, 0]
         for d, a in enumerate(axes):                                   # our (z, y, x) -> the file's axes
             start[a], count[a] = ext.start[2 - d], ext.count[2 - d]
         plan = {"field": field_, "colour": colour, "geometry": geo, "ext": ext, "gshape": gshape,
                 "start": start, "count": count}
-        for key, var in (("field", field_), ("colour", colour)):
-            if var is not None:
-                plan[key + "_gap"] = self._uncovered(var, start, count, number)
+        variables = {key: var for key, var in (("field", field_), ("colour", colour)) if var is not None}
+        widest, largest = largest_block(dims, gshape), [0, 0, 0]   # every rank checks it: the same verdict
+        for d, a in enumerate(axes):
+            largest[a] = widest[2 - d]
+        self._check_room(list(variables.values()), largest, number)
+        gaps = {key: self._coverage(var, start, count, number) for key, var in variables.items()}
+        for key, (parts, why) in gaps.items():
+            if why is not None and parts is None:
+                raise _Unusable(why)
+            if why is not None and self.nonfinite != "outside":
+                raise _Unusable(why + "; give input.nonfinite=outside to count the uncovered samples as outside "
+                                "the surface")
+            plan[key + "_gap"] = parts if why is not None else None
         return plan
 
-    def _uncovered(self, var: dict, start: list[int], count: list[int], number: int) -> np.ndarray | None:
-        """Where the variable's blocks leave this rank's selection uncovered (a sparse array): a mask of
-        the selection (file order), or None when covered. _Unusable unless ``nonfinite="outside"``
-        (then the uncovered samples read as NaN and count as outside the surface)."""
+    def _coverage(self, var: dict, start: list[int], count: list[int],
+                  number: int) -> tuple[list[tuple[slice, ...]] | None, str | None]:
+        """Whether the variable's blocks cover this rank's selection (file order), from their boxes
+        alone (nothing of the selection's size is allocated): ``(None, None)`` when they do; else
+        ``(parts, why)``: the selection's slices that blocks cover (None where ADIOS2 does not say where
+        the blocks lie, so the gap cannot be masked) and the sparse array's description."""
         if var["local"]:
-            return None
-        total = int(np.prod(var["shape"]))
+            return None, None
         if any(b["start"] is None for b in var["blocks"]):
-            have = sum(int(np.prod(b["count"])) for b in var["blocks"])
+            total = math.prod(var["shape"])
+            have = sum(math.prod(b["count"]) for b in var["blocks"])
             if have >= total:
-                return None
-            raise _Unusable(f"variable {var['name']!r} at step {number} is a sparse array: its blocks hold {have} of "
-                            f"its {total} samples (the rest would read as 0), and for its type ADIOS2's Python "
-                            "reader does not say where the blocks lie, so the gap cannot be masked")
-        covered = np.zeros(count, dtype=bool)
+                return None, None
+            return None, (f"variable {var['name']!r} at step {number} is a sparse array: its blocks hold {have} of "
+                          f"its {total} samples (the rest would read as 0), and for its type ADIOS2's Python "
+                          "reader does not say where the blocks lie, so the gap cannot be masked")
+        parts = []
         for b in var["blocks"]:
             lo = [max(s, bs) for s, bs in zip(start, b["start"])]
             hi = [min(s + c, bs + bc) for s, c, bs, bc in zip(start, count, b["start"], b["count"])]
             if all(h > l for l, h in zip(lo, hi)):
-                covered[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, start))] = True
-        if covered.all():
-            return None
-        if self.nonfinite != "outside":
-            k = np.argwhere(~covered)[0] + np.asarray(start)
-            raise _Unusable(f"variable {var['name']!r} at step {number} is a sparse array: its blocks do not cover "
-                            f"its global shape {var['shape']} (sample {tuple(int(i) for i in k)} of the file's "
-                            "[slowest, ..., fastest] index is in no block; it would read as 0); give "
-                            "input.nonfinite=outside to count the uncovered samples as outside the surface")
-        return ~covered
+                parts.append((tuple(l - s for l, s in zip(lo, start)), tuple(h - s for h, s in zip(hi, start))))
+        first = first_uncovered(parts, count)
+        if first is None:
+            return None, None
+        k = tuple(int(i + s) for i, s in zip(first, start))
+        return ([tuple(slice(l, h) for l, h in zip(lo, hi)) for lo, hi in parts],
+                f"variable {var['name']!r} at step {number} is a sparse array: its blocks do not cover its global "
+                f"shape {var['shape']} (sample {k} of the file's [slowest, ..., fastest] index is in no block; it "
+                "would read as 0)")
+
+    def _check_room(self, variables: list[dict], count: list[int], number: int) -> None:
+        """SourceInputError when a selection of ``count`` samples (file order) of the step's variables
+        cannot fit a rank's share of the machine's memory: the samples as read and the float32 copy the
+        step makes of each (a sparse array's NaN-filled copy too, with ``nonfinite="outside"``), checked
+        before any of it is allocated."""
+        samples = math.prod(count)
+        need, what, filled = 0, [], False
+        for var in variables:
+            itemsize = var["itemsize"]
+            fill = self.nonfinite == "outside" and _sparse(var)
+            need += samples * (itemsize + 4 + (gap_dtype(itemsize).itemsize if fill else 0))
+            what.append(f"variable {var['name']!r} (declared shape {var['shape']}, {itemsize}-byte samples)")
+            filled = filled or fill
+        room, where = self._room
+        if need > room:
+            on = f"per rank on {self.size} ranks" if self.size > 1 else "on one rank"
+            whose = "the largest rank's" if self.size > 1 else "its"
+            copies = "the samples read and the float32 copy the step makes of them"
+            if filled:
+                copies += ", and a NaN-filled copy of the sparse array"
+            raise SourceInputError(
+                f"{self.name}: step {number}: {' and '.join(what)} need{'s' if len(what) == 1 else ''} at least "
+                f"{_bytes(need)} {on} ({need} bytes for {whose} {' x '.join(map(str, count))} samples: {copies}), "
+                f"more than a rank's {_bytes(room)} ({where}); run on more ranks (each reads its own block)")
 
     def _load(self, plan: dict, number: int) -> Step:
         """Read this rank's block of the planned step."""
@@ -494,10 +543,12 @@ class _AdiosSource(_Source):
                     raise SourceInputError(_compressed_message(self.name, var["name"], number,
                                                                op.group(1) or op.group(2))) from None
                 raise SourceInputError(f"{self.name}: reading {var['name']!r} at step {number} failed ({text})") from None
-            gap = plan[key + "_gap"]
-            if gap is not None:
-                data = data.astype(np.float64 if data.dtype.itemsize > 2 else np.float32)
-                data[gap] = np.nan
+            parts = plan[key + "_gap"]
+            if parts is not None:             # a sparse array: what no block covers reads as NaN
+                filled = np.full(data.shape, np.nan, gap_dtype(data.dtype.itemsize))
+                for part in parts:
+                    filled[part] = data[part]
+                data = filled
             arrays[key] = np.ascontiguousarray(np.transpose(data, plan["geometry"].axes))
         geo = plan["geometry"]
         if geo.index_units:
@@ -580,6 +631,111 @@ def _compressed_message(where: str, name: str, number: int, op: str) -> str:
     return (f"{where}: variable {name!r} at step {number} is compressed with the {op} operator, which this ADIOS2 "
             f"({adios2.__version__}, {Path(adios2.__file__).parent}) was built without (the PyPI package has no "
             "compression operators); read it with an ADIOS2 built with it: README, 'An ADIOS2 built from source'")
+
+
+def first_uncovered(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                    shape: Sequence[int]) -> tuple[int, int, int] | None:
+    """The first sample (in C order) of a 3D grid of ``shape`` samples that none of ``boxes`` holds
+    (each ``(lo, hi)``, ``hi`` exclusive, within the grid), or None when they cover the grid. A sweep
+    along the slowest axis between the boxes' own boundaries, over a grid of those boundaries: its
+    memory and time grow with the number of boxes, never with the grid's samples."""
+    cuts = [sorted({0, int(n), *(b[0][d] for b in boxes), *(b[1][d] for b in boxes)}) for d, n in enumerate(shape)]
+    events: dict[int, list[tuple[int, tuple[slice, slice]]]] = {}
+    for lo, hi in boxes:
+        z0, z1 = (bisect.bisect_left(cuts[0], v) for v in (lo[0], hi[0]))
+        rows = tuple(slice(bisect.bisect_left(cuts[d], lo[d]), bisect.bisect_left(cuts[d], hi[d])) for d in (1, 2))
+        events.setdefault(z0, []).append((1, rows))
+        events.setdefault(z1, []).append((-1, rows))
+    depth = np.zeros((len(cuts[1]) - 1, len(cuts[2]) - 1), np.int32)     # boxes over each cell of a slab
+    for i in range(len(cuts[0]) - 1):
+        for step, rows in events.get(i, ()):
+            depth[rows] += step
+        if not depth.all():
+            j, k = np.argwhere(depth == 0)[0]
+            return int(cuts[0][i]), int(cuts[1][j]), int(cuts[2][k])
+    return None
+
+
+def largest_block(dims: tuple[int, int, int], global_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The samples (x, y, z), ghost layers included, of the largest rank's block in a ``dims`` split of
+    ``global_shape``: per axis the widest of that axis's blocks (the ranks take every combination)."""
+    exts = [block_extent(coords_rank(tuple(min(k, p - 1) for p in dims), dims), dims, global_shape)
+            for k in range(max(dims))]
+    return tuple(max(e.count[d] for e in exts) for d in range(3))  # type: ignore[return-value]
+
+
+def _sparse(var: dict) -> bool:
+    """Whether a global array's blocks (where ADIOS2 says where they lie) leave part of its shape uncovered."""
+    blocks = var["blocks"]
+    if var["local"] or any(b["start"] is None for b in blocks):
+        return False
+    return first_uncovered([(b["start"], [s + c for s, c in zip(b["start"], b["count"])]) for b in blocks],
+                           var["shape"]) is not None
+
+
+def gap_dtype(itemsize: int) -> np.dtype:
+    """The float type that a sparse array's samples of ``itemsize`` bytes are read into, NaN in its gaps."""
+    return np.dtype(np.float64 if itemsize > 2 else np.float32)
+
+
+def memory_share(comm: Any = None) -> tuple[int, str]:
+    """A rank's share of its machine's memory, in bytes, and how it was counted: the physical memory (or
+    the memory limit of the process's control group, a batch job's, where lower) divided among the ranks
+    of ``comm`` (an mpi4py communicator, or None) on that machine; the lowest of the ranks' shares.
+    Collective over ``comm``."""
+    total, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "the machine's memory"
+    limit = cgroup_memory_limit()
+    if limit is not None and limit < total:
+        total, where = limit, "the memory limit of this job's control group"
+    ranks = 1
+    if comm is not None:
+        from mpi4py import MPI
+
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        ranks = local.Get_size()
+        local.Free()
+    share = (total // ranks, f"{_bytes(total)} of {where}, shared by {ranks} ranks on this machine" if ranks > 1
+             else where)
+    return min(comm.allgather(share)) if comm is not None else share   # the same on every rank
+
+
+def cgroup_memory_limit() -> int | None:
+    """The lowest memory limit over this process's control group and the groups above it (cgroup v2
+    ``memory.max``, v1 ``memory.limit_in_bytes``), or None where none is set or readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            base, name = Path("/sys/fs/cgroup"), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        folder = base / path.strip().lstrip("/")
+        if not folder.is_dir():                 # a container sees its own group as the root
+            folder = base
+        for group in (folder, *folder.parents):
+            try:
+                text = (group / name).read_text(errors="replace").strip()
+            except OSError:
+                text = ""
+            if text.isdigit():
+                limits.append(int(text))
+            if group == base:
+                break
+    return min(limits) if limits else None
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes in the largest binary unit that keeps the figure above 1 (e.g. ``141 GiB``)."""
+    for power, unit in zip(range(60, 0, -10), ("EiB", "PiB", "TiB", "GiB", "MiB", "KiB")):
+        if n >= 1 << power:
+            return f"{n / (1 << power):.3g} {unit}"
+    return f"{n} bytes"
 
 
 class BPSource(_AdiosSource):

@@ -130,43 +130,61 @@ def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.
 _RAW_NAME = re.compile(r"(?P<name>.+?)_(?P<x>\d+)x(?P<y>\d+)x(?P<z>\d+)_(?P<dtype>u?int\d+|float\d+)\.raw$")
 
 
-def parse_raw_name(path: str | Path) -> tuple[tuple[int, int, int], np.dtype] | None:
-    """``NAME_XxYxZ_DTYPE.raw`` -> ((x, y, z), dtype), or None if the name does not follow it."""
+RAW_TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64")
+
+
+def _raw_name(path: str | Path) -> tuple[tuple[int, int, int], str] | None:
+    """``NAME_XxYxZ_DTYPE.raw`` -> ((x, y, z), DTYPE as written), or None if the name does not follow it."""
     m = _RAW_NAME.match(Path(path).name)
     if not m:
         return None
-    return (int(m["x"]), int(m["y"]), int(m["z"])), np.dtype(m["dtype"])
+    return (int(m["x"]), int(m["y"]), int(m["z"])), m["dtype"]
 
 
-def raw_dtype(dtype: str | np.dtype) -> np.dtype:
-    """``dtype`` as a numpy integer or float dtype; InputError when it is none."""
+def parse_raw_name(path: str | Path) -> tuple[tuple[int, int, int], np.dtype] | None:
+    """``NAME_XxYxZ_DTYPE.raw`` -> ((x, y, z), dtype), or None if the name does not follow it.
+    InputError when the name's DTYPE is not a type that :func:`raw_dtype` takes (``uint7``)."""
+    parsed = _raw_name(path)
+    if parsed is None:
+        return None
+    return parsed[0], raw_dtype(parsed[1], name=Path(path).name)
+
+
+def raw_dtype(dtype: str | np.dtype, *, name: str | None = None) -> np.dtype:
+    """``dtype`` as a numpy integer or float dtype; InputError when it is none. ``name``: the file
+    whose name gave ``dtype`` (the message then says so, and that ``--dtype`` overrides it)."""
     try:
         out = np.dtype(dtype)
     except TypeError:
         out = None
-    if out is None or out.kind not in "uif":
-        raise InputError(f"dtype: expected an integer or float type such as uint8, int16, float32, "
-                         f"got {dtype!r}")
+    # a name's type must be numpy's own name for it ("int1" is not int8)
+    if out is None or out.kind not in "uif" or (name is not None and out.name != dtype):
+        expected = f"an integer or float type ({', '.join(RAW_TYPES)})"
+        if name is not None:
+            raise InputError(f"{name}: the type in the file name, {dtype!r}, is not one insitu reads: expected "
+                             f"{expected}; give --dtype (input.dtype), which overrides the name")
+        raise InputError(f"dtype: expected {expected}, got {dtype!r}")
     return out
 
 
 def read_raw(path: str | Path, dims: tuple[int, int, int] | None = None,
              dtype: str | np.dtype | None = None) -> np.ndarray:
-    """Read a raw volume as [nz, ny, nx]; dims (x, y, z) and dtype default to those in its name."""
+    """Read a raw volume as [nz, ny, nx]; dims (x, y, z) and dtype default to those in its name
+    (what is given wins: the name is only read for what is not)."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a raw volume file")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    parsed = parse_raw_name(path)
     if dims is None or dtype is None:
+        parsed = _raw_name(path)
         if parsed is None:
             missing = " and ".join(w for w, v in (("dims", dims), ("dtype", dtype)) if v is None)
             flags = " and ".join(f for f, v in (("--dims X Y Z", dims), ("--dtype", dtype)) if v is None)
             raise InputError(f"{path.name}: {missing} {'is' if ' and ' not in missing else 'are'} not given and not "
                              f"in the name (expected NAME_XxYxZ_uint8.raw); give {flags}")
         dims = dims or parsed[0]
-        dtype = dtype or parsed[1]
+        dtype = dtype or raw_dtype(parsed[1], name=path.name)
     dtype = raw_dtype(dtype)
     nx, ny, nz = (int(d) for d in dims)
     expected = nx * ny * nz * dtype.itemsize
