@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .config import Config, OutputConfig, TrainConfig, ViewConfig, memory_estimate
-from .errors import ConfigError
+from .errors import ConfigError, InputError, InsituError
 from .progress import summary
 
 DEMO_DEFAULTS = {
@@ -157,16 +157,29 @@ def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
               f"{cfg.input.iso} every {plotgap} steps ({cfg.insitu.mode}) on {comm.device}; "
               f"outputs in {cfg.output.dir}", flush=True)
     t0 = time.perf_counter()
-    with Adaptor(comm.mpi, cfg, provenance=writer.provenance) as adaptor:
-        def consumer(step, t, fields, global_shape, start):
-            adaptor.execute(step, t, fields, global_shape, start)
-            if comm.rank == 0:
-                print(f"demo: simulation step {step} handed to the analysis "
-                      f"({time.perf_counter() - t0:.1f} s)", flush=True)
 
-        stats = gs.run(settings, comm.mpi, consumer=consumer)
-        if comm.rank == 0:
-            print(f"demo: simulation done, {stats.steps_per_s:.1f} steps/s; finishing the analysis", flush=True)
+    adaptor = Adaptor(comm.mpi, cfg, provenance=writer.provenance)
+    try:
+        with adaptor:
+            def consumer(step, t, fields, global_shape, start):
+                try:
+                    adaptor.execute(step, t, fields, global_shape, start)
+                except InsituError:         # a step failed (e.g. V has no surface yet): the adaptor said
+                    pass                    # so, metrics.csv records it, and the simulation goes on
+                if comm.rank == 0:
+                    print(f"demo: simulation step {step} handed to the analysis "
+                          f"({time.perf_counter() - t0:.1f} s)", flush=True)
+
+            stats = gs.run(settings, comm.mpi, consumer=consumer)
+            if comm.rank == 0:
+                print(f"demo: simulation done, {stats.steps_per_s:.1f} steps/s; finishing the analysis", flush=True)
+    except InsituError:                         # the last step's failure, raised by finalize()
+        pass
+    if not adaptor.stats.trained:
+        failed = [s for s in adaptor.status.values() if s.status == "failed"]
+        reason = f" ({' '.join(failed[0].reason.split())})" if failed else ""
+        raise InputError(f"the demo trained no step{reason}; a larger --L or --steps, or another --iso, gives V a "
+                         "surface to train on")
     if comm.rank == 0:
         for record in adaptor.stats.trained:
             print("demo: " + summary(record.metrics, Path(cfg.output.dir)), flush=True)

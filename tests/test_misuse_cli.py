@@ -50,6 +50,18 @@ def test_a_demo_grid_larger_than_memory_is_one_line_before_any_output(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_demo_whose_field_has_no_surface_ends_in_one_line_with_the_step_recorded(tmp_path):
+    """At L = 8 the pattern of V has died out by step 300: no surface at the demo's iso value. The step is
+    recorded as failed, the simulation runs to its end, and the run ends in one line, exit 2."""
+    r = insitu("demo", "--L", "8", "--steps", "300", "--plotgap", "300", "--out", "out", "--quiet",
+               cwd=tmp_path, env=SIMS)
+    line = one_error(r)
+    assert line.startswith("insitu: error: the demo trained no step (") and "no surface" in line, line
+    assert "demo: simulation done" in r.stdout, r.stdout
+    rows = (tmp_path / "out" / "metrics.csv").read_text().splitlines()
+    assert rows[1].startswith("300,failed,"), rows
+
+
 def demo_args(**flags) -> argparse.Namespace:
     return argparse.Namespace(**{"L": None, "steps": None, "plotgap": None, **flags})
 
