@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from .agreement import agree_errors, first_error
-from .config import Config, check_backend, check_memory, check_spacing
+from .config import Config, check_backend, check_memory
 from .demo import run_demo
 from .errors import ConfigError, InputError, RankFailure
 from .progress import summary
+from .volume import check_geometry
 
 
 def say(comm, text: str) -> None:
@@ -114,10 +115,11 @@ def run_provenance(args: argparse.Namespace) -> dict:
 
 
 def check_input(args: argparse.Namespace, cfg: Config) -> None:
-    """What a command's input can be refused for before any work: ``--spacing`` out of range, a colour
+    """What a command's input can be refused for before any work: ``--spacing`` or ``input.origin`` that
+    float32 coordinates cannot hold (:func:`insitu.volume.check_geometry`), a colour
     field asked of a one-field input, a path that is neither a file nor a folder (a FIFO, a device)."""
     if args.command == "run":
-        check_spacing(args.spacing)
+        check_geometry(cfg.input.origin, args.spacing, names=("input.origin", "--spacing"), error=ConfigError)
         if cfg.input.color_var is not None:
             raise ConfigError(f"input.color_var {cfg.input.color_var!r}: a {Path(args.input).suffix or 'raw'} file "
                               "holds one field, so there is no colour field in it; a colour field needs a BP or "
