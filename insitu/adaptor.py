@@ -69,14 +69,14 @@ from typing import Any, Callable
 import numpy as np
 
 from .agreement import agree_errors, compare_configs
-from .config import Config, ParallelConfig, check_backend, check_memory, check_spacing, from_dict, load_config, validate
+from .config import Config, ParallelConfig, check_backend, check_memory, from_dict, load_config, validate
 from .decomposition import block_from_local
 from .driver import StepDriver
 from .errors import AgreementTimeout, ConfigError, InputError, InsituError
 from .export import StepWriter, claim_output
 from .parallel import device_memory, init_comm, remove_abort_hook, shutdown
 from .rendering import gsplat_import_error
-from .volume import Block
+from .volume import Block, check_geometry
 
 # dtype codes shared with the C API (adaptors/insitu_adaptor.h: INSITU_UINT8 ...).
 C_DTYPES: dict[int, np.dtype] = {
@@ -607,8 +607,7 @@ class Adaptor:
                                  "step's outputs)")
             if error is None:
                 gshape, start_ = self._check(fields, global_shape, start)
-                origin = _triple("origin", origin, float)
-                spacing = check_spacing(_triple("spacing", spacing, float), "spacing")
+                origin, spacing = check_geometry(origin, spacing, gshape)
         except (InputError, ConfigError) as e:
             error = str(e)
         gathered = self._same_call(("execute()", number), error)

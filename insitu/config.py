@@ -257,8 +257,6 @@ CLOSEUP_MAX = 100.0                     # close-up cameras stand views.closeup_f
                                         # a 256^3 grid at the default field of view, their pixels 1/50 of a cell
 SCALE_PX_SIGMAS = 3                     # a Gaussian is drawn out to 3 standard deviations: a floor of
                                         # views.resolution / 6 pixels makes every one cover the whole image
-SPACING_RANGE = (1e-3, 1e8)             # a cell's size: the cameras' near and far planes are fixed distances
-                                        # (0.01 and 1e10), outside this the images come out empty
 # Keys that say how or where a run runs, not what it computes: a resumed run may change them (the
 # kept steps are compared with the new run on every other key).
 RUN_KEYS = frozenset({"output.dir", "output.existing", "train.progress", "input.steps", "input.every",
@@ -417,11 +415,9 @@ def validate(cfg: Config) -> Config:
         if kind is None or kind not in "uif":
             raise ConfigError(f"input.dtype: expected an integer or float type such as uint8, int16, float32, "
                               f"got {cfg.input.dtype!r}")
-    for key in ("origin", "spacing"):
-        v = getattr(cfg.input, key)
-        if v is not None and (len(v) != 3 or (key == "spacing" and min(v) <= 0)):
-            raise ConfigError(f"input.{key}: expected 3 {'values > 0' if key == 'spacing' else 'values'} (x, y, z), "
-                              f"got {v!r}")
+    from .volume import check_geometry          # numpy: on first use, as above
+
+    check_geometry(cfg.input.origin, cfg.input.spacing, names=("input.origin", "input.spacing"), error=ConfigError)
     if cfg.input.dims is not None and (len(cfg.input.dims) != 3 or min(cfg.input.dims) <= 0):
         raise ConfigError(f"input.dims: expected 3 positive integers (x, y, z), got {cfg.input.dims!r}")
     if cfg.views.count <= cfg.views.test_every and cfg.views.count < 2:
@@ -439,21 +435,6 @@ def _check_output_dir(name: str) -> None:
     except UnicodeEncodeError:
         raise ConfigError(f"output.dir {os.fsencode(name)!r}: the name is not UTF-8 text; give a folder name in "
                           "UTF-8 (the report names it)") from None
-
-
-def check_spacing(spacing: Any, where: str = "--spacing") -> tuple[float, float, float]:
-    """The size of a cell (x, y, z) as 3 floats in ``SPACING_RANGE``; ConfigError otherwise."""
-    lo, hi = SPACING_RANGE
-    try:
-        values = tuple(float(v) for v in spacing)
-    except (TypeError, ValueError):
-        values = ()
-    if len(values) != 3 or not all(lo <= v <= hi for v in values):
-        shown = " ".join(f"{v:g}" for v in values) if len(values) == 3 else repr(spacing)
-        raise ConfigError(f"{where}: expected 3 finite values in [{lo:g}, {hi:g}] (the size of a cell along x, y, "
-                          f"z; the cameras' near and far planes are fixed distances, so the images of a grid "
-                          f"beyond them come out empty: give the spacing in other units), got {shown}")
-    return values  # type: ignore[return-value]
 
 
 def check_backend(cfg: Config, device_type: str, gsplat_error: str | None) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import SourceInputError
+from .volume import check_geometry
 
 STEP_NAMES = ("step", "Step")
 TIME_NAMES = ("time", "Time")
@@ -269,10 +270,12 @@ class Geometry:
 
 
 def geometry(meta: StepMeta, name: str, where: str, origin: Sequence[float] | None = None,
-             spacing: Sequence[float] | None = None) -> Geometry:
+             spacing: Sequence[float] | None = None, shape: Sequence[int] | None = None) -> Geometry:
     """The geometry of variable ``name`` in this step: ``origin`` / ``spacing`` (from the configuration)
     when given, else from the conventions in the module docstring. SourceInputError when the file's
-    attributes say something unusable (not 3 values, a spacing <= 0, a mesh that is not Cartesian)."""
+    attributes say something unusable (not 3 values, a mesh that is not Cartesian) or what float32
+    coordinates cannot hold (:func:`insitu.volume.check_geometry`, over the whole grid with ``shape``:
+    the variable's, in the file's dimension order)."""
     g = Geometry()
     mesh = _openpmd_mesh(meta, name, where)
     if mesh is not None:
@@ -298,10 +301,17 @@ def geometry(meta: StepMeta, name: str, where: str, origin: Sequence[float] | No
         g.origin, g.source["origin"] = found["origin"][0]
     if found["spacing"]:
         g.spacing, g.source["spacing"] = found["spacing"][0]
-    if min(g.spacing) <= 0:
-        raise SourceInputError(f"{where}: spacing {g.spacing} (from {g.source.get('spacing')}): "
-                               "expected values > 0")
+    names = tuple(_named(key, g.source.get(key)) for key in ("origin", "spacing"))
+    xyz = None if shape is None else tuple(int(shape[a]) for a in g.axes)[::-1]
+    check_geometry(g.origin, g.spacing, xyz, names=names, where=where, error=SourceInputError)
     return g
+
+
+def _named(key: str, source: str | None) -> str:
+    """How a message names the origin or spacing that ``source`` gave (``Geometry.source``)."""
+    if source is None:
+        return f"{key} (index units)"
+    return source if source.startswith(("attribute ", "input.")) else f"{key} (from {source})"
 
 
 def _xyz(value: Any, where: str) -> tuple[float, float, float]:

@@ -42,6 +42,7 @@ from .folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_outpu
 from .gaussians import Gaussians
 from .ply import write_ply
 from .report import cameras_json, write_report
+from .volume import Frame
 from .webmodel import write_spz
 
 __all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
@@ -310,6 +311,7 @@ class StepWriter:
         config: Any = None,
         *,
         cameras: Any = None,
+        frame: Frame | None = None,
     ) -> Path:
         """Write one step; returns its folder.
 
@@ -319,6 +321,11 @@ class StepWriter:
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
         cameras:   the step's views (:class:`insitu.views.Views`), as cameras.json for the report's viewer.
+        frame:     the coordinates that ``gaussians`` and ``cameras`` are in (:class:`insitu.volume.Frame`;
+                   default world units). model.ply is written in world units; model.spz and cameras.json,
+                   which the report's viewer reads, stay in the frame (a grid in metres would not survive
+                   spz's fixed-point positions and byte scales, nor the viewer's float16), and
+                   cameras.json records it (``frame``: world = origin + scale * x).
 
         With a model, its web copy ``model.spz`` is written too, and ``model_bytes``, ``web_model_bytes``
         and ``export_seconds`` (writing the model, web copy, images and cameras) join the metrics.
@@ -333,7 +340,7 @@ class StepWriter:
         try:
             if gaussians is not None and self.ply:
                 if not (d / "model.ply").exists():      # not written by write_model already
-                    write_ply(d / "model.ply", gaussians)
+                    write_ply(d / "model.ply", frame.gaussians_to_world(gaussians) if frame else gaussians)
                 write_spz(d / "model.spz", gaussians)
                 metrics["model_bytes"] = (d / "model.ply").stat().st_size
                 metrics["web_model_bytes"] = (d / "model.spz").stat().st_size
@@ -342,7 +349,7 @@ class StepWriter:
             for name, gt, pred in views:
                 write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
             if cameras is not None:
-                write_json(d / "cameras.json", cameras_json(cameras))
+                write_json(d / "cameras.json", cameras_json(cameras, frame))
             metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
             write_json(d / "metrics.json", {"step": int(step), **plain(metrics),
                                             **({"provenance": self.provenance} if self.provenance is not None else {})})

@@ -44,7 +44,7 @@ from .scene import Scene, block_decomposition, global_range, make_scene, view_gr
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, nonfinite, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
-from .volume import Block, check_field, iso_distance, readable_block, unit_field
+from .volume import Block, Frame, check_field, check_geometry, iso_distance, readable_block, unit_field
 
 if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
     from .metrics import Quality
@@ -63,6 +63,9 @@ class StepResult:
                draw as trained: SH colours and their blur).
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
+    frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
+               ``model``, ``ply`` and ``cameras`` are: ``frame.gaussians_to_world`` gives world units, as
+               ``model.ply`` holds them.
     :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
     """
 
@@ -75,6 +78,7 @@ class StepResult:
     ply: Gaussians | None = None
     images: list = field(default_factory=list)
     cameras: Views | None = None
+    frame: Frame = field(default_factory=Frame)
 
 
 @dataclass
@@ -267,11 +271,13 @@ def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
 def check_input(block: Block, cfg: Config, comm) -> Decomposition:
     """Refuse unusable input before any work, with the same InputError on every rank; collective.
 
-    Checks the field (NaN, infinities) and the colour field, the ranks' blocks (a gap, an overlap,
-    a non-Cartesian layout: :func:`insitu.scene.block_decomposition`) and that every iso value makes
-    a surface (:func:`check_iso`). Returns the ranks' decomposition.
+    Checks the grid's origin and spacing (:func:`insitu.volume.check_geometry`), the field (NaN,
+    infinities) and the colour field, the ranks' blocks (a gap, an overlap, a non-Cartesian layout:
+    :func:`insitu.scene.block_decomposition`) and that every iso value makes a surface
+    (:func:`check_iso`). Returns the ranks' decomposition.
     """
     with comm.phase("input check"):              # local checks only: no collective inside a phase
+        check_geometry(block.origin, block.spacing, block.global_shape)
         check_field(block.data, cfg.input.var, offset=block.start)
         if cfg.input.color_var is not None:
             if cfg.input.color_var not in block.fields:
@@ -775,11 +781,13 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
     offset in one file, then rank 0 the rest of the step (:class:`insitu.export.StepWriter`)."""
     t_write = _time.perf_counter()
-    writer.write_model(result.step, result.ply if result.ply is not None else result.gaussians, comm)
+    shard = result.ply if result.ply is not None else result.gaussians
+    writer.write_model(result.step, result.frame.gaussians_to_world(shard), comm)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:
-            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras)
+            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
+                         frame=result.frame)
     result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
 
 
@@ -791,6 +799,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     warm: the previous step's result on this rank: its shard, refit to this step's surface, is
           trained on from the SH degree it had reached, instead of fresh seeds.
     iterations: training iterations (default ``cfg.train.iterations``).
+    The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from
+    0), whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
     """
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
@@ -800,6 +810,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     iters = iterations if iterations is not None else cfg.train.iterations
     block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
     decomposition = check_input(block, cfg, comm)
+    frame = Frame.of(block)
+    block = frame.inside(block)
+    if warm is not None and warm.frame != frame:     # the grid moved or its cells changed since
+        warm = replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame)
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm)
@@ -839,4 +853,4 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                            closer=closer)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit)
+                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame)

@@ -123,15 +123,19 @@ def look_at_point(viewmats) -> np.ndarray | None:
     return np.linalg.solve(A, b)
 
 
-def cameras_json(views) -> dict[str, Any]:
+def cameras_json(views, frame=None) -> dict[str, Any]:
     """The content of a step's ``cameras.json``: every orbit camera of ``views`` (:class:`insitu.views.Views`)
-    for the viewer (looking at :func:`look_at_point`), with its viewmat and K as well."""
+    for the viewer (looking at :func:`look_at_point`), with its viewmat and K as well, in the coordinates of
+    ``frame`` (:class:`insitu.volume.Frame`, the step's, as its ``model.spz``), recorded as ``frame``
+    (``origin``, ``scale``: world = origin + scale * x; default world units)."""
     vm, Ks = views.viewmats.detach().cpu().double().numpy(), views.Ks.detach().cpu().double().numpy()
     test = views.test.detach().cpu().numpy()
     centre = look_at_point(vm)
     if centre is None:                                        # one view, or parallel ones: 1 unit ahead
         centre = -vm[0, :3, :3].T @ vm[0, :3, 3] + vm[0, 2, :3]
+    origin, scale = (frame.origin, frame.scale) if frame is not None else ((0.0, 0.0, 0.0), 1.0)
     return {"width": int(views.width), "height": int(views.height), "centre": [float(c) for c in centre],
+            "frame": {"origin": [float(v) for v in origin], "scale": float(scale)},
             "views": [{"id": i, "name": f"view_{i:03d}", "test": bool(test[i]),
                        "camera": viewer_camera(vm[i], Ks[i], views.width, views.height, target=centre),
                        "viewmat": vm[i].tolist(), "K": Ks[i].tolist()} for i in range(len(vm))]}

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from .agreement import agree_errors, first_error
-from .config import Config, check_backend, check_memory, check_spacing
+from .config import Config, check_backend, check_memory
 from .demo import check_demo, run_demo
 from .errors import ConfigError, InputError, RankFailure
 from .progress import summary
+from .volume import check_geometry
 
 
 def say(comm, text: str) -> None:
@@ -114,9 +115,10 @@ def run_provenance(args: argparse.Namespace) -> dict:
 
 
 def check_input(args: argparse.Namespace, cfg: Config, comm) -> None:
-    """What a command's input can be refused for before any work: ``--spacing`` out of range, a colour
-    field asked of a one-field input, a path that is neither a file nor a folder (a FIFO, a device), a
-    demo's grid too small for the ranks or too large for the machine's memory."""
+    """What a command's input can be refused for before any work: ``--spacing`` or ``input.origin`` that
+    float32 coordinates cannot hold (:func:`insitu.volume.check_geometry`), a colour field asked of a
+    one-field input, a path that is neither a file nor a folder (a FIFO, a device), a demo's grid too small
+    for the ranks or too large for the machine's memory."""
     if args.command == "demo":                  # the simulation's memory is the host's, whatever trains
         import torch
 
@@ -124,7 +126,7 @@ def check_input(args: argparse.Namespace, cfg: Config, comm) -> None:
 
         check_demo(args, cfg, comm.size, comm.device.type, device_memory(torch.device("cpu")))
     if args.command == "run":
-        check_spacing(args.spacing)
+        check_geometry(cfg.input.origin, args.spacing, names=("input.origin", "--spacing"), error=ConfigError)
         if cfg.input.color_var is not None:
             raise ConfigError(f"input.color_var {cfg.input.color_var!r}: a {Path(args.input).suffix or 'raw'} file "
                               "holds one field, so there is no colour field in it; a colour field needs a BP or "

@@ -52,7 +52,7 @@ from .config import Config
 from .conventions import StepMeta, field_variable, geometry, number_record, step_number, step_time
 from .decomposition import block_extent, coords_rank, cut_block, split_dims
 from .errors import SourceError, SourceInputError
-from .volume import Block, check_field, downsample, read_raw
+from .volume import Block, check_field, check_geometry, downsample, read_raw
 
 
 @dataclass
@@ -125,10 +125,8 @@ class ArraySource(_Source):
                 raise SourceInputError(f"{key}: expected the shape of {name} {array.shape}, got {np.shape(other)}")
         self.array = _downsample(array, downsample)
         self.fields = {k: _downsample(np.asarray(v), downsample) for k, v in (fields or {}).items()}
-        self.origin = _xyz3("origin", origin)
-        self.spacing = tuple(s * downsample for s in _xyz3("spacing", spacing))
-        if min(self.spacing) <= 0:
-            raise SourceInputError(f"spacing: expected values > 0, got {spacing!r}")
+        spacing = tuple(s * downsample for s in _xyz3("spacing", spacing))
+        self.origin, self.spacing = check_geometry(origin, spacing, self.array.shape[::-1], error=SourceInputError)
         self.rank, self.size = rank, size
         self.step, self.time = int(step), float(time)
 
@@ -443,7 +441,7 @@ class _AdiosSource(_Source):
             if colour["shape"] != field_["shape"]:
                 raise _Unusable(f"colour variable {colour['name']!r} has shape {colour['shape']}, expected the shape "
                                 f"of {field_['name']!r} {field_['shape']} (step {number})")
-        geo = geometry(self._meta, field_["name"], self.name, self.origin, self.spacing)
+        geo = geometry(self._meta, field_["name"], self.name, self.origin, self.spacing, field_["shape"])
         axes = geo.axes
         zyx = tuple(field_["shape"][a] for a in axes)
         gshape = tuple(reversed(zyx))                                  # (x, y, z)

@@ -6,9 +6,11 @@ files and in most simulations); world coordinates are ``(x, y, z)``:
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -113,6 +115,143 @@ def readable_block(block: Block) -> Block:
                    fields={k: readable_field(v) for k, v in block.fields.items()})
 
 
+# What a grid's origin and spacing (world units) may be. Training never sees the unit (it runs in the
+# step's Frame: the smallest cell side is 1, the grid starts at 0); what bounds them is model.ply, which
+# holds world coordinates in float32, and the viewers that draw it in float32.
+SPACING_RANGE = (1e-15, 1e18)   # a cell side: a Gaussian of a thousandth of a 1e-15 cell still squares to
+                                # a normal float32 (1e-36 > 1.2e-38; viewers form covariances from scale^2)
+COORDINATE_MAX = 1e18           # |world coordinate|: its square (a distance^2) stays finite in float32 (3.4e38)
+CELLS_MAX = 2 ** 20             # |world coordinate| / the smallest cell side: float32's 24 bits then resolve
+                                # 1/8 of a cell (a Gaussian moved by at most 1/16 of one in model.ply); the
+                                # grid's own extent in the step's frame is bounded alike
+ANISOTROPY_MAX = 1e4            # largest / smallest cell side: beyond it a grid of as many samples on each axis
+                                # is a sheet thinner than a pixel of views 10^4 pixels wide (and CELLS_MAX
+                                # leaves it at most 105 samples along its long sides)
+
+
+def _shown(values) -> str:
+    return " ".join(f"{v:g}" for v in values)
+
+
+def check_geometry(origin: Sequence[float] | None = None, spacing: Sequence[float] | None = None,
+                   shape: Sequence[int] | None = None, *, names: tuple[str, str] = ("origin", "spacing"),
+                   where: str = "", error: type[Exception] = InputError):
+    """``(origin, spacing)`` as 3 floats each (x, y, z; either None when not given), checked for what
+    float32 coordinates can hold (``SPACING_RANGE``, ``ANISOTROPY_MAX``, ``COORDINATE_MAX``, ``CELLS_MAX``);
+    ``error`` otherwise, one line naming the input (``names``, after ``where``), the range and its value.
+
+    shape: the grid's samples (x, y, z); with it, every world coordinate of the grid is checked, not
+           only the origin's (the far corner ``origin + spacing * (shape - 1)`` too).
+    Refused: not 3 finite values; a cell side outside ``SPACING_RANGE`` (0 and below included); the largest
+    side over ``ANISOTROPY_MAX`` times the smallest; a world coordinate beyond ``COORDINATE_MAX``, or more
+    than ``CELLS_MAX`` of the smallest cell sides from 0 (float32 cannot resolve a cell there), or a grid
+    that spans more than that many.
+    """
+    prefix = f"{where}: " if where else ""
+
+    def three(value: Any, name: str) -> tuple[float, float, float]:
+        try:
+            v = tuple(float(x) for x in np.asarray(value, dtype=np.float64).ravel())
+        except (TypeError, ValueError):
+            v = ()
+        if len(v) != 3 or not all(math.isfinite(x) for x in v):
+            raise error(f"{prefix}{name}: expected 3 finite values (x, y, z), got "
+                        f"{_shown(v) if len(v) == 3 else repr(value)}")
+        return v  # type: ignore[return-value]
+
+    o = three(origin, names[0]) if origin is not None else None
+    s = three(spacing, names[1]) if spacing is not None else None
+    if s is not None:
+        lo, hi = SPACING_RANGE
+        if not all(lo <= v <= hi for v in s):
+            raise error(f"{prefix}{names[1]}: expected 3 finite values in [{lo:g}, {hi:g}] (the sides of a cell; "
+                        "float32, in which model.ply holds the model and viewers draw it, cannot square lengths "
+                        f"beyond them: give the spacing in another unit), got {_shown(s)}")
+        if max(s) > ANISOTROPY_MAX * min(s):
+            raise error(f"{prefix}{names[1]}: expected the largest side of a cell at most {ANISOTROPY_MAX:g} times "
+                        "the smallest (beyond, the grid is a sheet thinner than a pixel of its views), got "
+                        f"{_shown(s)} ({max(s) / min(s):.3g} times)")
+    grid = None if s is None or shape is None else tuple(int(n) for n in shape)
+    if grid is not None:
+        span = max(d * (n - 1) for d, n in zip(s, grid)) / min(s)
+        if span > CELLS_MAX:
+            raise error(f"{prefix}{names[1]}: expected a grid at most 2^20 = {CELLS_MAX} cells of its smallest side "
+                        "across (float32 coordinates cannot resolve that cell across a wider one), got "
+                        f"{_shown(s)} and {' x '.join(map(str, grid))} samples, {span:.6g} cells across")
+    if o is None:
+        return o, s
+    corners = [o] if grid is None else [o, tuple(a + d * (n - 1) for a, d, n in zip(o, s, grid))]
+    reach = max(abs(c) for corner in corners for c in corner)
+    given = f"{_shown(o)}" + (f" with {names[1]} {_shown(s)}" if s is not None else "") \
+        + (f" and {' x '.join(map(str, grid))} samples" if grid is not None else "")
+    if reach > COORDINATE_MAX:
+        raise error(f"{prefix}{names[0]}: expected the grid's world coordinates within +-{COORDINATE_MAX:g} (float32 "
+                    "coordinates, in model.ply, overflow when squared beyond: give origin and spacing in another "
+                    f"unit), got {given}, which reaches {reach:.6g}")
+    if s is None:
+        return o, s
+    cell = min(s)
+    if reach > CELLS_MAX * cell:
+        raise error(f"{prefix}{names[0]}: expected the grid to lie within 2^20 = {CELLS_MAX} cells of 0 (cells of "
+                    f"its smallest side, {cell:g}; float32 coordinates, in model.ply, cannot resolve a cell farther "
+                    "out: shift the origin with input.origin so that the grid lies near 0), got "
+                    f"{given}, {reach / cell:.6g} cells out")
+    return o, s
+
+
+@dataclass(frozen=True)
+class Frame:
+    """The coordinates a step trains in: ``world = origin + scale * internal``, with ``origin`` the world
+    position of the global sample (0, 0, 0) and ``scale`` the smallest cell side, so that a grid given
+    in any unit (metres: 1e-4 cells) is, inside the step, the grid in index units (origin 0, smallest
+    side 1; bit for bit, with the same spacing on every axis), and nothing inside depends on the unit.
+    The step's results leave it in world units (:meth:`gaussians_to_world`, :meth:`views_to_world`)."""
+
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    scale: float = 1.0
+
+    @staticmethod
+    def of(block: "Block") -> "Frame":
+        return Frame(tuple(float(v) for v in block.origin), float(min(block.spacing)))
+
+    def inside(self, block: "Block") -> "Block":
+        """``block`` in this frame: origin 0, spacing in units of ``scale``."""
+        return replace(block, origin=(0.0, 0.0, 0.0), spacing=tuple(float(v) / self.scale for v in block.spacing))
+
+    def points_to_world(self, points) -> np.ndarray:
+        """``[..., 3]`` points of this frame -> world (float64)."""
+        return np.asarray(self.origin) + self.scale * np.asarray(points, dtype=np.float64)
+
+    def gaussians_to_world(self, g):
+        """Gaussians of this frame (:class:`insitu.gaussians.Gaussians`) in world units: the means moved
+        and scaled (in float64, then the means' own type), the scales scaled; the rest as it is."""
+        return self.reframe(g, Frame())
+
+    def reframe(self, g, target: "Frame"):
+        """Gaussians of this frame in the frame ``target`` (a warm start whose grid moved or changed
+        its cells); ``g`` itself when the frames are the same."""
+        if target == self:
+            return g
+        import torch
+
+        shift = torch.as_tensor((np.asarray(self.origin) - np.asarray(target.origin)) / target.scale,
+                                dtype=torch.float64, device=g.means.device)
+        means = (g.means.double() * (self.scale / target.scale) + shift).to(g.means.dtype)
+        log_scales = g.log_scales + math.log(self.scale / target.scale)
+        return replace(g, means=means, log_scales=log_scales)
+
+    def views_to_world(self, views):
+        """Cameras of this frame (:class:`insitu.views.Views`) in world units: each views the world
+        as it viewed the frame (the same pixels), its camera coordinates scaled by ``scale``."""
+        import torch
+
+        vm = views.viewmats.double().clone()
+        R, t = vm[:, :3, :3], vm[:, :3, 3]
+        origin = torch.as_tensor(self.origin, dtype=torch.float64, device=vm.device)
+        vm[:, :3, 3] = self.scale * t - R @ origin
+        return replace(views, viewmats=vm.to(views.viewmats.dtype))
+
+
 def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
                 fields: dict[str, np.ndarray] | None = None, name: str = "field") -> Block:
     """A Block that holds the whole domain (single rank, no ghosts)."""
@@ -121,10 +260,9 @@ def whole_block(array: np.ndarray, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.
     for key, other in (fields or {}).items():
         if np.shape(other) != array.shape:
             raise InputError(f"{key}: expected the shape of {name} {array.shape}, got {np.shape(other)}")
-    if len(origin) != 3 or len(spacing) != 3 or min(spacing) <= 0:
-        raise InputError(f"origin/spacing: expected 3 values each and spacing > 0, got {origin}, {spacing}")
-    return Block(array, (0, 0, 0), (nx, ny, nz), (0, 0, 0), (nx - 1, ny - 1, nz - 1),
-                 tuple(map(float, origin)), tuple(map(float, spacing)), dict(fields or {}))
+    origin, spacing = check_geometry(origin, spacing, (nx, ny, nz))
+    return Block(array, (0, 0, 0), (nx, ny, nz), (0, 0, 0), (nx - 1, ny - 1, nz - 1), origin, spacing,
+                 dict(fields or {}))
 
 
 _RAW_NAME = re.compile(r"(?P<name>.+?)_(?P<x>\d+)x(?P<y>\d+)x(?P<z>\d+)_(?P<dtype>u?int\d+|float\d+)\.raw$")
