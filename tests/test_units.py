@@ -227,7 +227,7 @@ def test_insitu_run_refuses_its_spacing_flag_before_any_work(case):
     given, words = REFUSED[case]
     args = argparse.Namespace(command="run", input="ball.npy", spacing=given["spacing"])
     with pytest.raises(ConfigError, match=rf"^--spacing: .*{words}"):
-        check_input(args, load_config(None, {"input.iso": [4.0]}))
+        check_input(args, load_config(None, {"input.iso": [4.0]}), None)
 
 
 @pytest.mark.parametrize("case", REFUSED)
