@@ -19,6 +19,7 @@ model: :meth:`StepWriter.write_model` is collective, every rank writing its own 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -360,7 +361,9 @@ class StepWriter:
             raise
         finally:
             self._pending.pop(int(step), None)
-        self._row({int(step): {"status": "trained", **flatten_metrics(metrics)}})
+        # a figure that is not a number (no held-out view saw the surface) is absent, as in metrics.json
+        row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flatten_metrics(metrics).items()}
+        self._row({int(step): {"status": "trained", **row}})
         return final
 
     def record(self, step: int, status: str, reason: str) -> None:

@@ -36,7 +36,7 @@ from .decomposition import Decomposition
 from .errors import InputError
 from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
-from .progress import note, progress_bar
+from .progress import figure, note, progress_bar
 from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
@@ -470,7 +470,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
             later = render_now_score_later(trainer, scene, layout, cfg)
     else:
         q0 = scored(trainer.colors)
-        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface "
+        note(f"step {step} initial model: PSNR {figure(q0.psnr_foreground)} dB on the surface "
              f"({clock.spans['evaluation'][0]:.1f} s)", show)
     history = []
     bar = progress_bar(iterations, f"step {step} train", show)
@@ -490,7 +490,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     if later is not None:
         with clock.span("evaluation"):
             q0 = later()
-        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface", show)
+        note(f"step {step} initial model: PSNR {figure(q0.psnr_foreground)} dB on the surface", show)
     return Training(q0, [row(q0, 0, gaussians, 0.0)] + history, reached)
 
 

@@ -44,14 +44,25 @@ def note(message: str, enabled: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def figure(value, spec: str = ".2f") -> str:
+    """A figure as printed: ``n/a`` when it is absent (None) or not a number (NaN: e.g. the close-up
+    views' PSNR when none of them sees the surface)."""
+    if value is None or value != value:
+        return "n/a"
+    return format(value, spec)
+
+
 def summary(metrics: dict, out: Path) -> str:
-    """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``."""
-    closer = [f"{metrics[k]:.1f}" for k in ("psnr_foreground_near2", "psnr_foreground_near3")
-              if metrics.get(k) is not None]
-    return (f"step {metrics['step']}: surface PSNR {metrics['psnr_foreground']:.2f} dB, "
-            f"SSIM {metrics['ssim_foreground']:.4f}"
-            + (f" (2x and 3x closer: {' and '.join(closer)} dB)" if closer else "")
-            + f", whole image {metrics['psnr']:.2f} dB, "
+    """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``; an absent
+    figure reads ``n/a`` (:func:`figure`), the close-up views' are left out when neither set has one."""
+    closer = {f"{n}x": figure(metrics.get(f"psnr_foreground_near{n}"), ".1f") for n in (2, 3)
+              if f"psnr_foreground_near{n}" in metrics}
+    if all(v == "n/a" for v in closer.values()):
+        closer = {}
+    return (f"step {metrics['step']}: surface PSNR {figure(metrics['psnr_foreground'])} dB, "
+            f"SSIM {figure(metrics['ssim_foreground'], '.4f')}"
+            + (f" ({' and '.join(closer)} closer: {' and '.join(closer.values())} dB)" if closer else "")
+            + f", whole image {figure(metrics['psnr'])} dB, "
             f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
             f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
             f"-> {out / ('step_%06d' % metrics['step'])}")
