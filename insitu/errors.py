@@ -3,6 +3,7 @@
 - ``InputError``: the field, file or stream given as input cannot be used (a ``ValueError``;
   command lines report it as bad input, exit code 2).
 - ``ConfigError``: a configuration value is unknown, of the wrong type or out of range (a ``ValueError``).
+- ``SurfaceTooSmall``: a step's isosurface is too small to train (an ``InputError``; the commands skip the step).
 - ``SourceError`` / ``SourceInputError``: a timestep source failed / its content cannot be used.
 - ``RankFailure`` / ``RankInputFailure``: raised on every rank when one or more ranks failed
   (on bad input only, for the latter); ``AgreementTimeout``: the other ranks did not join a
@@ -18,6 +19,10 @@ class InputError(ValueError):
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or out of range."""
+
+
+class SurfaceTooSmall(InputError):
+    """A step's isosurface exists but is too small to train (it covers less than a pixel of a view)."""
 
 
 class SourceError(InputError, RuntimeError):

@@ -33,7 +33,7 @@ from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
 from .decomposition import Decomposition
-from .errors import InputError
+from .errors import InputError, SurfaceTooSmall
 from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
 from .progress import figure, note, progress_bar
@@ -328,6 +328,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso, value_range=value_range)
     total_area = comm.mpi.allreduce(seeds.total_area)
+    check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     budget = int(round(seed_count(cfg, total_area, block) * share))
     fresh = None
@@ -343,6 +344,28 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
     return Seeding(shard, fresh, share, targets)
+
+
+MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
+                                       # model of a Gaussian or two, scored on a few pixels (or on none)
+
+
+def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Config,
+                  value_range: tuple[float, float]) -> None:
+    """SurfaceTooSmall on every rank when the whole isosurface (``total_area``, world units) covers less than
+    ``MIN_SURFACE_PIXELS`` of an orbit view: a convex surface's mean projected area is a quarter of its area,
+    at :func:`insitu.views.pixels_per_area` pixels a unit of area; collective (its triangles are counted)."""
+    lo, hi = block.global_box
+    pixels = total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg) / 4
+    triangles = comm.mpi.allreduce(len(seeds.faces))
+    if pixels >= MIN_SURFACE_PIXELS:
+        return
+    isos = ", ".join(f"{v:.6g}" for v in cfg.input.iso)
+    res = cfg.views.resolution
+    raise SurfaceTooSmall(f"the isosurface at iso {isos} has only {triangles} triangle(s), about {pixels:.2g} pixels of "
+                          f"a {res}x{res} view: too small to train; the field ranges over [{value_range[0]:.6g}, "
+                          f"{value_range[1]:.6g}]: give an iso value whose surface is larger (--iso), or a larger "
+                          "--resolution")
 
 
 def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,

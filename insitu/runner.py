@@ -13,7 +13,7 @@ import numpy as np
 from .agreement import agree_errors, first_error
 from .config import Config, check_backend, check_memory, check_spacing
 from .demo import run_demo
-from .errors import ConfigError, InputError, RankFailure
+from .errors import ConfigError, InputError, RankFailure, SurfaceTooSmall
 from .progress import summary
 
 
@@ -23,13 +23,14 @@ def say(comm, text: str) -> None:
 
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
-                failed: list[tuple[int, str]] | None = None) -> int:
+                failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
-    done:   steps already complete in the output folder (``--resume``): not trained again.
-    failed: a step whose input is unusable (no surface, NaN, ...; the same verdict on every rank)
-            is appended here as (step, message) and the next step is trained; without a list,
-            the failure is raised.
+    done:    steps already complete in the output folder (``--resume``): not trained again.
+    failed:  a step whose input is unusable (no surface, NaN, ...; the same verdict on every rank)
+             is appended here as (step, message) and the next step is trained; without a list,
+             the failure is raised.
+    skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
     """
     from .driver import StepDriver             # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
@@ -51,9 +52,10 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
         try:
             result = driver.train(item.block, step=item.step, time=item.time)
         except InputError as e:                 # agreed on every rank: this step is skipped
-            if failed is None:
+            into = skipped if isinstance(e, SurfaceTooSmall) else failed
+            if into is None:
                 raise
-            failed.append((item.step, str(e)))
+            into.append((item.step, str(e)))
             driver.forget()
             continue
         driver.trained(result)
@@ -204,21 +206,28 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
         failed: list[tuple[int, str]] = []
-        skipped: list[tuple[int, str]] = []          # steps the source could not use (no such variable, ...)
+        skipped: list[tuple[int, str]] = []     # steps the source could not use (no such variable, ...) or too small
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
             with comm.phase("read input"):
                 source = volume_source(args, cfg, comm.rank, comm.size)
-            n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+            try:
+                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped)
+            finally:
+                if comm.rank == 0 and skipped:
+                    writer.record_all("skipped", skipped)
+            if skipped and n == 0 and not done:     # the one volume: its own reason, in one line
+                raise InputError(skipped[0][1])
         else:
             from .sources import open_source
 
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
                 try:
-                    n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+                    n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
+                                    skipped=skipped)
                 finally:
-                    skipped = [s for s in getattr(source, "skipped", []) if s[0] not in done]
+                    skipped = sorted(skipped + [s for s in getattr(source, "skipped", []) if s[0] not in done])
                     if comm.rank == 0 and skipped:
                         writer.record_all("skipped", skipped)
                 missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))
