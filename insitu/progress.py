@@ -8,11 +8,12 @@ from pathlib import Path
 
 
 class LogProgress:
-    """Progress for logs (stderr is not a terminal): one plain line every tenth of the work."""
+    """Progress for logs (stderr is not a terminal): a plain line after the first unit of work (its time
+    tells how long the rest will take), then one every tenth of the work."""
 
     def __init__(self, total: int, desc: str):
         self.total, self.desc, self.done, self.info, self.t0 = total, desc, 0, {}, _time.perf_counter()
-        self.next = max(total // 10, 1)
+        self.next = 1
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -20,7 +21,8 @@ class LogProgress:
             extra = "".join(f", {k} {v}" for k, v in self.info.items())
             print(f"{self.desc}: {self.done}/{self.total}{extra} ({_time.perf_counter() - self.t0:.1f} s)",
                   file=sys.stderr, flush=True)
-            self.next = self.done + max(self.total // 10, 1)
+            tenth = max(self.total // 10, 1)
+            self.next = (self.done // tenth + 1) * tenth
 
     def set_postfix(self, **info) -> None:
         self.info = info

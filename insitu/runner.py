@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import stat
 import sys
@@ -102,6 +103,88 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
                      downsample=cfg.input.downsample, origin=origin, spacing=spacing, nonfinite=cfg.input.nonfinite)
 
 
+SAMPLES = 1 << 20                           # the field's samples that the iso suggestion reads, at most
+
+
+def global_sample(block, mpi, limit: int = SAMPLES) -> np.ndarray | None:
+    """The whole field's samples on a regular grid, every ``k``-th along each axis (``k`` the least that keeps
+    them within ``limit``), as ``[nz, ny, nx]`` on rank 0 (None on the others): the same for any number of
+    ranks. Each rank gives its part of the grid (the samples of its owned cells, and the field's last samples
+    for the last block): collective over ``mpi`` (None: one process)."""
+    stride = max(1, math.ceil((math.prod(block.global_shape) / limit) ** (1 / 3)))
+    axes = []                                   # x, y, z: the grid's global indices in this rank's part
+    for lo, hi, n in zip(block.owned_lo, block.owned_hi, block.global_shape):
+        axes.append(np.arange(-(-lo // stride) * stride, hi + 1 if hi == n - 1 else hi, stride))
+    part = block.data[np.ix_(*(a - s for a, s in zip(axes[::-1], block.start[::-1])))]
+    here = tuple(int(a[0]) // stride if len(a) else 0 for a in axes[::-1])
+    parts = [(here, part)] if mpi is None or mpi.Get_size() == 1 else mpi.gather((here, part), root=0)
+    if parts is None:
+        return None
+    shape = tuple(-(-n // stride) for n in block.global_shape[::-1])
+    whole = np.empty(shape, np.result_type(*(p.dtype for _, p in parts)))
+    for (z, y, x), p in parts:
+        whole[z:z + p.shape[0], y:y + p.shape[1], x:x + p.shape[2]] = p
+    return whole
+
+
+def suggested_iso(block, mpi) -> tuple[float, float, float | None]:
+    """The field's finite range and, to suggest an iso value, the threshold that splits its histogram best
+    (Otsu's, of :func:`global_sample`), or None when it makes no surface; the same on every rank (collective)."""
+    from skimage.filters import threshold_otsu
+
+    whole = global_sample(block, mpi)
+    answer = None
+    if whole is not None:
+        finite = whole[np.isfinite(whole)].astype(np.float64)
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
+        otsu = float(threshold_otsu(finite)) if finite.size and lo < hi else None
+        answer = (lo, hi, otsu if otsu is not None and lo < otsu <= hi else None)
+    return answer if mpi is None or mpi.Get_size() == 1 else mpi.bcast(answer, root=0)
+
+
+def missing_iso(args: argparse.Namespace, cfg: Config, comm) -> str:
+    """The error of a command given no iso value: give ``--iso``, with the field's range and a value to try
+    (of the volume, or of the BP file's first step; a stream's steps are not read for it). Collective."""
+    text = (f"no iso value given: give --iso V (or input.iso in a --config file), the value "
+            f"{'' if args.command == 'run' else f'of {cfg.input.var} '}whose isosurface is trained")
+    if args.command == "stream":
+        return text + "; a stream's field is not read before its iso value is known"
+    if args.command == "run":
+        with comm.phase("read input"):
+            source = volume_source(args, cfg, comm.rank, comm.size)
+        first = next(iter(source), None)
+    else:
+        from .sources import open_source
+
+        with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
+            first = next(iter(source), None)
+    if first is None:
+        return text
+    lo, hi, otsu = suggested_iso(first.block, comm.mpi)
+    what = Path(args.input).name if args.command == "run" else f"{cfg.input.var} (step {first.step})"
+    if not lo < hi:
+        return text + f"; {what} is constant ({lo:.6g}): it has no isosurface"
+    return (text + f"; {what} ranges over [{lo:.6g}, {hi:.6g}]"
+            + (f", and its histogram splits best at {otsu:.4g} (Otsu's threshold): try --iso {otsu:.4g}"
+               if otsu is not None else ""))
+
+
+def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...] | None = None) -> str:
+    """What the command is about to do, in one line, before the slow parts (ground truth, training)."""
+    vc, tc = cfg.views, cfg.train
+    what = Path(args.input).name if getattr(args, "input", None) else "?"
+    if shape is not None:
+        what += f" ({'x'.join(map(str, shape[::-1]))} samples)"
+    elif args.command != "run":
+        what += f", variable {cfg.input.var}"
+    per_step = "" if args.command == "run" else " per timestep" + (
+        f" ({min(cfg.insitu.warm_iterations, tc.iterations)} when warm-started from the one before)"
+        if cfg.insitu.warm_start else "")
+    return (f"insitu {args.command}: {what}, iso {', '.join(f'{v:g}' for v in cfg.input.iso)}: {vc.count} views of "
+            f"{vc.resolution}x{vc.resolution} px, {tc.iterations} iterations of {tc.batch} view(s){per_step}, "
+            f"on {comm.size} rank(s) ({comm.device.type}); outputs in {cfg.output.dir}")
+
+
 def run_provenance(args: argparse.Namespace) -> dict:
     """What a command's steps come from: recorded in every step's metrics.json, and compared with the
     kept steps' on ``--resume`` (with the configuration)."""
@@ -195,6 +278,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         # before any work: sizes that cannot fit, a rasterizer the device lacks, input refused as it is
         _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
                                check_backend(cfg, comm.device.type, gsplat_import_error()), check_input(args, cfg)))
+        if not getattr(args, "iso_given", True):    # the configuration's default is for Gray-Scott's U, not this field
+            raise ConfigError(missing_iso(args, cfg, comm))
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
@@ -212,6 +297,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         elif args.command == "run":
             with comm.phase("read input"):
                 source = volume_source(args, cfg, comm.rank, comm.size)
+            say(comm, plan_text(args, cfg, comm, source.array.shape))
             try:
                 n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped)
             finally:
@@ -222,6 +308,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         else:
             from .sources import open_source
 
+            say(comm, plan_text(args, cfg, comm))
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
                 try:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
