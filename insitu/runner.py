@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import stat
@@ -24,7 +25,8 @@ def say(comm, text: str) -> None:
 
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
-                failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None) -> int:
+                failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None,
+                kept: dict[int, str | None] | None = None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
     done:    steps already complete in the output folder (``--resume``): not trained again.
@@ -32,6 +34,9 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
              is appended here as (step, message) and the next step is trained; without a list,
              the failure is raised.
     skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
+    kept:    the field hashes the kept steps (``done``) record (None: none recorded); a kept step whose
+             field's hash (:func:`field_hash`) differs now is a ConfigError, on every rank.
+    Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it).
     """
     from .driver import StepDriver             # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
@@ -46,10 +51,18 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
         if any(ended):
             raise InputError(f"the source ended on rank(s) {[r for r, e in enumerate(ended) if e]} "
                              "but not on the others")
+        digest = field_hash(item.block, comm.mpi)
         if item.step in done:
+            recorded = (kept or {}).get(item.step)
+            if recorded is not None and recorded != digest:
+                raise ConfigError(f"output.dir {out}: --resume would keep step {item.step}, made from other values of "
+                                  f"its field than the input holds now (field hash {recorded} kept vs {digest} now); "
+                                  "give the input it was made from, --overwrite, or another --out")
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
             driver.forget()
             continue
+        if writer is not None:
+            writer.field_hashes[item.step] = digest
         try:
             result = driver.train(item.block, step=item.step, time=item.time)
         except InputError as e:                 # agreed on every rank: this step is skipped
@@ -103,7 +116,7 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
                      downsample=cfg.input.downsample, origin=origin, spacing=spacing, nonfinite=cfg.input.nonfinite)
 
 
-SAMPLES = 1 << 20                           # the field's samples that the iso suggestion reads, at most
+SAMPLES = 1 << 20                           # the field's samples that field_hash and the iso suggestion read, at most
 
 
 def global_sample(block, mpi, limit: int = SAMPLES) -> np.ndarray | None:
@@ -125,6 +138,21 @@ def global_sample(block, mpi, limit: int = SAMPLES) -> np.ndarray | None:
     for (z, y, x), p in parts:
         whole[z:z + p.shape[0], y:y + p.shape[1], x:x + p.shape[2]] = p
     return whole
+
+
+def field_hash(block, mpi) -> str:
+    """A hash of the whole field (the same on every rank, for any number of ranks; collective): BLAKE2b of its
+    dtype, shape and :func:`global_sample` (every sample of a field of up to ``SAMPLES``, else a regular grid of
+    them), recorded with each step (metrics.json's ``field_hash``) so that ``--resume`` tells a kept step made
+    from other values. A large field is sampled, so that the gather and the hash take milliseconds."""
+    whole = global_sample(block, mpi)
+    digest = None
+    if whole is not None:
+        h = hashlib.blake2b(digest_size=12)
+        h.update(f"{whole.dtype.str} {tuple(block.global_shape)} {whole.shape}".encode())
+        h.update(whole.data)                    # (np.empty above: C-contiguous)
+        digest = h.hexdigest()
+    return digest if mpi is None or mpi.Get_size() == 1 else mpi.bcast(digest, root=0)
 
 
 def suggested_iso(block, mpi) -> tuple[float, float, float | None]:
@@ -185,12 +213,30 @@ def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...
             f"on {comm.size} rank(s) ({comm.device.type}); outputs in {cfg.output.dir}")
 
 
+def input_files(path: str | Path) -> dict[str, dict[str, int]]:
+    """Size and modification time (ns) of an input file, or of the files in an input folder (a BP file's
+    data and metadata), by name: recorded with every step and compared on ``--resume``. {} when absent."""
+    path = Path(path)
+    out = {}
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+        for p in files:
+            st = p.stat()
+            out[p.name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    except OSError:                             # unreadable: the source says so, with what it expected
+        pass
+    return out
+
+
 def run_provenance(args: argparse.Namespace) -> dict:
     """What a command's steps come from: recorded in every step's metrics.json, and compared with the
-    kept steps' on ``--resume`` (with the configuration)."""
+    kept steps' on ``--resume`` (with the configuration): the command, its input's path and, for a file
+    or a BP folder, its files' sizes and modification times."""
     provenance = {"command": args.command}
     if getattr(args, "input", None) is not None:
         provenance["input"] = os.path.abspath(args.input)
+        if args.command in ("run", "replay"):
+            provenance["files"] = input_files(args.input)
     if args.command == "run":
         provenance["spacing"] = [float(v) for v in args.spacing]
     if args.command == "demo":
@@ -290,6 +336,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         writer = StepWriter(out, ply=cfg.output.ply, done=done, provenance=provenance)
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
+        kept = comm.mpi.bcast({s: writer.kept_field_hash(s) for s in done} if comm.rank == 0 else None, root=0)
         failed: list[tuple[int, str]] = []
         skipped: list[tuple[int, str]] = []     # steps the source could not use (no such variable, ...) or too small
         if args.command == "demo":
@@ -299,7 +346,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                 source = volume_source(args, cfg, comm.rank, comm.size)
             say(comm, plan_text(args, cfg, comm, source.array.shape))
             try:
-                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped)
+                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped,
+                                kept=kept)
             finally:
                 if comm.rank == 0 and skipped:
                     writer.record_all("skipped", skipped)
@@ -312,7 +360,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
                 try:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
-                                    skipped=skipped)
+                                    skipped=skipped, kept=kept)
                 finally:
                     skipped = sorted(skipped + [s for s in getattr(source, "skipped", []) if s[0] not in done])
                     if comm.rank == 0 and skipped:
