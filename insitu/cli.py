@@ -44,7 +44,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="override any config key, e.g. --set train.sh_degree=1 (repeatable)")
     _config_flag(g, "--out", "output.dir", metavar="DIR",
                  help="output directory (default: output.dir of the config, 'out')")
-    _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V", help="iso value(s) (run, replay and stream need one)")
+    _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V",
+                 help="iso value(s) (run, replay and stream need one)")
     _config_flag(g, "--var", "input.var", help="name of the field to extract isosurfaces from")
     _config_flag(g, "--color-var", "input.color_var", help="second field that colours the surface")
     _config_flag(g, "--views", "views.count", type=int, metavar="N", help="number of orbit views (default 448)")

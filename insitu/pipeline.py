@@ -362,10 +362,10 @@ def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Conf
         return
     isos = ", ".join(f"{v:.6g}" for v in cfg.input.iso)
     res = cfg.views.resolution
-    raise SurfaceTooSmall(f"the isosurface at iso {isos} has only {triangles} triangle(s), about {pixels:.2g} pixels of "
-                          f"a {res}x{res} view: too small to train; the field ranges over [{value_range[0]:.6g}, "
-                          f"{value_range[1]:.6g}]: give an iso value whose surface is larger (--iso), or a larger "
-                          "--resolution")
+    raise SurfaceTooSmall(f"the isosurface at iso {isos} has only {triangles} triangle(s), about {pixels:.2g} "
+                          f"pixels of a {res}x{res} view: too small to train; the field ranges over "
+                          f"[{value_range[0]:.6g}, {value_range[1]:.6g}]: give an iso value whose surface is larger "
+                          "(--iso), or a larger --resolution")
 
 
 def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,

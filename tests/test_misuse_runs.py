@@ -102,8 +102,8 @@ def test_run_without_iso_is_refused_with_the_field_range_before_any_work(tmp_pat
     r = insitu("run", tmp_path / "ball.npy", *TINY, "--out", "out", cwd=tmp_path)
     line = one_error(r)
     assert re.fullmatch(r"insitu: error: no iso value given: give --iso V \(or input\.iso in a --config file\), the "
-                        r"value whose isosurface is trained; ball\.npy ranges over \[0\.866025, 9\.52628\], and its histogram "
-                        r"splits best at ([\d.]+) \(Otsu's threshold\): try --iso \1", line), line
+                        r"value whose isosurface is trained; ball\.npy ranges over \[0\.866025, 9\.52628\], and its "
+                        r"histogram splits best at ([\d.]+) \(Otsu's threshold\): try --iso \1", line), line
     assert not (tmp_path / "out").exists() and "insitu run:" not in r.stdout
 
 
