@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from . import __version__
-from .config import Config, field_choices, load_config, parse_override
+from .config import Config, config_file_values, field_choices, load_config, parse_override
 from .errors import ConfigError, InputError
 
 EPILOG = """examples:
@@ -44,7 +44,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="override any config key, e.g. --set train.sh_degree=1 (repeatable)")
     _config_flag(g, "--out", "output.dir", metavar="DIR",
                  help="output directory (default: output.dir of the config, 'out')")
-    _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V", help="iso value(s)")
+    _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V",
+                 help="iso value(s) (run, replay and stream need one)")
     _config_flag(g, "--var", "input.var", help="name of the field to extract isosurfaces from")
     _config_flag(g, "--color-var", "input.color_var", help="second field that colours the surface")
     _config_flag(g, "--views", "views.count", type=int, metavar="N", help="number of orbit views (default 448)")
@@ -140,6 +141,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config(args.config, overrides, defaults)
 
 
+def iso_given(args: argparse.Namespace) -> bool:
+    """Whether ``input.iso`` comes from the command line (``--iso``, ``--set input.iso=...``) or the config file,
+    rather than the configuration's default (meant for the Gray-Scott demo's field, meaningless for another)."""
+    overrides = dict(parse_override(s) for s in args.set)
+    if overrides.get("input.iso") is not None or getattr(args, CONFIG_DEST + "input.iso", None) is not None:
+        return True
+    section = config_file_values(args.config).get("input")
+    return isinstance(section, dict) and section.get("iso") is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -151,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = config_from_args(args)
+        args.iso_given = args.command == "demo" or iso_given(args)   # the demo's iso is its own
         return run_command(args, cfg)
     except (ConfigError, InputError) as e:
         print(f"insitu: error: {e}", file=sys.stderr)

@@ -489,12 +489,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     Precedence: ``overrides`` > the file > ``defaults`` (dotted, e.g. a command's own) > built-in defaults.
     """
-    values: dict[str, Any] = {}
-    if path is not None:
-        where = f"config file {_shown(path)}"
-        values = _yaml(_read_config(path, where), where) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{where}: expected a mapping of sections, got {type(values).__name__}")
+    values = config_file_values(path)
     base = merge({}, defaults or {})
     for section, sub in values.items():
         if isinstance(sub, dict) and isinstance(base.get(section), dict):
@@ -502,6 +497,18 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         else:
             base[section] = sub
     return from_dict(merge(base, overrides or {}))
+
+
+def config_file_values(path: str | Path | None) -> dict[str, Any]:
+    """The sections a YAML configuration file sets, as written (``{}`` without a file); a ConfigError when
+    it cannot be one (see :func:`_read_config`) or is not a mapping of sections."""
+    if path is None:
+        return {}
+    where = f"config file {_shown(path)}"
+    values = _yaml(_read_config(path, where), where) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections, got {type(values).__name__}")
+    return values
 
 
 CONFIG_BYTES_MAX = 1 << 20              # a configuration is a few kB; the YAML parser takes seconds a MiB

@@ -5,6 +5,7 @@
 - ``ConfigError``: a configuration value is unknown, of the wrong type or out of range (a ``ValueError``).
 - ``TrainingDiverged``: a step's training reached NaN or infinite values (an InputError: the settings cannot
   train this input; the step is recorded as failed and no model is written).
+- ``SurfaceTooSmall``: a step's isosurface is too small to train (an ``InputError``; the commands skip the step).
 - ``SourceError`` / ``SourceInputError``: a timestep source failed / its content cannot be used.
 - ``RankFailure`` / ``RankInputFailure``: raised on every rank when one or more ranks failed
   (on bad input only, for the latter); ``AgreementTimeout``: the other ranks did not join a
@@ -27,6 +28,10 @@ class TrainingDiverged(InputError):
 
     Raised the same on every rank of the step (the ranks agree on it), so the command lines report it
     in one line (exit 2) and a series records the step as failed and trains the next one cold."""
+
+
+class SurfaceTooSmall(InputError):
+    """A step's isosurface exists but is too small to train (it covers less than a pixel of a view)."""
 
 
 class SourceError(InputError, RuntimeError):

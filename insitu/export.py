@@ -19,6 +19,7 @@ model: :meth:`StepWriter.write_model` is collective, every rank writing its own 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -203,11 +204,38 @@ def kept_differences(folder: Path, config: Config, provenance: Mapping[str, Any]
         now_provenance = plain(dict(provenance))
         out += [f"{key} ({recorded.get(key)!r} kept vs {now_provenance.get(key)!r} now)"
                 for key in sorted(set(recorded) | set(now_provenance), key=str)
-                if recorded.get(key) != now_provenance.get(key)]
+                if key != "files" and recorded.get(key) != now_provenance.get(key)]
+        # the files of the same input (another path says so already; steps written before the files were
+        # recorded have the path alone)
+        if "files" in recorded and recorded.get("input") == now_provenance.get("input"):
+            out += files_differences(recorded["files"], now_provenance.get("files"))
     return out
 
 
+def files_differences(kept: Any, now: Any, shown: int = 3) -> list[str]:
+    """How the input files a step was made from (``provenance["files"]``: name -> ``{"bytes", "mtime_ns"}``)
+    differ from those there now, one text per file that changed, came or went (``shown`` at most)."""
+    kept, now = (v if isinstance(v, Mapping) else {} for v in (kept, now))
+    changed = [name for name in sorted(set(kept) | set(now), key=str) if kept.get(name) != now.get(name)]
+    texts = [f"{name} ({_file_text(kept.get(name))} kept vs {_file_text(now.get(name))} now)"
+             for name in changed[:shown]]
+    return texts + ([f"{len(changed) - shown} more file(s)"] if len(changed) > shown else [])
+
+
+def _file_text(record: Any) -> str:
+    """``1234 bytes modified 2025-06-01 12:00:00.123456789`` (local time) of a file's record, or ``absent``."""
+    if not isinstance(record, Mapping):
+        return "absent"
+    try:
+        ns = int(record["mtime_ns"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns // 10**9)) + f".{ns % 10**9:09d}"
+        return f"{int(record['bytes'])} bytes modified {when}"
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        return repr(dict(record))
+
+
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+FIELD_HASH = "field_hash"               # metrics.json: the step's field hash (StepWriter.field_hashes)
 
 
 class StepWriter:
@@ -229,6 +257,10 @@ class StepWriter:
             too; :meth:`publish` writes both at once.
     provenance: what the steps come from (e.g. ``{"command": "replay", "input": "/abs/m16.bp"}``), written
             into each step's ``metrics.json`` so that a resumed run can compare it with its own.
+
+    ``field_hashes``: step -> a hash of the step's field (given before the step is written), recorded as
+    ``field_hash`` in its ``metrics.json`` (not in ``metrics.csv``); :meth:`kept_field_hash` reads a kept
+    step's, so that a resumed run can tell whether it was made from the same values.
     """
 
     def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = (),
@@ -239,6 +271,7 @@ class StepWriter:
         self._lock = threading.Lock()           # rows come from a training thread and the caller's
         self.rows: dict[int, dict[str, Any]] = {}
         self._pending: dict[int, Path] = {}     # step -> its temporary folder, until write() renames it
+        self.field_hashes: dict[int, str] = {}
         for step in sorted({int(s) for s in done}):
             self.rows[step] = {"step": step, "status": "trained", **self._kept_row(step)}
 
@@ -250,7 +283,15 @@ class StepWriter:
             return {}
         if not isinstance(metrics, dict):
             return {}
-        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance")})
+        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance", FIELD_HASH)})
+
+    def kept_field_hash(self, step: int) -> str | None:
+        """The ``field_hash`` a complete step folder's ``metrics.json`` records, or None (none recorded)."""
+        try:
+            value = json.loads((self.out_root / step_name(step) / "metrics.json").read_text()).get(FIELD_HASH)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) else None
 
     def publish(self) -> None:
         """Write ``metrics.csv`` and the report from the rows held now (a resumed run: the kept steps)."""
@@ -351,7 +392,8 @@ class StepWriter:
             if cameras is not None:
                 write_json(d / "cameras.json", cameras_json(cameras, frame))
             metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
-            write_json(d / "metrics.json", {"step": int(step), **plain(metrics),
+            hashed = {FIELD_HASH: self.field_hashes[int(step)]} if int(step) in self.field_hashes else {}
+            write_json(d / "metrics.json", {"step": int(step), **plain(metrics), **hashed,
                                             **({"provenance": self.provenance} if self.provenance is not None else {})})
             if config is not None:
                 cfg = config.to_dict() if hasattr(config, "to_dict") else config
@@ -367,7 +409,9 @@ class StepWriter:
             raise
         finally:
             self._pending.pop(int(step), None)
-        self._row({int(step): {"status": "trained", **flatten_metrics(metrics)}})
+        # a figure that is not a number (no held-out view saw the surface) is absent, as in metrics.json
+        row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flatten_metrics(metrics).items()}
+        self._row({int(step): {"status": "trained", **row}})
         return final
 
     def record(self, step: int, status: str, reason: str) -> None:

@@ -34,10 +34,10 @@ from .compilation import compile_ahead
 from .compositing import gather_bands
 from .config import Config
 from .decomposition import Decomposition
-from .errors import InputError, TrainingDiverged
+from .errors import InputError, SurfaceTooSmall, TrainingDiverged
 from .gaussians import Gaussians, gather_gaussians, rgb_to_sh0
 from .layouts import Layout, choose_layout
-from .progress import note, progress_bar
+from .progress import figure, note, progress_bar
 from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
@@ -363,6 +363,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso, value_range=value_range)
     total_area = comm.mpi.allreduce(seeds.total_area)
+    check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     budget = int(round(seed_count(cfg, total_area, block) * share))
     fresh = None
@@ -378,6 +379,28 @@ def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seed
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
     return Seeding(shard, fresh, share, targets)
+
+
+MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
+                                       # model of a Gaussian or two, scored on a few pixels (or on none)
+
+
+def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Config,
+                  value_range: tuple[float, float]) -> None:
+    """SurfaceTooSmall on every rank when the whole isosurface (``total_area``, world units) covers less than
+    ``MIN_SURFACE_PIXELS`` of an orbit view: a convex surface's mean projected area is a quarter of its area,
+    at :func:`insitu.views.pixels_per_area` pixels a unit of area; collective (its triangles are counted)."""
+    lo, hi = block.global_box
+    pixels = total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg) / 4
+    triangles = comm.mpi.allreduce(len(seeds.faces))
+    if pixels >= MIN_SURFACE_PIXELS:
+        return
+    isos = ", ".join(f"{v:.6g}" for v in cfg.input.iso)
+    res = cfg.views.resolution
+    raise SurfaceTooSmall(f"the isosurface at iso {isos} has only {triangles} triangle(s), about {pixels:.2g} "
+                          f"pixels of a {res}x{res} view: too small to train; the field ranges over "
+                          f"[{value_range[0]:.6g}, {value_range[1]:.6g}]: give an iso value whose surface is larger "
+                          "(--iso), or a larger --resolution")
 
 
 def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,
@@ -509,7 +532,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
             later = render_now_score_later(trainer, scene, layout, cfg)
     else:
         q0 = scored(trainer.colors)
-        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface "
+        note(f"step {step} initial model: PSNR {figure(q0.psnr_foreground)} dB on the surface "
              f"({clock.spans['evaluation'][0]:.1f} s)", show)
     history = []
     bar = progress_bar(iterations, f"step {step} train", show)
@@ -536,7 +559,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     if later is not None:
         with clock.span("evaluation"):
             q0 = later()
-        note(f"step {step} initial model: PSNR {q0.psnr_foreground:.2f} dB on the surface", show)
+        note(f"step {step} initial model: PSNR {figure(q0.psnr_foreground)} dB on the surface", show)
     return Training(q0, [row(q0, 0, gaussians, 0.0)] + history, reached)
 
 

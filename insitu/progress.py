@@ -8,11 +8,12 @@ from pathlib import Path
 
 
 class LogProgress:
-    """Progress for logs (stderr is not a terminal): one plain line every tenth of the work."""
+    """Progress for logs (stderr is not a terminal): a plain line after the first unit of work (its time
+    tells how long the rest will take), then one every tenth of the work."""
 
     def __init__(self, total: int, desc: str):
         self.total, self.desc, self.done, self.info, self.t0 = total, desc, 0, {}, _time.perf_counter()
-        self.next = max(total // 10, 1)
+        self.next = 1
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -20,7 +21,8 @@ class LogProgress:
             extra = "".join(f", {k} {v}" for k, v in self.info.items())
             print(f"{self.desc}: {self.done}/{self.total}{extra} ({_time.perf_counter() - self.t0:.1f} s)",
                   file=sys.stderr, flush=True)
-            self.next = self.done + max(self.total // 10, 1)
+            tenth = max(self.total // 10, 1)
+            self.next = (self.done // tenth + 1) * tenth
 
     def set_postfix(self, **info) -> None:
         self.info = info
@@ -44,14 +46,25 @@ def note(message: str, enabled: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def figure(value, spec: str = ".2f") -> str:
+    """A figure as printed: ``n/a`` when it is absent (None) or not a number (NaN: e.g. the close-up
+    views' PSNR when none of them sees the surface)."""
+    if value is None or value != value:
+        return "n/a"
+    return format(value, spec)
+
+
 def summary(metrics: dict, out: Path) -> str:
-    """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``."""
-    closer = [f"{metrics[k]:.1f}" for k in ("psnr_foreground_near2", "psnr_foreground_near3")
-              if metrics.get(k) is not None]
-    return (f"step {metrics['step']}: surface PSNR {metrics['psnr_foreground']:.2f} dB, "
-            f"SSIM {metrics['ssim_foreground']:.4f}"
-            + (f" (2x and 3x closer: {' and '.join(closer)} dB)" if closer else "")
-            + f", whole image {metrics['psnr']:.2f} dB, "
+    """A trained step in one line, from its ``metrics`` (metrics.json's), its folder under ``out``; an absent
+    figure reads ``n/a`` (:func:`figure`), the close-up views' are left out when neither set has one."""
+    closer = {f"{n}x": figure(metrics.get(f"psnr_foreground_near{n}"), ".1f") for n in (2, 3)
+              if f"psnr_foreground_near{n}" in metrics}
+    if all(v == "n/a" for v in closer.values()):
+        closer = {}
+    return (f"step {metrics['step']}: surface PSNR {figure(metrics['psnr_foreground'])} dB, "
+            f"SSIM {figure(metrics['ssim_foreground'], '.4f')}"
+            + (f" ({' and '.join(closer)} closer: {' and '.join(closer.values())} dB)" if closer else "")
+            + f", whole image {figure(metrics['psnr'])} dB, "
             f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
             f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
             f"-> {out / ('step_%06d' % metrics['step'])}")

@@ -64,6 +64,8 @@ def _fmt(value: str) -> str:
         x = float(value)
     except ValueError:
         return value
+    if math.isnan(x):                   # a figure no view gave (metrics.csv writes it empty)
+        return "n/a"
     if x.is_integer() and "." not in value and "e" not in value.lower():
         return value
     return f"{x:.4g}" if math.isfinite(x) else value

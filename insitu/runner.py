@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import math
 import os
 import stat
 import sys
@@ -11,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from .agreement import agree_errors, first_error
-from .config import Config, check_backend, check_memory
+from .config import FILE_KINDS, Config, check_backend, check_memory
 from .demo import check_demo, run_demo
-from .errors import ConfigError, InputError, RankFailure
+from .errors import ConfigError, InputError, RankFailure, SurfaceTooSmall
 from .progress import summary
 from .volume import check_geometry
 
@@ -24,13 +26,18 @@ def say(comm, text: str) -> None:
 
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
-                failed: list[tuple[int, str]] | None = None) -> int:
+                failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None,
+                kept: dict[int, str | None] | None = None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
-    done:   steps already complete in the output folder (``--resume``): not trained again.
-    failed: a step whose input is unusable (no surface, NaN, ...; the same verdict on every rank)
-            is appended here as (step, message) and the next step is trained; without a list,
-            the failure is raised.
+    done:    steps already complete in the output folder (``--resume``): not trained again.
+    failed:  a step whose input is unusable (no surface, NaN, ...; the same verdict on every rank)
+             is appended here as (step, message) and the next step is trained; without a list,
+             the failure is raised.
+    skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
+    kept:    the field hashes the kept steps (``done``) record (None: none recorded); a kept step whose
+             field's hash (:func:`field_hash`) differs now is a ConfigError, on every rank.
+    Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it).
     """
     from .driver import StepDriver             # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
@@ -45,16 +52,25 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
         if any(ended):
             raise InputError(f"the source ended on rank(s) {[r for r, e in enumerate(ended) if e]} "
                              "but not on the others")
+        digest = field_hash(item.block, comm.mpi)
         if item.step in done:
+            recorded = (kept or {}).get(item.step)
+            if recorded is not None and recorded != digest:
+                raise ConfigError(f"output.dir {out}: --resume would keep step {item.step}, made from other values of "
+                                  f"its field than the input holds now (field hash {recorded} kept vs {digest} now); "
+                                  "give the input it was made from, --overwrite, or another --out")
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
             driver.forget()
             continue
+        if writer is not None:
+            writer.field_hashes[item.step] = digest
         try:
             result = driver.train(item.block, step=item.step, time=item.time)
         except InputError as e:                 # agreed on every rank: this step is skipped
-            if failed is None:
+            into = skipped if isinstance(e, SurfaceTooSmall) else failed
+            if into is None:
                 raise
-            failed.append((item.step, str(e)))
+            into.append((item.step, str(e)))
             driver.forget()
             continue
         driver.trained(result)
@@ -101,12 +117,127 @@ def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
                      downsample=cfg.input.downsample, origin=origin, spacing=spacing, nonfinite=cfg.input.nonfinite)
 
 
+SAMPLES = 1 << 20                           # the field's samples that field_hash and the iso suggestion read, at most
+
+
+def global_sample(block, mpi, limit: int = SAMPLES) -> np.ndarray | None:
+    """The whole field's samples on a regular grid, every ``k``-th along each axis (``k`` the least that keeps
+    them within ``limit``), as ``[nz, ny, nx]`` on rank 0 (None on the others): the same for any number of
+    ranks. Each rank gives its part of the grid (the samples of its owned cells, and the field's last samples
+    for the last block): collective over ``mpi`` (None: one process)."""
+    stride = max(1, math.ceil((math.prod(block.global_shape) / limit) ** (1 / 3)))
+    axes = []                                   # x, y, z: the grid's global indices in this rank's part
+    for lo, hi, n in zip(block.owned_lo, block.owned_hi, block.global_shape):
+        axes.append(np.arange(-(-lo // stride) * stride, hi + 1 if hi == n - 1 else hi, stride))
+    part = block.data[np.ix_(*(a - s for a, s in zip(axes[::-1], block.start[::-1])))]
+    here = tuple(int(a[0]) // stride if len(a) else 0 for a in axes[::-1])
+    parts = [(here, part)] if mpi is None or mpi.Get_size() == 1 else mpi.gather((here, part), root=0)
+    if parts is None:
+        return None
+    shape = tuple(-(-n // stride) for n in block.global_shape[::-1])
+    whole = np.empty(shape, np.result_type(*(p.dtype for _, p in parts)))
+    for (z, y, x), p in parts:
+        whole[z:z + p.shape[0], y:y + p.shape[1], x:x + p.shape[2]] = p
+    return whole
+
+
+def field_hash(block, mpi) -> str:
+    """A hash of the whole field (the same on every rank, for any number of ranks; collective): BLAKE2b of its
+    dtype, shape and :func:`global_sample` (every sample of a field of up to ``SAMPLES``, else a regular grid of
+    them), recorded with each step (metrics.json's ``field_hash``) so that ``--resume`` tells a kept step made
+    from other values. A large field is sampled, so that the gather and the hash take milliseconds."""
+    whole = global_sample(block, mpi)
+    digest = None
+    if whole is not None:
+        h = hashlib.blake2b(digest_size=12)
+        h.update(f"{whole.dtype.str} {tuple(block.global_shape)} {whole.shape}".encode())
+        h.update(whole.data)                    # (np.empty above: C-contiguous)
+        digest = h.hexdigest()
+    return digest if mpi is None or mpi.Get_size() == 1 else mpi.bcast(digest, root=0)
+
+
+def suggested_iso(block, mpi) -> tuple[float, float, float | None]:
+    """The field's finite range and, to suggest an iso value, the threshold that splits its histogram best
+    (Otsu's, of :func:`global_sample`), or None when it makes no surface; the same on every rank (collective)."""
+    from skimage.filters import threshold_otsu
+
+    whole = global_sample(block, mpi)
+    answer = None
+    if whole is not None:
+        finite = whole[np.isfinite(whole)].astype(np.float64)
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
+        otsu = float(threshold_otsu(finite)) if finite.size and lo < hi else None
+        answer = (lo, hi, otsu if otsu is not None and lo < otsu <= hi else None)
+    return answer if mpi is None or mpi.Get_size() == 1 else mpi.bcast(answer, root=0)
+
+
+def missing_iso(args: argparse.Namespace, cfg: Config, comm) -> str:
+    """The error of a command given no iso value: give ``--iso``, with the field's range and a value to try
+    (of the volume, or of the BP file's first step; a stream's steps are not read for it). Collective."""
+    text = (f"no iso value given: give --iso V (or input.iso in a --config file), the value "
+            f"{'' if args.command == 'run' else f'of {cfg.input.var} '}whose isosurface is trained")
+    if args.command == "stream":
+        return text + "; a stream's field is not read before its iso value is known"
+    if args.command == "run":
+        with comm.phase("read input"):
+            source = volume_source(args, cfg, comm.rank, comm.size)
+        first = next(iter(source), None)
+    else:
+        from .sources import open_source
+
+        with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
+            first = next(iter(source), None)
+    if first is None:
+        return text
+    lo, hi, otsu = suggested_iso(first.block, comm.mpi)
+    what = Path(args.input).name if args.command == "run" else f"{cfg.input.var} (step {first.step})"
+    if not lo < hi:
+        return text + f"; {what} is constant ({lo:.6g}): it has no isosurface"
+    return (text + f"; {what} ranges over [{lo:.6g}, {hi:.6g}]"
+            + (f", and its histogram splits best at {otsu:.4g} (Otsu's threshold): try --iso {otsu:.4g}"
+               if otsu is not None else ""))
+
+
+def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...] | None = None) -> str:
+    """What the command is about to do, in one line, before the slow parts (ground truth, training)."""
+    vc, tc = cfg.views, cfg.train
+    what = Path(args.input).name if getattr(args, "input", None) else "?"
+    if shape is not None:
+        what += f" ({'x'.join(map(str, shape[::-1]))} samples)"
+    elif args.command != "run":
+        what += f", variable {cfg.input.var}"
+    per_step = "" if args.command == "run" else " per timestep" + (
+        f" ({min(cfg.insitu.warm_iterations, tc.iterations)} when warm-started from the one before)"
+        if cfg.insitu.warm_start else "")
+    return (f"insitu {args.command}: {what}, iso {', '.join(f'{v:g}' for v in cfg.input.iso)}: {vc.count} views of "
+            f"{vc.resolution}x{vc.resolution} px, {tc.iterations} iterations of {tc.batch} view(s){per_step}, "
+            f"on {comm.size} rank(s) ({comm.device.type}); outputs in {cfg.output.dir}")
+
+
+def input_files(path: str | Path) -> dict[str, dict[str, int]]:
+    """Size and modification time (ns) of an input file, or of the files in an input folder (a BP file's
+    data and metadata), by name: recorded with every step and compared on ``--resume``. {} when absent."""
+    path = Path(path)
+    out = {}
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+        for p in files:
+            st = p.stat()
+            out[p.name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    except OSError:                             # unreadable: the source says so, with what it expected
+        pass
+    return out
+
+
 def run_provenance(args: argparse.Namespace) -> dict:
     """What a command's steps come from: recorded in every step's metrics.json, and compared with the
-    kept steps' on ``--resume`` (with the configuration)."""
+    kept steps' on ``--resume`` (with the configuration): the command, its input's path and, for a file
+    or a BP folder, its files' sizes and modification times."""
     provenance = {"command": args.command}
     if getattr(args, "input", None) is not None:
         provenance["input"] = os.path.abspath(args.input)
+        if args.command in ("run", "replay"):
+            provenance["files"] = input_files(args.input)
     if args.command == "run":
         provenance["spacing"] = [float(v) for v in args.spacing]
     if args.command == "demo":
@@ -138,8 +269,7 @@ def check_input(args: argparse.Namespace, cfg: Config, comm) -> None:
         except OSError:
             return                              # missing: the source says so, with what it expected
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            kind = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
-                    stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}.get(stat.S_IFMT(mode), "not a file")
+            kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a file")
             expected = "a .npy or raw volume file" if args.command == "run" else "a BP file (folder)"
             raise InputError(f"{path}: is {kind}, expected {expected}")
 
@@ -203,6 +333,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),
                                check_backend(cfg, comm.device.type, gsplat_import_error()),
                                check_input(args, cfg, comm)))
+        if not getattr(args, "iso_given", True):    # the configuration's default is for Gray-Scott's U, not this field
+            raise ConfigError(missing_iso(args, cfg, comm))
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
@@ -213,22 +345,33 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         writer = StepWriter(out, ply=cfg.output.ply, done=done, provenance=provenance)
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
+        kept = comm.mpi.bcast({s: writer.kept_field_hash(s) for s in done} if comm.rank == 0 else None, root=0)
         failed: list[tuple[int, str]] = []
-        skipped: list[tuple[int, str]] = []          # steps the source could not use (no such variable, ...)
+        skipped: list[tuple[int, str]] = []     # steps the source could not use (no such variable, ...) or too small
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
             with comm.phase("read input"):
                 source = volume_source(args, cfg, comm.rank, comm.size)
-            n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+            say(comm, plan_text(args, cfg, comm, source.array.shape))
+            try:
+                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped,
+                                kept=kept)
+            finally:
+                if comm.rank == 0 and skipped:
+                    writer.record_all("skipped", skipped)
+            if skipped and n == 0 and not done:     # the one volume: its own reason, in one line
+                raise InputError(skipped[0][1])
         else:
             from .sources import open_source
 
+            say(comm, plan_text(args, cfg, comm))
             with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
                 try:
-                    n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed)
+                    n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
+                                    skipped=skipped, kept=kept)
                 finally:
-                    skipped = [s for s in getattr(source, "skipped", []) if s[0] not in done]
+                    skipped = sorted(skipped + [s for s in getattr(source, "skipped", []) if s[0] not in done])
                     if comm.rank == 0 and skipped:
                         writer.record_all("skipped", skipped)
                 missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))

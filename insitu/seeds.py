@@ -216,7 +216,9 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
     rgb = np.broadcast_to(np.asarray(color, np.float64), (len(idx), 3)) if colors is None else colors[idx]
     K = (sh_degree + 1) ** 2
     n = len(idx)
-    t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float32, device=device)  # noqa: E731
+    # a copy that torch may write: a broadcast view of one row (one Gaussian) is contiguous already, but
+    # read-only, and torch warns on a read-only array
+    t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32, device=device)  # noqa: E731
     return Gaussians(
         means=t(seeds.points[idx]),
         log_scales=t(np.log(scales)),

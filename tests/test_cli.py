@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SUMMARY = re.compile(r"^(?:demo: )?step (\d+): surface PSNR ([\d.]+) dB, SSIM ([\d.]+)(?: \(2x and 3x closer: "
-                     r"[\d.]+ and [\d.]+ dB\))?, whole image [\d.]+ dB, (\d+) Gaussians, (\d+) iterations, .*-> (.+)$",
-                     re.MULTILINE)
+                     r"(?:[\d.]+|n/a) and (?:[\d.]+|n/a) dB\))?, whole image [\d.]+ dB, (\d+) Gaussians, (\d+) "
+                     r"iterations, .*-> (.+)$", re.MULTILINE)
 TINY = ["--views", "8", "--resolution", "24", "--iterations", "4", "--budget", "150", "--quiet",
         "--set", "views.supersample=1"]
 
