@@ -1,7 +1,7 @@
 """Rank 1's shard holds a NaN mean, rank 0's does not; run as ``mpiexec -n 2 python nonfinite_worker.py``.
 
 Every rank must raise the same TrainingDiverged (no rank left waiting in a later collective), print
-``rank R: <message up to the settings' hint>``, then meet the others in one more collective (exit 0).
+``rank R: <message up to the settings' hint>`` (gathered and printed by rank 0) in one more collective (exit 0).
 """
 import torch
 
@@ -20,10 +20,12 @@ def main():
         g.means[2, 0] = float("nan")
     try:
         check_finite(g.tensors(), comm, "after iteration 7 of 8")
-        print(f"rank {comm.rank}: nothing raised", flush=True)
+        text = f"rank {comm.rank}: nothing raised"
     except TrainingDiverged as e:
-        print(f"rank {comm.rank}: {str(e).split(';')[0]}", flush=True)
-    comm.mpi.Barrier()                          # every rank got here: none waits
+        text = f"rank {comm.rank}: {str(e).split(';')[0]}"
+    said = comm.mpi.gather(text, root=0)        # every rank got here: none waits; rank 0 prints (no interleaving)
+    if comm.rank == 0:
+        print("\n".join(said), flush=True)
     shutdown(comm)
 
 
