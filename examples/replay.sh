@@ -2,6 +2,8 @@
 # Offline replay: a Gray-Scott run writes a BP5 file, then P ranks replay it step by step,
 # each rank reading only its own block.   Usage: examples/replay.sh [P]
 set -euo pipefail
+cd "$(dirname "$0")/.."                 # the repository's root: the paths below are relative to it
+[ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"   # the environment `make` creates (python, mpiexec, insitu)
 P=${1:-2}
 python -m insitu_sims.gray_scott --L 64 --steps 600 --plotgap 200 --engine BP5 --output gs.bp
 mpiexec -n "$P" insitu replay gs.bp --var V --iso 0.3 --views 64 --resolution 128 --iterations 500 \

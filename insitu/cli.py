@@ -15,9 +15,9 @@ from .errors import ConfigError, InputError
 
 EPILOG = """examples:
   insitu demo --out demo_out
-  insitu run ../shared/data/bonsai_256x256x256_uint8.raw --iso 40 --downsample 4 --out bonsai
-  mpiexec -n 2 insitu replay gs.bp --var U --iso 0.3 --out replay_out
-  insitu stream gs.bp --var U --iso 0.3 --out stream_out   (reader of a running SST writer)
+  insitu run bonsai_256x256x256_uint8.raw --iso 40 --views 448 --resolution 1024 --out bonsai
+  mpiexec -n 4 insitu replay gs.bp --var V --iso 0.3 --every 2 --out replay_out
+  mpiexec -n 2 insitu stream gs_stream --var V --iso 0.3 --timeout 120 --out stream_out
   insitu view demo_out --port 8000      (serves the report: open the URL it prints)
 """
 
@@ -37,7 +37,11 @@ def _config_flag(group, flag: str, key: str, **kwargs) -> None:
     group.add_argument(flag, dest=CONFIG_DEST + key, **kwargs)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, defaults: Config, *, fields: bool = True, iso_needed: bool = True,
+            series: bool = True) -> None:
+    """The flags of every training command. ``defaults``: the command's configuration (the help shows its
+    values); ``fields``: its input holds named fields (``--var``, ``--color-var``); ``iso_needed``: the
+    command takes no iso value by default; ``series``: it trains a series of steps (warm starts)."""
     g = p.add_argument_group("configuration (flags override the config file)")
     g.add_argument("--config", metavar="FILE", help="YAML configuration file")
     g.add_argument("--set", metavar="SECTION.KEY=VALUE", action="append", default=[],
@@ -45,15 +49,24 @@ def _common(p: argparse.ArgumentParser) -> None:
     _config_flag(g, "--out", "output.dir", metavar="DIR",
                  help="output directory (default: output.dir of the config, 'out')")
     _config_flag(g, "--iso", "input.iso", type=float, nargs="+", metavar="V",
-                 help="iso value(s) (run, replay and stream need one)")
-    _config_flag(g, "--var", "input.var", help="name of the field to extract isosurfaces from")
-    _config_flag(g, "--color-var", "input.color_var", help="second field that colours the surface")
-    _config_flag(g, "--views", "views.count", type=int, metavar="N", help="number of orbit views (default 448)")
-    _config_flag(g, "--resolution", "views.resolution", type=int, metavar="PX", help="image width and height in pixels")
-    train = Config().train                  # the defaults the help names
+                 help="iso value(s) (required)" if iso_needed
+                 else f"iso value(s) (default {' '.join(f'{v:g}' for v in defaults.input.iso)})")
+    _config_flag(g, "--var", "input.var",              # (taken without fields too, to be refused saying why)
+                 help=f"name of the field to extract isosurfaces from (default {defaults.input.var})" if fields
+                 else argparse.SUPPRESS)
+    _config_flag(g, "--color-var", "input.color_var",
+                 help="second field that colours the surface" if fields else argparse.SUPPRESS)
+    views, train = defaults.views, defaults.train          # the defaults the help names
+    _config_flag(g, "--views", "views.count", type=int, metavar="N",
+                 help=f"number of orbit views (default {views.count})")
+    _config_flag(g, "--resolution", "views.resolution", type=int, metavar="PX",
+                 help=f"image width and height in pixels (default {views.resolution})")
     _config_flag(g, "--iterations", "train.iterations", type=int, metavar="N",
-                 help=f"optimiser steps per timestep, each of --batch views (default {train.iterations})")
-    _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N", help="Gaussians at initialisation (global)")
+                 help=f"optimiser steps per timestep, each of --batch views (default {train.iterations}"
+                      + (f"; {defaults.insitu.warm_iterations} for a step warm-started from the previous one)"
+                         if series and defaults.insitu.warm_start else ")"))
+    _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N",
+                 help=f"Gaussians at initialisation, over all ranks, at most (default {defaults.seeds.budget})")
     _config_flag(g, "--batch", "train.batch", type=int, metavar="B",
                  help=f"views per optimiser step (default {train.batch})")
     _config_flag(g, "--psnr-target", "train.psnr_target", type=float, metavar="DB",
@@ -70,6 +83,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                  help="delete its results first")
 
 
+def demo_config() -> Config:
+    """The demo's configuration on a CPU (what ``insitu demo --help`` shows)."""
+    from .demo import demo_defaults        # the demo's modules only for the demo
+
+    return load_config(None, None, demo_defaults(gpu=False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="insitu", description="Gaussian splat models of isosurfaces of (running) simulations, on many ranks.",
@@ -84,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="simulation steps, at least 1 (default 600; 480 with a CUDA GPU)")
     p.add_argument("--plotgap", type=int, help="analyse every this many steps, at least 1 (default 300; 80 with a "
                                                "CUDA GPU)")
-    _common(p)
+    p.epilog = ("The defaults shown are the demo's on a CPU; with a CUDA GPU it sizes itself for it: 96 views of "
+                "512 px, 3000 iterations, 1000 for each warm-started step.")
+    _common(p, demo_config(), fields=False, iso_needed=False)
 
     p = sub.add_parser("run", help="train on one volume: a raw file (NAME_XxYxZ_uint8.raw) or a .npy array",
                        description="Train a splat model of one 3D field read from a raw or .npy file.")
@@ -93,15 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     _config_flag(p, "--dtype", "input.dtype", help="raw file dtype (e.g. uint8, float32)")
     _config_flag(p, "--downsample", "input.downsample", type=int, metavar="K",
                  help="box-filter the volume by K per axis")
-    p.add_argument("--spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"), default=(1.0, 1.0, 1.0))
-    _common(p)
+    p.add_argument("--spacing", type=float, nargs=3, metavar=("DX", "DY", "DZ"), default=(1.0, 1.0, 1.0),
+                   help="world size of a cell along x, y, z, in the data's unit (default 1 1 1; model.ply is "
+                        "written in it)")
+    _common(p, Config(), fields=False, series=False)
 
     p = sub.add_parser("replay", help="train on the steps of a saved ADIOS2 BP file",
                        description="Replay an ADIOS2 BP file step by step; each rank reads only its block.")
     p.add_argument("input", help="BP file/directory written by the simulation")
     _config_flag(p, "--steps", "input.steps", type=int, nargs="+", metavar="S", help="only these step numbers")
     _config_flag(p, "--every", "input.every", type=int, metavar="K", help="train every K-th step")
-    _common(p)
+    _common(p, Config())
 
     p = sub.add_parser("view", help="serve an output folder's report on localhost (open the URL it prints)",
                        description="Serve OUT (report.html, models, images) over HTTP on localhost, which the "
@@ -114,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="SST stream name (the writer's file name)")
     _config_flag(p, "--every", "input.every", type=int, metavar="K", help="train every K-th step")
     _config_flag(p, "--timeout", "input.timeout_s", type=float, metavar="S",
-                 help="give up when no step comes for S seconds")
-    _common(p)
+                 help=f"give up when no step comes for S seconds (default {Config().input.timeout_s:g})")
+    _common(p, Config())
     return parser
 
 
