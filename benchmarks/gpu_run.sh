@@ -19,7 +19,6 @@
 #           summary` is the whole protocol)
 #   proto1/proto2  the protocol's `insitu run` at 1024^2 alone, on 1 / 2 GPUs
 #   const1  the 1-GPU protocol run with constant initial colours (seeds.color_init=constant)
-#   alpha1  the 1-GPU protocol run with the alpha term (train.alpha_weight=0.1)
 #   batch2/batch2x1  the protocol run with 2 views per step on 2 / 1 GPUs (3000 steps, evaluations every 250:
 #           the same images as the 1-view run)
 #   repl2   the 2-GPU protocol run with parallel.layout=replicated (each GPU the whole model, one view of its
@@ -177,7 +176,6 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
     proto1) proto train1 1 ;;
     proto2) proto train2 2 ;;
     const1) proto const1 1 --set seeds.color_init=constant ;;
-    alpha1) proto alpha1 1 --set train.alpha_weight=0.1 ;;
     batch2) proto batch2 2 $BATCH2 ;;
     batch2x1) proto batch2x1 1 $BATCH2 ;;
     repl2)  proto repl2 2 --set parallel.layout=replicated --iterations 3000 --set train.eval_every=250 ;;

@@ -130,8 +130,6 @@ class TrainConfig:
                                         # the engine 0.46 dB over gsplat's 1e-3, the bonsai within 0.05 (BENCHMARKS.md,
                                         # runs 102-104)
     lr_opacities: float = constrained(5e-2, POSITIVE)
-    lr_decay: float = constrained(1.0, POSITIVE, FRACTION)  # the rates of scales, rotations, opacities and
-                                        # colours end at this fraction of theirs, log-linearly (1: constant)
     lr_sh0: float = constrained(2.5e-3, POSITIVE)
     lr_shN: float = constrained(1.25e-4, POSITIVE)
     ssim_weight: float = constrained(0.2, FRACTION)
@@ -139,27 +137,16 @@ class TrainConfig:
                                         # that PSNR measures, scaled to L1's gradient size (bandloss.py) | l1
                                         # (the bonsai's surface 0.3 dB lower, BENCHMARKS.md run 77)
     random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
-    alpha_weight: float = constrained(0.0, NON_NEGATIVE)  # weight of an L1 term on alpha against the GT's alpha
     densify_from: int = constrained(500, NON_NEGATIVE)
     densify_until: int = constrained(15000, NON_NEGATIVE)
     densify_every: int = constrained(100, POSITIVE)
     grad_threshold: float = constrained(5e-5, POSITIVE)  # the screen-space gradient over which a Gaussian
                                         # grows (gsplat's 2e-4 grows the lit model 1%; 1e-4 grows the bonsai
                                         # 2.0 -> 2.1M, 5e-5 to 2.6M for +0.08 dB, BENCHMARKS.md run 82)
-    split_px: float = constrained(0.0, NON_NEGATIVE)  # a Gaussian densification grows is split in two smaller
-                                        # ones when its largest standard deviation exceeds this many pixels of
-                                        # the nearest training view that sees it, else cloned; 0: gsplat's rule
-                                        # (split above 1% of the scene's extent, whatever the images resolve)
-    densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
-                                        # error exceeds this many times the mean of all (0: off)
-    densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine
     min_scale_px: float = constrained(0.5, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
                                         # least this many pixels of the nearest training view that sees it
                                         # (0: no floor): zoomed in, no gaps open that the views' blur hid
                                         # (1 px cost the bonsai's orbit 0.2 dB and 2x closer 0.4, run 77)
-    max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap; a cap cost
-                                        # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
-    densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, below=(0.5, "an opacity reset caps every opacity at "
                                        "twice it, and an opacity is below 1"))  # growth removes Gaussians fainter
     opacity_reset_every: int = constrained(3000, NON_NEGATIVE)  # steps; only in the first half of training
@@ -169,12 +156,6 @@ class TrainConfig:
     ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
     eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
     seed: int = constrained(0, NON_NEGATIVE)
-    view_weight: float = constrained(0.0, FRACTION)  # an epoch after the first draws the views the model draws
-                                        # worst more often: view i with probability (1 - w)/n + w e_i/sum(e),
-                                        # e_i its image's squared error in the last epoch that drew it (sampling.py);
-                                        # 0: shuffled
-                                        # (0.6: the engine's views off the orbit +0.18 dB, its orbit -0.13, the
-                                        # bonsai -0.26, model.ply -0.5: BENCHMARKS.md run 94)
     eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
                                         # (its pixel filter) in training, the evaluation and the report's
                                         # viewer; standard 3DGS viewers, which draw model.ply, add 0.3
@@ -374,9 +355,6 @@ def validate(cfg: Config) -> Config:
     if cfg.views.supersample > SUPERSAMPLE_MAX:
         raise ConfigError(f"views.supersample: expected 1..{SUPERSAMPLE_MAX} rays per pixel and axis, "
                           f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
-    if 0 < cfg.train.max_scale_px < cfg.train.min_scale_px:
-        raise ConfigError(f"train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px "
-                          f"({cfg.train.min_scale_px:g}), got {cfg.train.max_scale_px:g}")
     if cfg.train.prune_opacity == 0 and cfg.train.opacity_reset_every > 0:
         raise ConfigError(f"train.prune_opacity: expected a value > 0 while train.opacity_reset_every "
                           f"({cfg.train.opacity_reset_every}) resets opacities to twice it (0 leaves every Gaussian "

@@ -42,7 +42,7 @@ from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, nonfinite, render_bands
+from .training import Trainer, colors_from_images, footprint_sides, nonfinite, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, Frame, check_field, check_geometry, iso_distance, readable_block, unit_field
 
@@ -207,26 +207,20 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
                                     transfer=cfg.parallel.transfer, **blur)
-    footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
-                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer, **blur)
     gt, gt_alpha = scene.gt_with_alpha(ids, bg)                     # one gather of the batch's views
-    if cfg.train.alpha_weight == 0 and cfg.train.pixel_loss != "l2":  # neither the alpha term nor the
-        gt_alpha = None                                                 # squared error's foreground
-    return trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm,
-                        gt_alpha=gt_alpha, footprints=footprints)
+    if cfg.train.pixel_loss != "l2":                                # no squared error's foreground
+        gt_alpha = None
+    return trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm, gt_alpha=gt_alpha)
 
 
 def train_iterations(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, count: int) -> Iterator[Tensor]:
     """``count`` optimiser steps of ``trainer`` on the training views, drawn by a :class:`ViewSampler` of
-    ``cfg.train`` (each step's batch split among the layout's ranks by ``layout.batch``, each rank's errors
-    recorded for weighted draws); yields this rank's loss after each step (collective over ``layout.comm``;
-    stopping early is the same on every rank)."""
-    draws = ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step), layout.comm)
+    ``cfg.train`` (each step's batch split among the layout's ranks by ``layout.batch``); yields this rank's
+    loss after each step (collective over ``layout.comm``; stopping early is the same on every rank)."""
+    draws = ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step))
     for _, (ids, bg) in zip(range(count), draws):
         mine, mine_bg = layout.batch(ids, bg)
-        loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
-        draws.record(mine, trainer.image_errors)
-        yield loss
+        yield train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
 
 
 DIVERGED_SETTINGS = ("check the learning rates (train.lr_*), train.min_scale_px and the views (views.fov_deg, "
@@ -728,15 +722,15 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     trainer's layout) on the training views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their
     full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
     densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
-    where they are); the other learning rates and the image loss as in training (no alpha term); none when
-    neither ``model.ply`` nor its figures are made. Collective over every rank of the layout (``layout.comm``: the
-    replicas' gradients and the weighted draws' errors are summed over it)."""
+    where they are); the other learning rates and the image loss as in training; none when neither ``model.ply``
+    nor its figures are made. Collective over every rank of the layout (``layout.comm``: the replicas' gradients
+    are summed over it)."""
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps,
-                 densify_from=10**9, densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
-                 alpha_weight=0.0, seed=cfg.train.seed + 1)
+                 densify_from=10**9, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
+                 seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,

@@ -36,8 +36,6 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("parallel:\n  threads: -1\n", "parallel.threads: expected a value >= 0, got -1"),
     ("- a\n- b\n", "expected a mapping of sections"),
     ("views:\n  march_step: 2\n", "views.march_step: expected a step in (0, 1] cells"),
-    ("train:\n  min_scale_px: 2\n  max_scale_px: 1\n",
-     "train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px (2), got 1"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, message):
     f = tmp_path / "c.yaml"
