@@ -92,7 +92,7 @@ for stage in "$@"; do
             done; done ;;
     big1|big2) n=${stage#big}
             timeout ${BIG_TIMEOUT:-560} $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-              --budget 4000000 --set seeds.fill=true --iterations 30000 $ONE_VIEW --psnr-target 30 \
+              --budget 4000000 --set seeds.density=0 --set seeds.fill=true --iterations 30000 $ONE_VIEW --psnr-target 30 \
               --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
@@ -201,7 +201,7 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --budget 500000 --iterations 4000 $ONE_VIEW \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model
               bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-                --budget 4000000 --set seeds.fill=true ;;
+                --budget 4000000 --set seeds.density=0 --set seeds.fill=true ;;
               demo) CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet \
                   > "$OUT/fid_demo.log" 2>&1
                 tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;

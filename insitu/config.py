@@ -81,10 +81,10 @@ class SeedConfig:
     thickness: float = constrained(0.1, POSITIVE, FRACTION)  # disc thickness, as a fraction of its radius (its
                                         # thin axis is its normal, the lit colours' shading normal)
     opacity: float = constrained(0.5, OPEN_FRACTION)  # initial opacity: its logit is the parameter trained
-    fill: bool = False                  # sample points on the triangles up to the budget
+    fill: bool = False                  # with seeds.density 0: points drawn on the triangles up to the budget
+                                        # (false: one Gaussian per marching-cubes vertex, at most the budget)
     density: float = constrained(4.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
-                                        # up to the budget (points drawn on the triangles where the surface has
-                                        # fewer vertices); 0: one per marching-cubes vertex
+                                        # points drawn on the triangles, up to the budget; 0: seeds.fill decides
     color_init: str = constrained("gt", choices=("gt", "constant"))  # gt: each Gaussian's colour from the
                                         # ground truth it covers | constant
     color_views: int = constrained(16, POSITIVE)  # training views the gt colours are read from (one render pass each)
@@ -355,6 +355,10 @@ def validate(cfg: Config) -> Config:
     if cfg.views.supersample > SUPERSAMPLE_MAX:
         raise ConfigError(f"views.supersample: expected 1..{SUPERSAMPLE_MAX} rays per pixel and axis, "
                           f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
+    if cfg.seeds.fill and cfg.seeds.density > 0:
+        raise ConfigError(f"seeds.fill: true starts at seeds.budget ({cfg.seeds.budget}) whatever the surface's size, "
+                          f"and seeds.density={cfg.seeds.density:g} asks for that many Gaussians per pixel of it: "
+                          f"set seeds.density=0 with seeds.fill=true, or leave seeds.fill false")
     if cfg.train.prune_opacity == 0 and cfg.train.opacity_reset_every > 0:
         raise ConfigError(f"train.prune_opacity: expected a value > 0 while train.opacity_reset_every "
                           f"({cfg.train.opacity_reset_every}) resets opacities to twice it (0 leaves every Gaussian "

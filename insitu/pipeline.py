@@ -305,9 +305,9 @@ def seed_count(cfg: Config, total_area: float, block: Block) -> int:
     """How many Gaussians the whole surface (``total_area``, world units) starts with: ``seeds.density`` per
     pixel of its area as the orbit's views see it (:func:`insitu.views.pixels_per_area`; one Gaussian per
     marching-cubes vertex would leave a coarse grid's surface at a few thousand Gaussians however large the
-    images), at most ``seeds.budget``; with ``seeds.fill`` (points drawn on the triangles up to the budget)
-    or ``seeds.density: 0``, the budget."""
-    if cfg.seeds.fill or cfg.seeds.density <= 0:
+    images), at most ``seeds.budget``; with ``seeds.density: 0``, the budget (:func:`seeds_fill` says whether
+    as points drawn on the triangles or as marching-cubes vertices)."""
+    if cfg.seeds.density <= 0:
         return cfg.seeds.budget
     lo, hi = block.global_box
     wanted = cfg.seeds.density * total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg)
@@ -341,9 +341,9 @@ def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def seeds_fill(cfg: Config) -> bool:
-    """Whether seeds are points drawn on the triangles up to the budget (``seeds.fill``, or a density
-    of seeds per pixel) rather than the marching-cubes vertices: cold and warm starts alike."""
-    return cfg.seeds.fill or cfg.seeds.density > 0
+    """Whether seeds are points drawn on the triangles (a density of seeds per pixel, or with ``seeds.density: 0``
+    and ``seeds.fill`` the budget's) rather than the marching-cubes vertices: cold and warm starts alike."""
+    return cfg.seeds.density > 0 or cfg.seeds.fill
 
 
 def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seeding:
@@ -436,8 +436,8 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
           seeds by density, several per cell, out of every cell with one kept Gaussian: the Gray-Scott
           L = 128 warm step at 1024^2 started from 200k Gaussians where a cold one seeds 551k).
     rank: this rank's number, for the new seeds' draws (as the cold start's).
-    The new seeds are drawn as a cold start draws them (``seeds.fill`` or ``seeds.density``: points
-    on the triangles up to ``budget``; else the vertices).
+    The new seeds are drawn as a cold start draws them (``seeds.density``, or ``seeds.fill`` with a density
+    of 0: points on the triangles up to ``budget``; else the vertices).
     """
     from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
 

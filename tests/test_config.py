@@ -36,6 +36,8 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("parallel:\n  threads: -1\n", "parallel.threads: expected a value >= 0, got -1"),
     ("- a\n- b\n", "expected a mapping of sections"),
     ("views:\n  march_step: 2\n", "views.march_step: expected a step in (0, 1] cells"),
+    ("seeds:\n  fill: true\n", "seeds.fill: true starts at seeds.budget (2000000) whatever the surface's size, and "
+     "seeds.density=4 asks for that many Gaussians per pixel of it: set seeds.density=0 with seeds.fill=true"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, message):
     f = tmp_path / "c.yaml"
@@ -43,6 +45,18 @@ def test_bad_config_names_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_config(f)
     assert message in str(e.value)
+
+
+def test_seeds_come_by_density_or_with_a_density_of_0_as_fill_says():
+    """seeds.density > 0: that many per pixel, points on the triangles; 0: the budget, as points on the
+    triangles with seeds.fill, else as the marching-cubes vertices."""
+    from insitu.pipeline import seed_count, seeds_fill
+
+    budget = 1000
+    fill = load_config(None, {"seeds.budget": budget, "seeds.density": 0, "seeds.fill": True})
+    vertices = load_config(None, {"seeds.budget": budget, "seeds.density": 0})
+    assert seeds_fill(fill) and not seeds_fill(vertices) and seeds_fill(load_config())
+    assert seed_count(fill, 1.0, None) == seed_count(vertices, 1.0, None) == budget
 
 
 def test_missing_file_and_bad_override(tmp_path):
