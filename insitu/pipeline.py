@@ -161,14 +161,14 @@ def preload_evaluation(device: torch.device | None = None) -> None:
 
     Importing torchmetrics takes seconds on some machines (9–11 s on the GPU machine, where it imports
     transformers and torchvision); started once a step's seeds are drawn and its ray caster is compiled
-    (not beside that compilation: BENCHMARKS.md, run 90), the import runs beside ray casting, which
+    (not beside that compilation), the import runs beside ray casting, which
     queues its groups of views without waiting for the device, so that the host mostly waits for the
     device and the import has the interpreter; the first evaluation then finds the module
     imported (or draws now and scores later, :func:`render_now_score_later`). The import holds Python's
     lock for most of its time, and whatever gives the lock up beside it (a torch call, a wait on the
     device) waits to get it back: started before seeding, it put 0.8–1.0 s on the seeds (their marching
     cubes and device work) and 1.5–2 s on the ray casting; started once the ground truth is cast, beside
-    training, it put 9.4 s on training (BENCHMARKS.md, runs 84 and 88). What a step imports lazily itself
+    training, it put 9.4 s on training. What a step imports lazily itself
     (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
@@ -429,7 +429,7 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
     keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
           isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
           (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
-          ended 1.8 dB below a cold one, 0.2 dB with this rule (BENCHMARKS.md).
+          ended 1.8 dB below a cold one, 0.2 dB with this rule.
     near: in cells; a new seed is added where no kept Gaussian lies within this distance of it. None:
           the side of the area each new seed stands for (``sqrt(area / seeds)``), so that where the
           kept Gaussians are sparser than a cold start's seeds the new ones fill in (a fixed cell kept
