@@ -86,7 +86,8 @@ def main() -> None:
         cmd = shlex.split(args.mpirun) + [
             "-n", str(P), sys.executable, "-m", "insitu", "run", args.data, "--iso", str(args.iso),
             "--budget", str(budget), "--views", str(args.views), "--resolution", str(args.resolution),
-            "--iterations", str(args.iterations), "--set", "seeds.fill=true", "--set", "train.sh_degree=3",
+            "--iterations", str(args.iterations), "--set", "seeds.density=0", "--set", "seeds.fill=true",
+            "--set", "train.sh_degree=3",
             "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}",
             "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
             "--set", "output.images=2", "--set", "output.ply_metrics=false", "--overwrite", "--out", str(model_dir)]

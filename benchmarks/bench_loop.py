@@ -11,8 +11,8 @@ truth, the Trainer with the step's schedule), then times ``pipeline.train_iterat
 - ``profile``: ``torch.profiler`` over ``--profile`` steady iterations: wall and summed device
   kernel time per iteration (their ratio says whether the host or the device sets the pace),
   and the kernels that take the most time;
-- ``variants``: steady ms per iteration with a random background, with the fixed one, with the
-  alpha term, and gsplat's bare rasterization forward + backward of the same model and views;
+- ``variants``: steady ms per iteration with a random background, with the fixed one, and gsplat's
+  bare rasterization forward + backward of the same model and views;
 - ``metrics_import_s``: importing the evaluation's metrics (torchmetrics); ``metrics_first_s``: the first image-quality call of the process on a 64x64 image (torchmetrics'
   first use); ``evaluate_first_s``, ``evaluate_s``: the held-out evaluation before training (the
   first in the process) and one after the chunks.
@@ -128,8 +128,7 @@ def main() -> None:
                           "top": [{"name": e.key[:80], "ms": round(e.self_device_time_total / 1e3 / args.profile, 3),
                                    "calls": e.count // args.profile} for e in top]}
     variants = {}
-    for name, over in (("random_background", {}), ("fixed_background", {"random_background": False}),
-                       ("alpha_term", {"alpha_weight": 0.1})):
+    for name, over in (("random_background", {}), ("fixed_background", {"random_background": False})):
         cfg_v = dataclasses.replace(cfg, train=dataclasses.replace(steady, **over))
         trainer.cfg = cfg_v.train
         draws_v = iter(ViewSampler(scene, cfg_v.train))

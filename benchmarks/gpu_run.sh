@@ -19,7 +19,6 @@
 #           summary` is the whole protocol)
 #   proto1/proto2  the protocol's `insitu run` at 1024^2 alone, on 1 / 2 GPUs
 #   const1  the 1-GPU protocol run with constant initial colours (seeds.color_init=constant)
-#   alpha1  the 1-GPU protocol run with the alpha term (train.alpha_weight=0.1)
 #   batch2/batch2x1  the protocol run with 2 views per step on 2 / 1 GPUs (3000 steps, evaluations every 250:
 #           the same images as the 1-view run)
 #   repl2   the 2-GPU protocol run with parallel.layout=replicated (each GPU the whole model, one view of its
@@ -93,7 +92,7 @@ for stage in "$@"; do
             done; done ;;
     big1|big2) n=${stage#big}
             timeout ${BIG_TIMEOUT:-560} $MPIRUN -n $n python -m insitu run "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-              --budget 4000000 --set seeds.fill=true --iterations 30000 $ONE_VIEW --psnr-target 30 \
+              --budget 4000000 --set seeds.density=0 --set seeds.fill=true --iterations 30000 $ONE_VIEW --psnr-target 30 \
               --set train.eval_every=1000 --set train.sh_degree=3 --quiet --out /tmp/$stage > "$OUT/$stage.log" 2>&1
             tail -n 3 "$OUT/$stage.log"; cp /tmp/$stage/step_000000/metrics.json "$OUT/${stage}_metrics.json" ;;
     adaptor) timeout 240 $MPIRUN -n 2 python benchmarks/bench_adaptor.py --L 128 --steps 400 --plotgap 100 \
@@ -177,7 +176,6 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
     proto1) proto train1 1 ;;
     proto2) proto train2 2 ;;
     const1) proto const1 1 --set seeds.color_init=constant ;;
-    alpha1) proto alpha1 1 --set train.alpha_weight=0.1 ;;
     batch2) proto batch2 2 $BATCH2 ;;
     batch2x1) proto batch2x1 1 $BATCH2 ;;
     repl2)  proto repl2 2 --set parallel.layout=replicated --iterations 3000 --set train.eval_every=250 ;;
@@ -203,7 +201,7 @@ print({k: d[k] for k in ('gaussians', 'step_ms_median', 'bare_raster_ms')}, d['p
               engine_sh) fid engine_sh 120 "$DATA/engine_256x256x128_uint8.raw" --iso 90 $FID --budget 500000 --iterations 4000 $ONE_VIEW \
                 --set train.color_model=sh --set views.closeups=0 --set seeds.density=0 ;;   # as before the lit model
               bonsai4m) fid bonsai4m 200 "$BONSAI" --iso 40 --views 448 --resolution 2048 \
-                --budget 4000000 --set seeds.fill=true ;;
+                --budget 4000000 --set seeds.density=0 --set seeds.fill=true ;;
               demo) CUDA_VISIBLE_DEVICES=0 timeout 150 python -m insitu demo --out /tmp/fid_demo --quiet \
                   > "$OUT/fid_demo.log" 2>&1
                 tail -n 8 "$OUT/fid_demo.log"; cp /tmp/fid_demo/metrics.csv "$OUT/fid_demo_metrics.csv" 2>/dev/null ;;

@@ -127,7 +127,7 @@ class ShardAdam:
             v.zero_grad()
 
 
-_SEGMENTS, _BLOCK, _WARPS = 5, 1024, 4      # the fastest of bench_adam.py (run 25)
+_SEGMENTS, _BLOCK, _WARPS = 5, 1024, 4      # the fastest of bench_adam.py
 
 
 def _step_triton(live: list[tuple[ParamState, tuple[Tensor, Tensor] | None]], bc1: float, bc2_sqrt: float,

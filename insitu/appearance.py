@@ -10,7 +10,7 @@ band 0 is ``(rgb - 0.5) / SH_C0``):
   where three SH bands could not (the headlight's ``cos ** 32`` and the ``|cos|`` of a surface
   seen from both sides). The colours reach the rasterizer per camera, ``[C, N, 3]``. Shading each
   pixel instead, from the blended normals and base colours (deferred shading), trained 3 dB worse
-  on the bonsai (BENCHMARKS.md, run 33): with opaque discs a pixel's blended normal is mostly the
+  on the bonsai: with opaque discs a pixel's blended normal is mostly the
   front disc's anyway, and where discs mix, the mixed normal shades worse than the mixed colours.
 - ``"sh"``: spherical harmonics along the view direction, one more band every
   ``train.sh_increase_every`` iterations up to ``train.sh_degree`` (the reference 3DGS model).

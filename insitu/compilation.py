@@ -18,7 +18,7 @@ Adam's, seconds after the ray caster) compile first in a child process (:func:`s
 its own interpreter, into the kernel cache on disk; their threads here wait for it and then load what
 it compiled. In a first process on a machine they took 15–19 s beside the ray caster's compilation,
 the seeding and the metrics' import, all competing for this process's lock, and training waited 4–5 s
-for them (BENCHMARKS.md, run 90). A child that fails or cannot start leaves its groups to compile here.
+for them. A child that fails or cannot start leaves its groups to compile here.
 
 With a warm cache (``TRITON_CACHE_DIR``, by default ``~/.triton/cache``) each group loads its
 kernels from disk in milliseconds; on CPUs nothing starts.
@@ -272,7 +272,7 @@ def wait_at_exit(seconds: float = 120.0) -> None:
 def _triton_ready() -> None:
     """Triton's one-time cost in a process, paid on one thread while the others wait instead of on
     every thread at once: the cache key of its own build, a hash of its compiler's library (some
-    400 MB: 0.4 s on the GPU machine, 1.2 s on a 2-core host; BENCHMARKS.md run 41)."""
+    400 MB: 0.4 s on the GPU machine, 1.2 s on a 2-core host)."""
     with _READY:
         try:
             from triton.runtime.cache import triton_key

@@ -2,7 +2,9 @@
 
 Every section is a small dataclass. ``load_config`` validates up front: unknown
 keys, wrong types and out-of-range values fail with a message that says what was
-expected and what came, before anything is computed or written.
+expected and what came, before anything is computed or written. Each key's documentation is declared with
+its field (``constrained``, ``documented``); ``examples/config.yaml`` and ``docs/configuration.md`` are
+written from it (:func:`config_yaml`, :func:`config_reference`: ``python -m insitu.config``).
 """
 from __future__ import annotations
 
@@ -29,14 +31,22 @@ from .errors import ConfigError
 POSITIVE, NON_NEGATIVE, FRACTION, OPEN_FRACTION = "> 0", ">= 0", "in [0, 1]", "in (0, 1)"
 
 
-def constrained(default: Any, *checks: str, choices: tuple[str, ...] | None = None,
+def constrained(default: Any, *checks: str, doc: str, choices: tuple[str, ...] | None = None,
                 below: tuple[float, str] | None = None, at_most: tuple[float, str] | None = None) -> Any:
     """A dataclass field with ``default`` whose value must pass ``checks`` (POSITIVE, NON_NEGATIVE,
     FRACTION, OPEN_FRACTION), with ``choices`` be one of them, and stay ``below`` (exclusive) or
-    ``at_most`` (inclusive) a bound, given as (bound, what it rests on)."""
-    return field(default=default, metadata={"checks": checks, "choices": choices, "below": below,
-                                            "at_most": at_most})
+    ``at_most`` (inclusive) a bound, given as (bound, what it rests on). ``doc``: what the key does, in
+    the words of ``examples/config.yaml`` and ``docs/configuration.md`` (:func:`config_yaml`,
+    :func:`config_reference`). A list default is copied for each instance."""
+    metadata = {"checks": checks, "choices": choices, "below": below, "at_most": at_most, "doc": doc}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
+
+def documented(default: Any, doc: str) -> Any:
+    """A dataclass field with ``default``, unconstrained but for its type, and its ``doc``."""
+    return constrained(default, doc=doc)
 
 TIMEOUT_S_MAX = 7 * 24 * 3600.0         # a week, longer than a batch job runs: the operating system's waits (poll,
                                         # a child process's) take at most 2**31 - 1 ms, 24.8 days, and the in situ
@@ -54,179 +64,234 @@ def field_choices(key: str) -> tuple[str, ...] | None:
 
 @dataclass
 class InputConfig:
-    var: str = "U"                      # variable / field name to extract isosurfaces from
-    iso: list[float] = field(default_factory=lambda: [0.25])
-    color_var: str | None = None        # optional second field that colours the surface
-    dims: list[int] | None = None       # raw files: (x, y, z); read from the name when absent
-    dtype: str | None = None            # raw files: numpy dtype; read from the name when absent
-    downsample: int = constrained(1, POSITIVE)  # box-filter by k per axis (raw/array input)
-    steps: list[int] | None = None      # replay/stream: only these step numbers
-    every: int = constrained(1, POSITIVE)  # replay/stream: train every k-th step that arrives
-    timeout_s: float = constrained(60.0, POSITIVE, at_most=TIMEOUT_S_LIMIT)  # stream: give up when no step arrives
-                                        # for this long
-    origin: list[float] | None = None   # run/replay/stream: world (x, y, z) of sample (0, 0, 0); default: the
-                                        # file's, else 0
-    spacing: list[float] | None = None  # replay/stream: world size (dx, dy, dz) of a cell; default: the
-                                        # file's, else 1 (insitu run: --spacing)
-    step_var: str | None = None         # replay/stream: variable or attribute numbering the steps (default:
-                                        # step, Step, the openPMD iteration, else the ADIOS step index)
-    time_var: str | None = None         # replay/stream: variable or attribute giving the time (default: time, Time)
-    nonfinite: str = constrained("error", choices=("error", "outside"))   # NaN/Inf samples (and a sparse
-                                        # array's gaps): an error, or outside the surface (a mask)
+    """The input: the field, its isosurfaces, and how files' samples and steps are read."""
+
+    var: str = documented("U", "the field (a variable of the input) whose isosurfaces are trained (--var)")
+    iso: list[float] = documented([0.25], "the iso values whose surfaces are trained, together as one model "
+                                  "(--iso); insitu run, replay and stream need one given: 0.25 is the Gray-Scott "
+                                  "demo's")
+    color_var: str | None = documented(None, "a second field that colours the surface through views.colormap "
+                                       "(--color-var); null: the surface is views.surface_color")
+    dims: list[int] | None = documented(None, "raw files: the grid's size (x, y, z) in samples; null: read from "
+                                        "the file's name (NAME_XxYxZ_DTYPE.raw)")
+    dtype: str | None = documented(None, "raw files: the samples' numpy type (uint8, int16, float32, ...); null: "
+                                   "read from the file's name")
+    downsample: int = constrained(1, POSITIVE, doc="raw and .npy input: each k x k x k samples averaged into one "
+                                  "before training (a box filter); 1: as read")
+    steps: list[int] | None = documented(None, "replay and stream: train only these step numbers; null: every "
+                                         "step that input.every takes")
+    every: int = constrained(1, POSITIVE, doc="replay and stream: train every k-th step that arrives; 1: every one")
+    timeout_s: float = constrained(60.0, POSITIVE, at_most=TIMEOUT_S_LIMIT, doc="stream: seconds without a new "
+                                   "step after which the reader gives up")
+    origin: list[float] | None = documented(None, "world coordinates (x, y, z) of sample (0, 0, 0), in the "
+                                            "input's length unit; null: the file's, else 0")
+    spacing: list[float] | None = documented(None, "replay and stream: world size (dx, dy, dz) of a cell; null: "
+                                             "the file's, else 1 (insitu run: --spacing)")
+    step_var: str | None = documented(None, "replay and stream: the variable or attribute that numbers the steps; "
+                                      "null: step, Step or the openPMD iteration, else the ADIOS step index")
+    time_var: str | None = documented(None, "replay and stream: the variable or attribute that gives each step's "
+                                      "time; null: time or Time")
+    nonfinite: str = constrained("error", choices=("error", "outside"), doc="NaN and infinite samples (and a "
+                                 "sparse array's gaps): error refuses the step; outside takes them as outside the "
+                                 "surface (a mask)")
 
 
 @dataclass
 class SeedConfig:
-    budget: int = constrained(2_000_000, POSITIVE)  # global number of Gaussians at initialisation, at most
-    thickness: float = constrained(0.1, POSITIVE, FRACTION)  # disc thickness, as a fraction of its radius (its
-                                        # thin axis is its normal, the lit colours' shading normal)
-    opacity: float = constrained(0.5, OPEN_FRACTION)  # initial opacity: its logit is the parameter trained
-    fill: bool = False                  # sample points on the triangles up to the budget
-    density: float = constrained(4.0, NON_NEGATIVE)  # Gaussians per pixel of surface area as an orbit view sees it,
-                                        # up to the budget (points drawn on the triangles where the surface has
-                                        # fewer vertices); 0: one per marching-cubes vertex
-    color_init: str = constrained("gt", choices=("gt", "constant"))  # gt: each Gaussian's colour from the
-                                        # ground truth it covers | constant
-    color_views: int = constrained(16, POSITIVE)  # training views the gt colours are read from (one render pass each)
+    """The Gaussians a step starts from: flat discs on the isosurface, coloured as the ground truth shows it."""
+
+    budget: int = constrained(2_000_000, POSITIVE, doc="the most Gaussians a step starts with, over all ranks "
+                              "(--budget)")
+    thickness: float = constrained(0.1, POSITIVE, FRACTION, doc="each disc's thickness as a fraction of its "
+                                   "radius; its thin axis is its normal, which the lit colour model shades with")
+    opacity: float = constrained(0.5, OPEN_FRACTION, doc="every seed's initial opacity (its logit is the "
+                                 "parameter trained)")
+    fill: bool = documented(False, "with seeds.density 0: true draws seeds.budget points on the triangles, false "
+                            "takes one Gaussian per marching-cubes vertex (at most the budget); true with a "
+                            "density above 0 is refused")
+    density: float = constrained(4.0, NON_NEGATIVE, doc="Gaussians per pixel of surface area as an orbit view "
+                                 "sees it, drawn as points on the triangles, at most seeds.budget; 0: seeds.fill "
+                                 "decides")
+    color_init: str = constrained("gt", choices=("gt", "constant"), doc="the sh colour model's seed colours: gt, "
+                                  "the ground truth's mean colour where each Gaussian shows; constant, "
+                                  "views.surface_color (the lit model's seeds take the ground truth's base colour "
+                                  "at their centre)")
+    color_views: int = constrained(16, POSITIVE, doc="gt seed colours: how many training views, spread over the "
+                                   "orbit, they are read from (one render pass each)")
 
 
 @dataclass
 class ViewConfig:
-    count: int = constrained(448, POSITIVE)
-    resolution: int = constrained(256, POSITIVE)
-    fov_deg: float = constrained(40.0, POSITIVE)
-    test_every: int = constrained(8, POSITIVE)  # every k-th view is held out for evaluation
-    closeups: float = constrained(0.25, NON_NEGATIVE)  # training views closer than the orbit (at surface points),
-                                        # as a fraction of views.count
-    closeup_factors: list[float] = field(default_factory=lambda: [2.0, 3.0])  # how many times closer
-    held_out: int = constrained(16, NON_NEGATIVE)  # views of each held-out set off the orbit (near2, near3, off)
-    supersample: int = constrained(4, POSITIVE)  # ground truth: s x s rays per pixel; with fewer a pixel's
-                                        # coverage of an outline or a rim is coarsely quantised, and differently
-                                        # in every view (2 x 2: 1 dB less on the surface)
-    march_step: float = constrained(0.25, POSITIVE)  # ground truth: the rays' step in cells; a coarser one
-                                        # misses where a ray grazes the surface (a view-inconsistent error)
-    background: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    surface_color: list[float] = field(default_factory=lambda: [0.85, 0.8, 0.7])
-    colormap: str = constrained("viridis", choices=("viridis", "gray"))   # when input.color_var is set
-                                        # (the ray caster's maps: groundtruth.COLORMAPS)
+    """The views: an orbit of cameras around the volume (every test_every-th held out), close-ups, the
+    held-out sets off the orbit, and the ray-cast ground truth they are trained and scored against."""
+
+    count: int = constrained(448, POSITIVE, doc="views on the orbit around the volume, the held-out ones "
+                             "included (--views)")
+    resolution: int = constrained(256, POSITIVE, doc="image width and height in pixels (--resolution); at least 6")
+    fov_deg: float = constrained(40.0, POSITIVE, doc="the cameras' field of view in degrees, 1 to 170; the orbit "
+                                 "stands where the volume's bounding sphere fills it")
+    test_every: int = constrained(8, POSITIVE, doc="every k-th orbit view is held out for evaluation, not "
+                                  "trained on; at least 2")
+    closeups: float = constrained(0.25, NON_NEGATIVE, doc="training views closer than the orbit, looking at "
+                                  "points on the surface, as a fraction of views.count; 0: none")
+    closeup_factors: list[float] = documented([2.0, 3.0], "how many times closer than the orbit the close-up "
+                                              "training views stand, each in [1, 100]")
+    held_out: int = constrained(16, NON_NEGATIVE, doc="views in each held-out set off the orbit: 2x closer "
+                                "(near2), 3x closer (near3) and between the orbit's views (off); 0: none")
+    supersample: int = constrained(4, POSITIVE, doc="ground truth: s x s rays per pixel, 1 to 8; with fewer, a "
+                                   "pixel's coverage of an outline or a rim is coarsely quantised, and differently "
+                                   "in every view")
+    march_step: float = constrained(0.25, POSITIVE, doc="ground truth: the rays' step in cells, at most 1; a "
+                                    "coarser one misses where a ray grazes the surface, an error that differs "
+                                    "between views")
+    background: list[float] = documented([0.0, 0.0, 0.0], "RGB in [0, 1] behind the surface in the ground truth "
+                                         "and the evaluation")
+    surface_color: list[float] = documented([0.85, 0.8, 0.7], "RGB in [0, 1] of the surface when input.color_var "
+                                            "is not set (shaded by the ground truth's light)")
+    colormap: str = constrained("viridis", choices=("viridis", "gray"), doc="the colour map of input.color_var's "
+                                "values")
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = constrained(1500, POSITIVE)  # optimiser steps, of `batch` views each; the position
-                                        # learning rate decays over them
-    batch: int = constrained(4, POSITIVE)  # views per optimiser step: on a GPU a step's work on every Gaussian
-                                        # (projection, colours, Adam) is shared by its views, 5.6 ms a view at 2M
-                                        # Gaussians and 1024^2 against 9.2 one at a time (BENCHMARKS.md, runs 69-70)
-    color_model: str = constrained("lit", choices=("lit", "sh"))  # lit: a base colour and normal per Gaussian,
-                                        # shaded per view with the ground truth's light | sh: spherical harmonics
-    sh_degree: int = constrained(3, NON_NEGATIVE)  # sh: reached gradually, one band every sh_increase_every;
-                                        # lit: the degree of the SH colours fitted for model.ply
-    sh_increase_every: int = constrained(300, POSITIVE)  # one more SH band every this many iterations
-    lr_means: float = constrained(1.6e-4, POSITIVE)  # times the scene extent
-    lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE)
-    lr_scales: float = constrained(5e-3, POSITIVE)
-    lr_quats: float = constrained(3e-4, POSITIVE)  # a disc's rotation is also its shading normal: 3e-4 lifted
-                                        # the engine 0.46 dB over gsplat's 1e-3, the bonsai within 0.05 (BENCHMARKS.md,
-                                        # runs 102-104)
-    lr_opacities: float = constrained(5e-2, POSITIVE)
-    lr_decay: float = constrained(1.0, POSITIVE, FRACTION)  # the rates of scales, rotations, opacities and
-                                        # colours end at this fraction of theirs, log-linearly (1: constant)
-    lr_sh0: float = constrained(2.5e-3, POSITIVE)
-    lr_shN: float = constrained(1.25e-4, POSITIVE)
-    ssim_weight: float = constrained(0.2, FRACTION)
-    pixel_loss: str = constrained("l2", choices=("l1", "l2"))  # the loss's pixel term: l2, the squared error
-                                        # that PSNR measures, scaled to L1's gradient size (bandloss.py) | l1
-                                        # (the bonsai's surface 0.3 dB lower, BENCHMARKS.md run 77)
-    random_background: bool = True     # a random background per view and iteration: opacities learn GT alpha
-    alpha_weight: float = constrained(0.0, NON_NEGATIVE)  # weight of an L1 term on alpha against the GT's alpha
-    densify_from: int = constrained(500, NON_NEGATIVE)
-    densify_until: int = constrained(15000, NON_NEGATIVE)
-    densify_every: int = constrained(100, POSITIVE)
-    grad_threshold: float = constrained(5e-5, POSITIVE)  # the screen-space gradient over which a Gaussian
-                                        # grows (gsplat's 2e-4 grows the lit model 1%; 1e-4 grows the bonsai
-                                        # 2.0 -> 2.1M, 5e-5 to 2.6M for +0.08 dB, BENCHMARKS.md run 82)
-    split_px: float = constrained(0.0, NON_NEGATIVE)  # a Gaussian densification grows is split in two smaller
-                                        # ones when its largest standard deviation exceeds this many pixels of
-                                        # the nearest training view that sees it, else cloned; 0: gsplat's rule
-                                        # (split above 1% of the scene's extent, whatever the images resolve)
-    densify_error: float = constrained(0.0, NON_NEGATIVE)  # grow Gaussians whose footprint's mean per-pixel
-                                        # error exceeds this many times the mean of all (0: off)
-    densify_error_fraction: float = constrained(0.02, FRACTION)  # ... at most this fraction of them per refine
-    min_scale_px: float = constrained(0.5, NON_NEGATIVE)   # each Gaussian's in-plane standard deviations at
-                                        # least this many pixels of the nearest training view that sees it
-                                        # (0: no floor): zoomed in, no gaps open that the views' blur hid
-                                        # (1 px cost the bonsai's orbit 0.2 dB and 2x closer 0.4, run 77)
-    max_scale_px: float = constrained(0.0, NON_NEGATIVE)   # ... and at most this many (0: no cap; a cap cost
-                                        # the bonsai 0.3-8 dB, BENCHMARKS.md run 57)
-    densify_error_every: int = constrained(5, POSITIVE)  # iterations between the footprint error's statistics
+    """The optimisation: loss, learning rates, densification and when a step stops."""
+
+    iterations: int = constrained(1500, POSITIVE, doc="optimiser steps per timestep, each of train.batch views "
+                                  "(--iterations); the means' learning rate decays over them")
+    batch: int = constrained(4, POSITIVE, doc="views per optimiser step (--batch); on a GPU a step's work on "
+                             "every Gaussian (projection, colours, Adam) is shared by its views, so each view costs "
+                             "less")
+    color_model: str = constrained("lit", choices=("lit", "sh"), doc="lit: a base colour and a normal per "
+                                   "Gaussian, shaded per view with the ground truth's light; sh: spherical "
+                                   "harmonics colours")
+    sh_degree: int = constrained(3, NON_NEGATIVE, doc="sh: the SH degree trained, reached one band every "
+                                 "train.sh_increase_every iterations; lit: the degree of the SH colours fitted for "
+                                 "model.ply; 0 to 3")
+    sh_increase_every: int = constrained(300, POSITIVE, doc="iterations between one SH band and the next")
+    lr_means: float = constrained(1.6e-4, POSITIVE, doc="the means' (positions') learning rate at the start, "
+                                  "times the scene's extent; it decays log-linearly to train.lr_means_final")
+    lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE, doc="the means' learning rate at the end, times the "
+                                        "scene's extent; 0: a linear decay to 0")
+    lr_scales: float = constrained(5e-3, POSITIVE, doc="learning rate of the Gaussians' log scales")
+    lr_quats: float = constrained(3e-4, POSITIVE, doc="learning rate of the rotations (quaternions); below "
+                                  "gsplat's 1e-3, as a disc's rotation is also its shading normal")
+    lr_opacities: float = constrained(5e-2, POSITIVE, doc="learning rate of the opacities' logits")
+    lr_sh0: float = constrained(2.5e-3, POSITIVE, doc="learning rate of the colours' first SH band (the base "
+                                "colour)")
+    lr_shN: float = constrained(1.25e-4, POSITIVE, doc="learning rate of the colours' higher SH bands")
+    ssim_weight: float = constrained(0.2, FRACTION, doc="the loss: this weight times 1 - SSIM plus the rest times "
+                                     "the pixel term (train.pixel_loss); 0: the pixel term alone")
+    pixel_loss: str = constrained("l2", choices=("l1", "l2"), doc="the loss's pixel term: l2, the squared error "
+                                  "that PSNR measures, scaled to L1's gradient size on the foreground; l1, the "
+                                  "absolute error (a lower PSNR on the surface)")
+    random_background: bool = documented(True, "a random background colour per view and iteration behind render "
+                                         "and ground truth alike, so that the opacities learn the ground truth's "
+                                         "alpha; false: views.background")
+    densify_from: int = constrained(500, NON_NEGATIVE, doc="the iteration after which densification (growth and "
+                                    "pruning) starts")
+    densify_until: int = constrained(15000, NON_NEGATIVE, doc="the iteration after which densification stops "
+                                     "(never in a step's last iteration)")
+    densify_every: int = constrained(100, POSITIVE, doc="iterations between densifications")
+    grad_threshold: float = constrained(5e-5, POSITIVE, doc="a Gaussian grows when its mean screen-space "
+                                        "gradient exceeds this: copied when small, split in two when wider than 1% "
+                                        "of the scene's extent; gsplat's 2e-4 barely grows the lit model")
+    min_scale_px: float = constrained(0.5, NON_NEGATIVE, doc="each Gaussian's in-plane standard deviations stay "
+                                      "at least this many pixels of the nearest training view that sees it, so that "
+                                      "closer views show no gaps that the training views' blur hid; 0: no floor; "
+                                      "at most views.resolution / 6")
     prune_opacity: float = constrained(0.005, NON_NEGATIVE, below=(0.5, "an opacity reset caps every opacity at "
-                                       "twice it, and an opacity is below 1"))  # growth removes Gaussians fainter
-    opacity_reset_every: int = constrained(3000, NON_NEGATIVE)  # steps; only in the first half of training
-                                        # (so not within the default 1500 steps)
-    max_gaussians: int = constrained(5_000_000, POSITIVE)
-    psnr_target: float | None = constrained(None, POSITIVE)  # stop early once held-out PSNR reaches this (dB)
-    ssim_target: float | None = constrained(None, FRACTION)  # ... and held-out SSIM this (both, when both are set)
-    eval_every: int = constrained(0, NON_NEGATIVE)  # evaluate during training every k iterations (0: at the end)
-    seed: int = constrained(0, NON_NEGATIVE)
-    view_weight: float = constrained(0.0, FRACTION)  # an epoch after the first draws the views the model draws
-                                        # worst more often: view i with probability (1 - w)/n + w e_i/sum(e),
-                                        # e_i its image's squared error in the last epoch that drew it (sampling.py);
-                                        # 0: shuffled
-                                        # (0.6: the engine's views off the orbit +0.18 dB, its orbit -0.13, the
-                                        # bonsai -0.26, model.ply -0.5: BENCHMARKS.md run 94)
-    eps2d: float = constrained(0.05, NON_NEGATIVE)  # px^2 the rasterizer adds to every projected 2D covariance
-                                        # (its pixel filter) in training, the evaluation and the report's
-                                        # viewer; standard 3DGS viewers, which draw model.ply, add 0.3
-    antialiased: bool = True            # the blur scales each splat's opacity so its footprint keeps its integral
-                                        # (gsplat's antialiased mode; Spark's blurAmount in the report's viewer)
-    backend: str = constrained("auto", choices=("auto", "gsplat", "torch"))
-    progress: bool = True
+                                       "twice it, and an opacity is below 1"), doc="densification removes the "
+                                       "Gaussians fainter than this opacity, and an opacity reset caps every "
+                                       "opacity at twice it; 0 only without resets")
+    opacity_reset_every: int = constrained(3000, NON_NEGATIVE, doc="iterations between opacity resets, only in "
+                                           "the first half of training (so none within the default 1500 "
+                                           "iterations); 0: none")
+    max_gaussians: int = constrained(5_000_000, POSITIVE, doc="the most Gaussians densification grows the model "
+                                     "to, over all ranks")
+    psnr_target: float | None = constrained(None, POSITIVE, doc="stop a step's training early once the held-out "
+                                            "PSNR on the surface's pixels reaches this many dB (--psnr-target); "
+                                            "null: no target")
+    ssim_target: float | None = constrained(None, FRACTION, doc="... and once the held-out SSIM on the surface's "
+                                            "pixels reaches this (both, when both are set; --ssim-target); null: "
+                                            "no target")
+    eval_every: int = constrained(0, NON_NEGATIVE, doc="evaluate the held-out views every k iterations during "
+                                  "training (for the targets and the report's curves); 0: only at the end")
+    seed: int = constrained(0, NON_NEGATIVE, doc="seed of the random draws (seeds, the views' order, the "
+                            "backgrounds, the splits); below 2^32")
+    eps2d: float = constrained(0.05, NON_NEGATIVE, doc="px^2 the rasterizer adds to every projected 2D covariance "
+                               "(its pixel filter) in training, the evaluation and the report's viewer; standard "
+                               "3DGS viewers, which draw model.ply, add 0.3")
+    antialiased: bool = documented(True, "the blur scales each splat's opacity so that its footprint keeps its "
+                                   "integral (gsplat's antialiased mode; Spark's blurAmount in the report's viewer); "
+                                   "false: the classic blur")
+    backend: str = constrained("auto", choices=("auto", "gsplat", "torch"), doc="the rasterizer (--backend): "
+                               "gsplat (CUDA), torch (the reference, any device), or auto (gsplat on a CUDA device "
+                               "where it imports, else torch)")
+    progress: bool = documented(True, "show each step's progress (a bar on a terminal, else log lines); false: "
+                                "--quiet")
 
 
 @dataclass
 class OutputConfig:
-    dir: str = "out"
-    images: int = constrained(4, NON_NEGATIVE)  # how many held-out views to write as GT | render PNGs
-    ply: bool = True
-    ply_fit_views: int = constrained(32, NON_NEGATIVE)  # a lit model's SH fit for model.ply: each Gaussian's
-                                        # sides weighted as this many training views saw them; 0: both alike
-    ply_refine: float = constrained(0.125, NON_NEGATIVE)  # model.ply's SH model trained as standard viewers
-                                        # draw it (train.eps2d 0.3) for this fraction of the step's iterations,
-                                        # when the trained model is drawn otherwise (lit colours, another
-                                        # blur); 0: the fit alone
-    ply_metrics: bool = True            # ply_psnr/ply_ssim and model.spz: the whole model gathered on rank 0
-                                        # and drawn there; off for models larger than one GPU or host
-    existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"))   # a folder that holds results
+    """What a run writes."""
+
+    dir: str = documented("out", "the output folder (--out)")
+    images: int = constrained(4, NON_NEGATIVE, doc="held-out views written per step as ground truth and render "
+                              "PNGs; 0: none")
+    ply: bool = documented(True, "write each step's model.ply (what standard 3DGS viewers draw)")
+    ply_fit_views: int = constrained(32, NON_NEGATIVE, doc="a lit model's SH fit for model.ply: each side of a "
+                                     "Gaussian weighted as this many training views saw it; 0: both sides alike")
+    ply_refine: float = constrained(0.125, NON_NEGATIVE, doc="model.ply's SH model trained as standard viewers "
+                                    "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
+                                    "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "
+                                    "alone")
+    ply_metrics: bool = documented(True, "ply_psnr, ply_ssim and model.spz: the whole model gathered on rank 0 and "
+                                   "drawn there; false for models larger than one GPU or host")
+    existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "
+                                "holds results: refuse it; resume, keep its complete steps and train the others "
+                                "(--resume); overwrite, delete them first (--overwrite)")
 
 
 @dataclass
 class ParallelConfig:
-    timeout_s: float = constrained(300.0, POSITIVE, at_most=TIMEOUT_S_LIMIT)  # collective timeout: a failed rank
-                                        # never hangs the rest
-    device: str = constrained("auto", choices=("auto", "cpu", "cuda"))
-    transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"))  # the composited colour bands
-    threads: int = constrained(0, NON_NEGATIVE, at_most=(2**31 - 1, "torch takes a 32-bit count"))  # torch CPU
-                                                    # threads per rank (0: torch's default); in situ
-                                                    # on CPU ranks, fewer leave cores to the simulation
-    compile_ahead: bool = True                      # compile the step's Triton kernels on background threads
-                                                    # from the run's start (CUDA; insitu.compilation)
-    compile_in_child: bool = True                   # ... the loss's and Adam's first in a child process (its
-                                                    # own interpreter, CUDA context and a core); off: on this
-                                                    # process's threads (GPUs in exclusive-process mode)
-    layout: str = constrained("sort-last", choices=("sort-last", "replicated"))   # how ranks share training:
-                                                    # each its block's Gaussians (sort-last), or each the whole
-                                                    # model and its own views (replicated: models that fit one device)
+    """How the ranks share the work."""
+
+    timeout_s: float = constrained(300.0, POSITIVE, at_most=TIMEOUT_S_LIMIT, doc="seconds a collective waits for "
+                                   "the other ranks before the job ends with an error: a failed rank never hangs "
+                                   "the rest")
+    device: str = constrained("auto", choices=("auto", "cpu", "cuda"), doc="the training device (--device): cuda, "
+                              "one GPU per rank; cpu; or auto, cuda where there is one")
+    transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"), doc="the type the "
+                                "composited colour bands travel between ranks in")
+    threads: int = constrained(0, NON_NEGATIVE, at_most=(2**31 - 1, "torch takes a 32-bit count"), doc="torch CPU "
+                               "threads per rank; 0: torch's default; in situ on CPU ranks, fewer leave cores to "
+                               "the simulation")
+    compile_ahead: bool = documented(True, "compile the step's Triton kernels on background threads from the "
+                                     "run's start (CUDA)")
+    compile_in_child: bool = documented(True, "... the loss's and Adam's first in a child process (its own "
+                                        "interpreter, CUDA context and a core); false: on this process's threads "
+                                        "(GPUs in exclusive-process mode)")
+    layout: str = constrained("sort-last", choices=("sort-last", "replicated"), doc="how ranks share training: "
+                              "sort-last, each rank its block's Gaussians; replicated, each rank the whole model and "
+                              "its own views (models that fit one device)")
 
 
 @dataclass
 class InsituConfig:
-    mode: str = constrained("background", choices=("background", "sync"))
-    queue: int = constrained(1, POSITIVE)  # steps waiting to be trained
-    policy: str = constrained("block", choices=("block", "discard"))     # discard: the newest step wins
-    warm_start: bool = True
-    warm_iterations: int = constrained(250, POSITIVE)   # a warm-started step's optimiser steps (a sixth of a
-                                        # cold one's, as before batches of 4); its new seeds need some
+    """Series of steps: the in situ adaptor's queue (insitu.Adaptor, the C and Fortran interface) and warm
+    starts (every command that trains several steps)."""
+
+    mode: str = constrained("background", choices=("background", "sync"), doc="background: each step trains on "
+                            "a worker thread while the simulation goes on; sync: execute() returns once its step "
+                            "is trained")
+    queue: int = constrained(1, POSITIVE, doc="background mode: how many steps may wait to be trained")
+    policy: str = constrained("block", choices=("block", "discard"), doc="when the queue is full: block, execute() "
+                              "waits for room (every step is trained); discard, the oldest waiting step is dropped "
+                              "(the newest wins)")
+    warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
+                                  "still on the surface, new seeds where it is not) instead of fresh seeds")
+    warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
+                                       "train.iterations); its new seeds need some")
 
 
 @dataclass
@@ -374,9 +439,10 @@ def validate(cfg: Config) -> Config:
     if cfg.views.supersample > SUPERSAMPLE_MAX:
         raise ConfigError(f"views.supersample: expected 1..{SUPERSAMPLE_MAX} rays per pixel and axis, "
                           f"got {cfg.views.supersample} ({cfg.views.supersample ** 2} rays per pixel)")
-    if 0 < cfg.train.max_scale_px < cfg.train.min_scale_px:
-        raise ConfigError(f"train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px "
-                          f"({cfg.train.min_scale_px:g}), got {cfg.train.max_scale_px:g}")
+    if cfg.seeds.fill and cfg.seeds.density > 0:
+        raise ConfigError(f"seeds.fill: true starts at seeds.budget ({cfg.seeds.budget}) whatever the surface's size, "
+                          f"and seeds.density={cfg.seeds.density:g} asks for that many Gaussians per pixel of it: "
+                          f"set seeds.density=0 with seeds.fill=true, or leave seeds.fill false")
     if cfg.train.prune_opacity == 0 and cfg.train.opacity_reset_every > 0:
         raise ConfigError(f"train.prune_opacity: expected a value > 0 while train.opacity_reset_every "
                           f"({cfg.train.opacity_reset_every}) resets opacities to twice it (0 leaves every Gaussian "
@@ -694,3 +760,102 @@ def parse_override(text: str) -> tuple[str, Any]:
         except ValueError:
             pass
     return key.strip(), value
+
+
+# ------------------------------------------------------------------------------ the configuration's documentation
+
+YAML_COMMENT_COLUMN = 41                # examples/config.yaml: where a key's comment starts
+DOC_WIDTH = 118                         # ... and the column its lines wrap before
+TYPE_WORDS = {int: ("integer", "integers"), float: ("number", "numbers"), str: ("text", "texts"),
+              bool: ("true or false", "true or false")}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _yaml_value(value: Any) -> str:
+    """``value`` on one line of YAML (flow style), as a configuration file writes it."""
+    return yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1).splitlines()[0]
+
+
+def config_yaml() -> str:
+    """The text of ``examples/config.yaml``: every key of every section with its default, its doc as a comment."""
+    import textwrap
+
+    lines = ["# insitu-gs configuration: every key with its default. Flags on the command line",
+             "# override the file; `--set SECTION.KEY=VALUE` overrides any key. Written by",
+             "# `python -m insitu.config` from insitu/config.py; docs/configuration.md lists the values each takes."]
+    for section, cls in typing.get_type_hints(Config).items():
+        lines += ["", f"{section}:"]
+        for f in dataclasses.fields(cls):
+            key = f"  {f.name}: {_yaml_value(_default(f))}"
+            text = textwrap.wrap(f.metadata["doc"], DOC_WIDTH - YAML_COMMENT_COLUMN - 2, break_on_hyphens=False)
+            lines.append(f"{key.ljust(YAML_COMMENT_COLUMN - 1)} # {text[0]}")
+            lines += [f"{'':{YAML_COMMENT_COLUMN}}# {t}" for t in text[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def _allowed(f: dataclasses.Field, hint: Any) -> str:
+    """The values ``f`` (a field of type ``hint``) takes, in words, from its type and declared constraints."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    kind = next(a for a in args if a is not type(None)) if optional else hint
+    if typing.get_origin(kind) is list:
+        word = f"list of {TYPE_WORDS[typing.get_args(kind)[0]][1]}"
+    else:
+        word = TYPE_WORDS[kind][0]
+    meta = f.metadata
+    if meta.get("choices"):
+        *rest, last = [f"`{c}`" for c in meta["choices"]]
+        word = f"{', '.join(rest)} or {last}"
+    checks = meta.get("checks", ())
+    parts = [word + "".join(f" {c}" for c in (POSITIVE, NON_NEGATIVE, OPEN_FRACTION) if c in checks
+                            and not (c == POSITIVE and FRACTION in checks))]
+    if FRACTION in checks:
+        parts[0] += f" in {'(' if POSITIVE in checks else '['}0, 1]"
+    for op, limit in (("<", meta.get("below")), ("<=", meta.get("at_most"))):
+        if limit is not None:
+            bound = f"{limit[0]:g}" if isinstance(limit[0], float) else limit[0]
+            parts.append(f"{op} {bound} ({limit[1]})")
+    if optional:
+        parts.append("or null")
+    return ", ".join(parts)
+
+
+def config_reference() -> str:
+    """The text of ``docs/configuration.md``: a table per section of every key's default, values and meaning."""
+    import textwrap
+
+    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+    intro = ("Every key of a configuration, section by section: its default, the values it takes and what it does. "
+             "A YAML file (`--config FILE`; `examples/config.yaml` holds every key with its default) sets any of "
+             "them, `--set SECTION.KEY=VALUE` one on the command line, and some have a flag of their own (named in "
+             "their row). Every value is checked before anything is computed.",
+             "Written by `python -m insitu.config` from `insitu/config.py`, where each key's text is declared with "
+             "its field; `tests/test_config.py` checks that this file and `examples/config.yaml` are current.")
+    lines = ["# Configuration"]
+    for paragraph in intro:
+        lines += ["", *textwrap.wrap(paragraph, DOC_WIDTH, break_on_hyphens=False)]
+    for section, cls in typing.get_type_hints(Config).items():
+        hints = typing.get_type_hints(cls)
+        lines += ["", f"## {section}", "", *textwrap.wrap(" ".join(cls.__doc__.split()), DOC_WIDTH), "",
+                  "| key | default | values | meaning |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{section}.{f.name}` | `{cell(_yaml_value(_default(f)))}` | {cell(_allowed(f, hints[f.name]))} "
+                  f"| {cell(f.metadata['doc'])} |" for f in dataclasses.fields(cls)]
+    return "\n".join(lines) + "\n"
+
+
+GENERATED = {"examples/config.yaml": config_yaml, "docs/configuration.md": config_reference}
+
+
+def write_generated(root: str | Path) -> None:
+    """Write the files of :data:`GENERATED` under the checkout ``root``."""
+    for name, text in GENERATED.items():
+        Path(root, name).write_text(text(), encoding="utf-8")
+
+
+if __name__ == "__main__":              # python -m insitu.config [ROOT]: rewrite them after changing a key
+    import sys
+
+    write_generated(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])

@@ -34,16 +34,13 @@ DEMO_DEFAULTS = {
                                          # the iterations would add 2 dB to it and 20 s to the demo; the report
                                          # draws the model)
     "train.densify_until": 0,            # no growth: the seeds alone score 0.5 dB more at both steps, 20 s sooner
-                                         # (BENCHMARKS.md, "The CPU demo without growth")
     "train.opacity_reset_every": 0, "train.max_gaussians": 20000, "train.eval_every": 100,
-    "train.antialiased": False,          # at 96^2 the classic blur is 0.2 dB better (BENCHMARKS.md, run 67)
+    "train.antialiased": False,          # at 96^2 the classic blur is 0.2 dB better
     "train.min_scale_px": 0.25,          # step 600's walls are a pixel thin: +0.3 dB there against the package's 0.5
-                                         # (BENCHMARKS.md, "The CPU demo without growth")
     "train.lr_means": 1e-3,             # the means move 6x as fast as the package's: +1.35 / +0.8 dB at steps 300 /
-                                         # 600 here, where on the GPU at 1024^2 it costs 1.4-2.2 dB (BENCHMARKS.md,
-                                         # "The CPU demo without growth", run 99)
+                                         # 600 here, where on the GPU at 1024^2 it costs 1.4-2.2 dB
     "train.pixel_loss": "l1",            # the squared error grows step 300's model to the cap for -0.8 dB here
-                                         # (BENCHMARKS.md, runs 76-80: L1 32.1 / 19.8 dB in 53 s, l2 31.3 / 19.8 in 65)
+                                         # (L1 32.1 / 19.8 dB in 53 s, l2 31.3 / 19.8 in 65)
     "insitu.mode": "background", "insitu.queue": 1, "insitu.policy": "block",
     "insitu.warm_start": True, "insitu.warm_iterations": 300,
     "output.images": 4,
@@ -58,12 +55,12 @@ DEMO_DEFAULTS_GPU = {
     "train.iterations": 3000, "train.sh_degree": 3, "train.sh_increase_every": 300,
     "train.densify_from": 300, "train.densify_every": 100, "train.densify_until": 2500,
     "train.max_gaussians": 1_000_000, "train.eval_every": 250,
-    "train.grad_threshold": 1e-4,       # as measured (run 75); the package's 5e-5 is tuned on the bonsai's
+    "train.grad_threshold": 1e-4,       # as measured on this demo; the package's 5e-5 is tuned on the bonsai's
                                         # squared error, not on this demo's L1
     "train.antialiased": TrainConfig().antialiased,
     "train.lr_means": TrainConfig().lr_means,   # the package's: the CPU demo's faster means cost the GPU's 1024^2
-                                        # volumes 1.4-2.2 dB (run 99); not measured on the GPU demo
-    "train.min_scale_px": 1.0,          # as measured (run 75, with the CPU demo's L1): the package's finer floor
+                                        # volumes 1.4-2.2 dB; not measured on the GPU demo
+    "train.min_scale_px": 1.0,          # as measured on this demo (with the CPU demo's L1): the package's finer floor
                                         # is not measured on the GPU demo yet
     "insitu.warm_iterations": 1000,
     "output.ply_refine": OutputConfig().ply_refine,
@@ -73,8 +70,7 @@ DEMO_DEFAULTS_GPU = {
 # (25 pieces at step 600), which is what the demo is meant to show. The grid is large enough that they
 # still do by the last output: at L = 32 the spots' fronts meet themselves across the periodic faces
 # after step 500, and by step 600 V has collapsed there into sheets a cell thick along the faces (3% of
-# the cells over the iso value, against 14% at L = 36), which no 96^2 model draws (21 dB against 31;
-# BENCHMARKS.md, "The CPU demo's grid").
+# the cells over the iso value, against 14% at L = 36), which no 96^2 model draws (21 dB against 31).
 CPU_SIMULATION = {"L": 36, "steps": 600, "plotgap": 300, "noise": 0.0}
 GPU_SIMULATION = {"L": 128, "steps": 480, "plotgap": 80, "noise": 0.0}
 

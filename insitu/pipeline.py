@@ -42,7 +42,7 @@ from .rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from .sampling import ViewSampler
 from .scene import Scene, block_decomposition, global_range, make_scene, view_groups
 from .seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
-from .training import Trainer, colors_from_images, footprint_errors, footprint_sides, nonfinite, render_bands
+from .training import Trainer, colors_from_images, footprint_sides, nonfinite, render_bands
 from .views import HELD_OUT, Views, pixel_size, pixels_per_area
 from .volume import Block, Frame, check_field, check_geometry, iso_distance, readable_block, unit_field
 
@@ -161,14 +161,14 @@ def preload_evaluation(device: torch.device | None = None) -> None:
 
     Importing torchmetrics takes seconds on some machines (9–11 s on the GPU machine, where it imports
     transformers and torchvision); started once a step's seeds are drawn and its ray caster is compiled
-    (not beside that compilation: BENCHMARKS.md, run 90), the import runs beside ray casting, which
+    (not beside that compilation), the import runs beside ray casting, which
     queues its groups of views without waiting for the device, so that the host mostly waits for the
     device and the import has the interpreter; the first evaluation then finds the module
     imported (or draws now and scores later, :func:`render_now_score_later`). The import holds Python's
     lock for most of its time, and whatever gives the lock up beside it (a torch call, a wait on the
     device) waits to get it back: started before seeding, it put 0.8–1.0 s on the seeds (their marching
     cubes and device work) and 1.5–2 s on the ray casting; started once the ground truth is cast, beside
-    training, it put 9.4 s on training (BENCHMARKS.md, runs 84 and 88). What a step imports lazily itself
+    training, it put 9.4 s on training. What a step imports lazily itself
     (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
     imports nothing else that the metrics' import does, so the two threads do not import the same
     modules at once. A failure on the background thread is ignored: the first evaluation then
@@ -207,26 +207,20 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
                                     colors=trainer.colors, backend=cfg.train.backend,
                                     transfer=cfg.parallel.transfer, **blur)
-    footprints = lambda p, error: footprint_errors(p, scene.views, ids, scene.order, comm, error,  # noqa: E731
-                                                   backend=cfg.train.backend, transfer=cfg.parallel.transfer, **blur)
     gt, gt_alpha = scene.gt_with_alpha(ids, bg)                     # one gather of the batch's views
-    if cfg.train.alpha_weight == 0 and cfg.train.pixel_loss != "l2":  # neither the alpha term nor the
-        gt_alpha = None                                                 # squared error's foreground
-    return trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm,
-                        gt_alpha=gt_alpha, footprints=footprints)
+    if cfg.train.pixel_loss != "l2":                                # no squared error's foreground
+        gt_alpha = None
+    return trainer.step(render, gt, rows=scene.rows, height=scene.views.height, comm=comm, gt_alpha=gt_alpha)
 
 
 def train_iterations(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, count: int) -> Iterator[Tensor]:
     """``count`` optimiser steps of ``trainer`` on the training views, drawn by a :class:`ViewSampler` of
-    ``cfg.train`` (each step's batch split among the layout's ranks by ``layout.batch``, each rank's errors
-    recorded for weighted draws); yields this rank's loss after each step (collective over ``layout.comm``;
-    stopping early is the same on every rank)."""
-    draws = ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step), layout.comm)
+    ``cfg.train`` (each step's batch split among the layout's ranks by ``layout.batch``); yields this rank's
+    loss after each step (collective over ``layout.comm``; stopping early is the same on every rank)."""
+    draws = ViewSampler(scene, replace(cfg.train, batch=trainer.images_per_step))
     for _, (ids, bg) in zip(range(count), draws):
         mine, mine_bg = layout.batch(ids, bg)
-        loss = train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
-        draws.record(mine, trainer.image_errors)
-        yield loss
+        yield train_iteration(trainer, scene, mine, mine_bg, cfg, layout.train_comm)
 
 
 DIVERGED_SETTINGS = ("check the learning rates (train.lr_*), train.min_scale_px and the views (views.fov_deg, "
@@ -311,9 +305,9 @@ def seed_count(cfg: Config, total_area: float, block: Block) -> int:
     """How many Gaussians the whole surface (``total_area``, world units) starts with: ``seeds.density`` per
     pixel of its area as the orbit's views see it (:func:`insitu.views.pixels_per_area`; one Gaussian per
     marching-cubes vertex would leave a coarse grid's surface at a few thousand Gaussians however large the
-    images), at most ``seeds.budget``; with ``seeds.fill`` (points drawn on the triangles up to the budget)
-    or ``seeds.density: 0``, the budget."""
-    if cfg.seeds.fill or cfg.seeds.density <= 0:
+    images), at most ``seeds.budget``; with ``seeds.density: 0``, the budget (:func:`seeds_fill` says whether
+    as points drawn on the triangles or as marching-cubes vertices)."""
+    if cfg.seeds.density <= 0:
         return cfg.seeds.budget
     lo, hi = block.global_box
     wanted = cfg.seeds.density * total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg)
@@ -347,9 +341,9 @@ def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def seeds_fill(cfg: Config) -> bool:
-    """Whether seeds are points drawn on the triangles up to the budget (``seeds.fill``, or a density
-    of seeds per pixel) rather than the marching-cubes vertices: cold and warm starts alike."""
-    return cfg.seeds.fill or cfg.seeds.density > 0
+    """Whether seeds are points drawn on the triangles (a density of seeds per pixel, or with ``seeds.density: 0``
+    and ``seeds.fill`` the budget's) rather than the marching-cubes vertices: cold and warm starts alike."""
+    return cfg.seeds.density > 0 or cfg.seeds.fill
 
 
 def seed_shard(block: Block, cfg: Config, comm, warm: StepResult | None) -> Seeding:
@@ -435,15 +429,15 @@ def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: B
     keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
           isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
           (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
-          ended 1.8 dB below a cold one, 0.2 dB with this rule (BENCHMARKS.md).
+          ended 1.8 dB below a cold one, 0.2 dB with this rule.
     near: in cells; a new seed is added where no kept Gaussian lies within this distance of it. None:
           the side of the area each new seed stands for (``sqrt(area / seeds)``), so that where the
           kept Gaussians are sparser than a cold start's seeds the new ones fill in (a fixed cell kept
           seeds by density, several per cell, out of every cell with one kept Gaussian: the Gray-Scott
           L = 128 warm step at 1024^2 started from 200k Gaussians where a cold one seeds 551k).
     rank: this rank's number, for the new seeds' draws (as the cold start's).
-    The new seeds are drawn as a cold start draws them (``seeds.fill`` or ``seeds.density``: points
-    on the triangles up to ``budget``; else the vertices).
+    The new seeds are drawn as a cold start draws them (``seeds.density``, or ``seeds.fill`` with a density
+    of 0: points on the triangles up to ``budget``; else the vertices).
     """
     from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
 
@@ -728,15 +722,15 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     trainer's layout) on the training views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their
     full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
     densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
-    where they are); the other learning rates and the image loss as in training (no alpha term); none when
-    neither ``model.ply`` nor its figures are made. Collective over every rank of the layout (``layout.comm``: the
-    replicas' gradients and the weighted draws' errors are summed over it)."""
+    where they are); the other learning rates and the image loss as in training; none when neither ``model.ply``
+    nor its figures are made. Collective over every rank of the layout (``layout.comm``: the replicas' gradients
+    are summed over it)."""
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps,
-                 densify_from=10**9, densify_error=0.0, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
-                 alpha_weight=0.0, seed=cfg.train.seed + 1)
+                 densify_from=10**9, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
+                 seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,

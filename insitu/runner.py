@@ -278,7 +278,7 @@ def prefetch_compiler() -> list[str]:
     """Ask the operating system to read Triton's compiler library and assembler into its page cache now,
     in the background (``posix_fadvise(WILLNEED)``), without importing Triton; the files asked (none where
     Triton or the call is missing). The first compilation of a process hashes the whole library (some
-    400 MB): 1.8 s from a freshly started machine's disk against 0.4 s once read (BENCHMARKS.md, run 90),
+    400 MB): 1.8 s from a freshly started machine's disk against 0.4 s once read,
     and the ray caster's compilation waits for it; asked at a command's start, the reading overlaps
     torch's import."""
     import importlib.util

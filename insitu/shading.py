@@ -191,7 +191,7 @@ def _backward_torch(means, coeffs, campos, degree, v_colors):
     return basis.detach(), v_sh, v_dirs.sum(0)
 
 
-_BLOCK, _WARPS = 32, 4          # Gaussians per program: the fastest of bench_shading.py (run 29)
+_BLOCK, _WARPS = 32, 4          # Gaussians per program: the fastest of bench_shading.py
 
 
 def _forward_triton(means, coeffs, campos, degree, *, save):

@@ -105,7 +105,7 @@ def ssim_map_reference(pred: Tensor, gt: Tensor) -> Tensor:
 # pass grows faster than linearly with a kernel's memory operations, and with its 165 loads
 # unrolled it took 4.0 of the four kernels' 10 s to compile (1.0 s so; a CPU host for sm_90,
 # benchmarks/bench_compile.py --offline). The other kernels keep their channels unrolled: loops
-# there cost a third more time at 2048^2 (bench_ssim.py --against, BENCHMARKS.md run 42).
+# there cost a third more time at 2048^2 (bench_ssim.py --against).
 if triton is not None:
     @triton.jit
     def _moments_cols(x_ptr, y_ptr, w_ptr, vm_ptr, l1_ptr, H, W, Ho, L1: tl.constexpr,

@@ -210,19 +210,17 @@ def footprint_sides(params: dict[str, Tensor], views: Views, ids: Tensor, order:
 @dataclass
 class DensifyState:
     """Per-Gaussian statistics between two refines: ``grad2d``, ``count`` (the screen-space gradient
-    criterion), ``error``, ``weight`` (the footprint error criterion, :func:`footprint_errors`), all [N]."""
+    criterion), both [N]."""
 
     grad2d: Tensor
     count: Tensor
-    error: Tensor
-    weight: Tensor
 
     @staticmethod
     def zeros(n: int, device) -> "DensifyState":
-        return DensifyState(*(torch.zeros(n, device=device) for _ in range(4)))
+        return DensifyState(*(torch.zeros(n, device=device) for _ in range(2)))
 
     def as_dict(self) -> dict[str, Tensor]:
-        return {"grad2d": self.grad2d, "count": self.count, "error": self.error, "weight": self.weight}
+        return {"grad2d": self.grad2d, "count": self.count}
 
 
 @dataclass
@@ -249,8 +247,7 @@ class Trainer:
                   all-reduce), so every replica takes the same step, the one a single rank takes
                   with all ``cfg.batch * P`` views (learning rate and betas scaled for that batch).
     pixel_size:   ``pixel_size(means [N, 3]) -> [N]`` the world size of a pixel of the nearest training
-                  view at each centre: the scale floor's (``cfg.min_scale_px``) and densification's
-                  split-or-clone size (``cfg.split_px``).
+                  view at each centre: the scale floor's (``cfg.min_scale_px``).
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
@@ -273,16 +270,12 @@ class Trainer:
                "quats": cfg.lr_quats * root, "opacities": cfg.lr_opacities * root,
                "colors": (cfg.lr_sh0 * root, cfg.lr_shN * root)}
         self.adam = ShardAdam(self.params, lrs, betas=(0.9 ** B, 0.999 ** B), eps=1e-15)
-        self._lrs = lrs                         # the starting rates (lr_decay's)
         self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
         self.iteration = 0
         self.pixel_size = pixel_size
-        self._floor: Tensor | None = None        # log scale floor and cap [N], refreshed by _scale_bounds
-        self._cap: Tensor | None = None
-        self._bounds_of = -1                     # the count they were computed for
-        self.image_errors: Tensor | None = None  # [B] the last step's squared error per image of its band
-                                                 # (with cfg.view_weight: insitu.sampling.ViewSampler)
+        self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
+        self._floor_of = -1                      # the count it was computed for
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -325,29 +318,14 @@ class Trainer:
             lr = math.exp((1 - t) * math.log(lr0) + t * math.log(lr1))
         for group in self.optimizers["means"].param_groups:
             group["lr"] = lr
-        if self.cfg.lr_decay != 1.0:                            # the others: log-linearly to lr_decay of theirs
-            factor = self.cfg.lr_decay ** t
-            for name, start in self._lrs.items():
-                if name != "means":
-                    lr, rest = start if isinstance(start, tuple) else (start, None)
-                    group = self.optimizers[name].param_groups[0]
-                    group["lr"] = lr * factor
-                    if rest is not None:
-                        group["lr_rest"] = rest * factor
 
     def step(self, render: Callable[[dict], tuple[Tensor, dict]], gt: Tensor, *, rows: tuple[int, int],
-             height: int, comm=None, gt_alpha: Tensor | None = None,
-             footprints: Callable[[dict, Tensor], Tensor] | None = None) -> Tensor:
+             height: int, comm=None, gt_alpha: Tensor | None = None) -> Tensor:
         """One optimiser step. ``render(params) -> (pred band, info)``; gt: the matching GT band,
         rows ``rows`` of images of ``height`` rows (:func:`band_loss`; collective over ``comm``).
-        gt_alpha: [B, h, W, 1] the band's ground-truth alpha; with ``cfg.alpha_weight > 0`` the loss
-        adds that weight times the mean absolute difference of the rendered alpha (``info["alpha"]``)
-        from it over the whole images; with ``cfg.pixel_loss`` "l2" it and the rendered alpha give
-        the foreground (alpha > 1/255 in either) whose mean |error| scales the squared error.
-        footprints: ``footprints(params, error [B, h, W, 1]) -> [N, 2]`` each Gaussian's blending weight
-        times the band's per-pixel error, and its weight, summed over its pixels
-        (:func:`footprint_errors` on the same views; collective): the footprint error criterion of
-        densification (``cfg.densify_error``), gathered every ``cfg.densify_error_every`` iterations.
+        gt_alpha: [B, h, W, 1] the band's ground-truth alpha; with ``cfg.pixel_loss`` "l2" it and the
+        rendered alpha (``info["alpha"]``) give the foreground (alpha > 1/255 in either) whose mean
+        |error| scales the squared error.
 
         Returns this rank's share of the loss, a 0-dim tensor on the device (reading it waits
         for the GPU, so callers read it only when they show it).
@@ -360,60 +338,41 @@ class Trainer:
             covered = foreground(gt_alpha, info["alpha"].detach())
         loss = band_loss(pred, gt, ssim_weight=self.cfg.ssim_weight, rows=rows, height=height, comm=comm,
                          pixel=self.cfg.pixel_loss, foreground=covered, scale_comm=self.replicas)
-        if self.cfg.alpha_weight > 0 and gt_alpha is not None:
-            B, _, W, _ = pred.shape
-            loss = loss + self.cfg.alpha_weight * (info["alpha"] - gt_alpha).abs().sum() / (B * height * W)
         loss.backward()
-        self.image_errors = ((pred.detach() - gt).square_().sum((1, 2, 3))    # what view_weight draws by
-                             if self.cfg.view_weight > 0 else None)
         ahead = self._refines_ahead()
         seen = self._visible_gradients(info) if ahead else None
-        errors = None
-        if ahead and footprints is not None and self.cfg.densify_error > 0 \
-                and self.iteration % self.cfg.densify_error_every == 0:
-            errors = footprints(self.params, (pred.detach() - gt).abs().mean(-1, keepdim=True))
         if self.replicas is not None:
             sh.accumulate(self.params["colors"])    # the all-reduce sums gradients written out
-            seen, errors = self._all_reduce(seen, errors)
+            seen = self._all_reduce(seen)
         if seen is not None:
             self.state.grad2d += seen[0]
             self.state.count += seen[1]
-        if errors is not None:
-            self.state.error += errors[:, 0]
-            self.state.weight += errors[:, 1]
         self.adam.step(sh)
         self.adam.zero_grad()
         self.iteration += 1
         self._densify()
         with torch.no_grad():                           # after densify: split samples new means too
             self.params["means"].data.clamp_(min=self.box[0], max=self.box[1])
-            if (self.cfg.min_scale_px > 0 or self.cfg.max_scale_px > 0) and self.pixel_size is not None:
-                floor, cap = self._scale_bounds()
-                self.params["scales"].data[:, :2].clamp_(   # in-plane axes (z: the normal)
-                    min=None if floor is None else floor[:, None], max=None if cap is None else cap[:, None])
+            if self.cfg.min_scale_px > 0 and self.pixel_size is not None:
+                self.params["scales"].data[:, :2].clamp_(min=self._scale_floor()[:, None])  # in-plane (z: the normal)
         return loss.detach()
 
-    FLOOR_EVERY = 100                                   # iterations between refreshes of the scale bounds
+    FLOOR_EVERY = 100                                   # iterations between refreshes of the scale floor
 
-    def _scale_bounds(self) -> tuple[Tensor | None, Tensor | None]:
-        """``(floor [N], cap [N])``: the logs of ``cfg.min_scale_px`` and ``cfg.max_scale_px`` pixels of the
-        nearest training view that sees each Gaussian's centre (``pixel_size``; -inf and +inf where none
-        does; None for a bound that is off), refreshed every ``FLOOR_EVERY`` iterations and whenever
-        densification changed the count. The floor: at the training views' distance the rasterizer's
+    def _scale_floor(self) -> Tensor:
+        """``[N]`` the log of ``cfg.min_scale_px`` pixels of the nearest training view that sees each
+        Gaussian's centre (``pixel_size``; -inf where none does), refreshed every ``FLOOR_EVERY`` iterations
+        and whenever densification changed the count: at the training views' distance the rasterizer's
         blur hides gaps between Gaussians smaller than a pixel, which a camera closer than every training
-        view shows (BENCHMARKS.md, CPU figures). The cap (off by default) keeps discs small, as a flat disc of
-        in-plane standard deviation s on a surface curved with radius R reaches past the outline by about
-        s^2 / R; on the bonsai it only cost, the discs being about a pixel already (BENCHMARKS.md, run 57)."""
+        view shows."""
         n = len(self)
-        if self._bounds_of != n or self.iteration % self.FLOOR_EVERY == 0:
-            self._bounds_of = n
+        if self._floor_of != n or self.iteration % self.FLOOR_EVERY == 0:
+            self._floor_of = n
             size = self.pixel_size(self.params["means"].detach())
             seen = torch.isfinite(size)
             log = torch.log(torch.where(seen, size, torch.ones_like(size))).to(self.params["scales"].dtype)
-            bound = lambda px, beyond: torch.where(seen, log + math.log(px), torch.full_like(log, beyond))  # noqa: E731
-            self._floor = bound(self.cfg.min_scale_px, -math.inf) if self.cfg.min_scale_px > 0 else None
-            self._cap = bound(self.cfg.max_scale_px, math.inf) if self.cfg.max_scale_px > 0 else None
-        return self._floor, self._cap
+            self._floor = torch.where(seen, log + math.log(self.cfg.min_scale_px), torch.full_like(log, -math.inf))
+        return self._floor
 
     def _refines_ahead(self) -> bool:
         """Whether a densification refine comes after this iteration (else its statistics go unused)."""
@@ -433,17 +392,15 @@ class Trainer:
         return (norm * visible).sum(0), visible.sum(0).to(norm.dtype)
 
     @torch.no_grad()
-    def _all_reduce(self, seen: tuple[Tensor, Tensor] | None,
-                    errors: Tensor | None = None) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
-        """Average the parameters' gradients and sum the densification statistics (``seen``, and the
-        footprint ``errors: [N, 2]`` when given) over the replicas, in one all-reduce. Every replica then
-        holds the same values, so their steps (and their densification) stay identical."""
+    def _all_reduce(self, seen: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """Average the parameters' gradients and sum the densification statistics (``seen``) over the
+        replicas, in one all-reduce. Every replica then holds the same values, so their steps (and their
+        densification) stay identical."""
         n = len(self)
         if seen is None:
             seen = (torch.zeros(n, device=self.device), torch.zeros(n, device=self.device))
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.values()]
-        extra = [errors.t().reshape(-1)] if errors is not None else []
-        flat = torch.cat([g.reshape(-1) for g in grads] + [seen[0], seen[1]] + extra)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [seen[0], seen[1]])
         self.replicas.traffic.add(2 * flat.numel() * flat.element_size() * (self.replicas.size - 1)
                                   / self.replicas.size)
         dist.all_reduce(flat, group=self.replicas.group)
@@ -451,40 +408,13 @@ class Trainer:
         for p, g in zip(self.params.values(), grads):
             p.grad = flat[offset:offset + g.numel()].view_as(g).div_(P)
             offset += g.numel()
-        seen = (flat[offset:offset + n], flat[offset + n:offset + 2 * n])
-        return seen, (flat[offset + 2 * n:].view(2, n).t() if errors is not None else None)
-
-    def _worst_footprints(self, state: dict[str, Tensor]) -> Tensor:
-        """[N] bool: the Gaussians whose footprints hold the most error, to be grown: those whose mean
-        per-pixel error over their blending weight exceeds ``cfg.densify_error`` times the mean of all
-        (among the ones seen over at least a pixel's worth of weight), at most the
-        ``cfg.densify_error_fraction`` of the shard with the largest."""
-        n = len(self)
-        pick = torch.zeros(n, dtype=torch.bool, device=self.device)
-        if self.cfg.densify_error <= 0 or n == 0:
-            return pick
-        err, weight = state["error"], state["weight"]
-        seen = weight > 1.0
-        mean = err / weight.clamp(min=1e-12)
-        overall = err[seen].sum() / weight[seen].sum().clamp(min=1e-12)
-        worst = seen & (mean > self.cfg.densify_error * overall)
-        k = int(self.cfg.densify_error_fraction * n)
-        if k < 1:
-            return pick
-        top = torch.topk(torch.where(worst, mean, -1.0), k=min(k, n)).indices
-        pick[top] = True
-        return pick & worst
+        return flat[offset:offset + n], flat[offset + n:offset + 2 * n]
 
     def _too_big_to_clone(self) -> Tensor:
-        """``[N]`` bool: the Gaussians that densification splits rather than clones. With ``cfg.split_px``,
-        those whose largest standard deviation exceeds that many pixels of the nearest training view that
-        sees their centre (none that no view sees): what the images resolve decides, so a contour drawn by
-        a few discs of several pixels gets smaller ones. Otherwise gsplat's rule, 1% of the scene's extent,
-        which at 1024^2 lets discs of up to about 5 pixels only be copied."""
+        """``[N]`` bool: the Gaussians that densification splits rather than clones: gsplat's rule, those
+        whose largest standard deviation exceeds 1% of the scene's extent."""
         largest = torch.exp(self.params["scales"]).max(dim=-1).values
-        if self.cfg.split_px <= 0 or self.pixel_size is None:
-            return largest > 0.01 * self.extent
-        return largest > self.cfg.split_px * self.pixel_size(self.params["means"].detach())
+        return largest > 0.01 * self.extent
 
     @torch.no_grad()
     def _densify(self) -> None:
@@ -502,7 +432,7 @@ class Trainer:
         if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = self._too_big_to_clone()
-            high = (grads > cfg.grad_threshold) | self._worst_footprints(state)
+            high = grads > cfg.grad_threshold
             room = max(self.max_gaussians - len(self), 0)
             clone, grow = high & ~big, high & big
             if int(clone.sum() + grow.sum()) > room:    # keep the cap: grow the strongest first

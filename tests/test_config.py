@@ -36,8 +36,8 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("parallel:\n  threads: -1\n", "parallel.threads: expected a value >= 0, got -1"),
     ("- a\n- b\n", "expected a mapping of sections"),
     ("views:\n  march_step: 2\n", "views.march_step: expected a step in (0, 1] cells"),
-    ("train:\n  min_scale_px: 2\n  max_scale_px: 1\n",
-     "train.max_scale_px: expected 0 (no cap) or at least train.min_scale_px (2), got 1"),
+    ("seeds:\n  fill: true\n", "seeds.fill: true starts at seeds.budget (2000000) whatever the surface's size, and "
+     "seeds.density=4 asks for that many Gaussians per pixel of it: set seeds.density=0 with seeds.fill=true"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, message):
     f = tmp_path / "c.yaml"
@@ -45,6 +45,44 @@ def test_bad_config_names_the_problem(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         load_config(f)
     assert message in str(e.value)
+
+
+def test_seeds_come_by_density_or_with_a_density_of_0_as_fill_says():
+    """seeds.density > 0: that many per pixel, points on the triangles; 0: the budget, as points on the
+    triangles with seeds.fill, else as the marching-cubes vertices."""
+    from insitu.pipeline import seed_count, seeds_fill
+
+    budget = 1000
+    fill = load_config(None, {"seeds.budget": budget, "seeds.density": 0, "seeds.fill": True})
+    vertices = load_config(None, {"seeds.budget": budget, "seeds.density": 0})
+    assert seeds_fill(fill) and not seeds_fill(vertices) and seeds_fill(load_config())
+    assert seed_count(fill, 1.0, None) == seed_count(vertices, 1.0, None) == budget
+
+
+def test_the_example_config_and_the_reference_are_generated_from_the_dataclasses():
+    """examples/config.yaml and docs/configuration.md are what insitu/config.py writes from each key's field
+    (after changing a key: python -m insitu.config); every key has its doc, citing no benchmark run, and
+    appears in both; the example sets every key and loads as the defaults."""
+    import dataclasses
+    import re
+    import typing
+    from pathlib import Path
+
+    from insitu.config import GENERATED, config_file_values
+
+    root = Path(__file__).resolve().parents[1]
+    for name, write in GENERATED.items():
+        assert (root / name).read_text(encoding="utf-8") == write(), f"{name} is stale: run python -m insitu.config"
+    example = root / "examples" / "config.yaml"
+    values, reference = config_file_values(example), (root / "docs" / "configuration.md").read_text()
+    for section, cls in typing.get_type_hints(Config).items():
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert list(values[section]) == names, section
+        for f in dataclasses.fields(cls):
+            doc = f.metadata.get("doc") or ""
+            assert len(doc.split()) >= 3 and not re.search(r"\bruns? \d|BENCHMARKS", doc), (section, f.name, doc)
+            assert reference.count(f"| `{section}.{f.name}` |") == 1, (section, f.name)
+    assert load_config(example).to_dict() == Config().to_dict()
 
 
 def test_missing_file_and_bad_override(tmp_path):
@@ -78,28 +116,6 @@ def test_every_declared_constraint_is_checked_under_its_own_key():
                     from_dict({section: {f.name: value}})
                 checked += 1
     assert checked >= 40          # the constraints of the sections (renaming a field keeps its own)
-
-
-def test_the_example_config_holds_every_key_with_its_default():
-    """README: 'all keys in examples/config.yaml'; each with the value the code defaults to."""
-    import dataclasses
-    from pathlib import Path
-
-    import yaml
-
-    example = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "config.yaml").read_text())
-    defaults = Config()
-    for section in dataclasses.fields(defaults):
-        values = getattr(defaults, section.name)
-        if not dataclasses.is_dataclass(values):
-            continue
-        given = example.get(section.name) or {}
-        for key in dataclasses.fields(values):
-            assert key.name in given, f"examples/config.yaml lacks {section.name}.{key.name}"
-            want = getattr(values, key.name)
-            got = given[key.name]
-            assert got == want or (isinstance(want, tuple) and list(want) == got), \
-                f"{section.name}.{key.name}: example {got!r}, default {want!r}"
 
 
 def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_whole_model():

@@ -130,24 +130,6 @@ def test_replicas_take_the_step_of_one_rank_with_the_whole_batch():
     assert "exact: 2 replicas" in out.stdout and "densify: 2 replicas" in out.stdout, out.stdout
 
 
-def test_weighted_view_draws_are_one_process_draws_on_every_rank():
-    """train.view_weight on 2 ranks, errors recorded as bands (a part of every view) and as replicas (each
-    rank its own views): every rank draws the views one process draws from the whole errors
-    (tests/mpi/sampler_worker.py)."""
-    out = run_worker(2, "sampler_worker.py")
-    assert all_ok(out, 2), out.stdout
-    assert "bands: 2 ranks draw as one process" in out.stdout and "replicas: 2 ranks" in out.stdout, out.stdout
-
-
-def test_a_step_with_weighted_draws_records_what_each_rank_trained_in_both_layouts():
-    """run_step with train.view_weight on 2 ranks, sort-last and replicated: every batch of the training and of
-    model.ply's refinement recorded with this rank's views and their errors, the draws weighted after the
-    first epoch and the same on every rank (tests/mpi/weighted_step_worker.py)."""
-    out = run_worker(2, "weighted_step_worker.py", timeout=180)
-    assert all_ok(out, 2), out.stdout
-    assert "sortlast: 2 ranks" in out.stdout and "replicated: 2 ranks" in out.stdout, out.stdout
-
-
 @pytest.mark.gpu
 def test_replicas_on_two_gpus_take_the_step_of_one_gpu_with_the_whole_batch():
     """The same on two GPUs (NCCL all-reduce, one GPU per rank)."""

@@ -146,7 +146,7 @@ def test_memory_that_cannot_fit_is_refused_with_what_it_needs():
     cfg = load_config(None, {"views.resolution": 100000})
     with pytest.raises(ConfigError, match=r"need at least [\d.e+]+ GiB per rank \(ground truth .*; here has 16 GiB"):
         check_memory(cfg, 1, 16 * 2**30, "here")
-    fill = load_config(None, {"seeds.budget": 10**12, "seeds.fill": True})
+    fill = load_config(None, {"seeds.budget": 10**12, "seeds.fill": True, "seeds.density": 0})
     with pytest.raises(ConfigError, match=r"gaussians [\d.e+]+ GiB"):
         check_memory(fill, 2, 16 * 2**30, "here")
     check_memory(load_config(None, {"views.resolution": 512}), 1, 16 * 2**30)      # the defaults fit
@@ -171,7 +171,8 @@ def test_a_float32_npy_on_one_rank_trains(files, tmp_path):
     (["{d}/noname.raw", "--dims", "12", "12", "12"], r"noname\.raw: dtype is not given and not in the name .* give --dtype$"),
     (["{d}/ball_12x12x12_uint8.raw", "--dtype", "foo"], r"input\.dtype: expected an integer or float type"),
     (["{d}/ball.npy", "--resolution", "100000"], r"need at least [\d.e+]+ GiB per rank .* has [\d.]+ GiB"),
-    (["{d}/ball.npy", "--budget", "1000000000000", "--set", "seeds.fill=true"], r"gaussians [\d.e+]+ GiB"),
+    (["{d}/ball.npy", "--budget", "1000000000000", "--set", "seeds.density=0", "--set", "seeds.fill=true"],
+     r"gaussians [\d.e+]+ GiB"),
     (["{d}/ball.npy", "--config", "{d}"], r"config file .*: is a directory, expected a YAML file"),
     (["{d}/ball.npy", "--config", "{d}/binary.yaml"], r"binary\.yaml: not a text file"),
     (["{d}/ball.npy", "--set", "train.iterations=[unclosed"], r"not valid YAML"),

@@ -362,9 +362,9 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
     assert events[-1] == ("wait", ())           # every group, before training
 
 
-def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
-    """train.alpha_weight > 0: each step is given the alpha of the same views' ground-truth band;
-    with the default 0, none under the L1 pixel term (the squared error takes it for its foreground)."""
+def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
+    """train.pixel_loss l2 (the default): each step is given the alpha of the same views' ground-truth band,
+    the squared error's foreground; under the L1 pixel term, none."""
     import insitu.pipeline as pipeline
     from insitu.training import Trainer
 
@@ -377,7 +377,7 @@ def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypat
 
     monkeypatch.setattr(Trainer, "step", spy)
     block = whole_block(sphere_field())
-    cfg = tiny_config(iterations=3, batch=2, alpha_weight=0.5)
+    cfg = tiny_config(iterations=3, batch=2)
     cfg.output.ply_refine = 0                                         # the training's steps alone
     r = run_step(block, cfg, comm)
     assert np.isfinite(r.metrics["psnr"])
@@ -390,11 +390,6 @@ def test_the_alpha_term_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypat
     cfg.output.ply_refine = 0
     run_step(block, cfg, comm)
     assert seen == [None, None]
-    seen.clear()
-    cfg = tiny_config(iterations=2)                                   # the squared error's foreground
-    cfg.output.ply_refine = 0
-    run_step(block, cfg, comm)
-    assert len(seen) == 2 and all(a is not None for a in seen)
 
 
 def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model_ply_is_drawn_as_viewers_do(

@@ -65,7 +65,7 @@ def tiny_config(iso: float) -> Config:
     cfg.views.resolution = 48
     cfg.views.supersample = 1
     cfg.seeds.budget = 2000
-    cfg.seeds.fill = True
+    cfg.seeds.fill, cfg.seeds.density = True, 0.0
     cfg.train.iterations = 150
     cfg.train.batch = 1                 # one view per step (per replica in the replicated layout)
     cfg.train.backend = "torch"
