@@ -1,4 +1,4 @@
-/* C API of the insitu-gs adaptor: an embedded Python interpreter running insitu.adaptor.Adaptor.
+/* C API of the insitu-gs adaptor: an embedded Python interpreter running insitu.run.adaptor.Adaptor.
  *
  * The simulation's arrays are handed to Python without a copy (read-only memoryviews viewed
  * as numpy arrays); the Adaptor copies what it keeps before execute returns. Python errors
@@ -23,7 +23,7 @@
 #define INSITU_DEFAULT_PYTHONPATH ""
 #endif
 
-static PyObject *g_adaptor = NULL;       /* insitu.adaptor.Adaptor instance */
+static PyObject *g_adaptor = NULL;       /* insitu.run.adaptor.Adaptor instance */
 static PyThreadState *g_main_thread = NULL;
 static double g_origin[3] = {0.0, 0.0, 0.0};
 static double g_spacing[3] = {1.0, 1.0, 1.0};
@@ -175,9 +175,9 @@ static int initialize(MPI_Comm comm, const char *config_path)
         rc = INSITU_ERROR_PYTHON;
         goto done;
     }
-    module = PyImport_ImportModule("insitu.adaptor");
+    module = PyImport_ImportModule("insitu.run.adaptor");
     if (!module) {
-        python_error("insitu_initialize: import insitu.adaptor (set INSITU_PYTHONPATH or VIRTUAL_ENV?)");
+        python_error("insitu_initialize: import insitu.run.adaptor (set INSITU_PYTHONPATH or VIRTUAL_ENV?)");
         rc = INSITU_ERROR_PYTHON;
         goto done;
     }

@@ -41,7 +41,7 @@ extern "C" {
 #define INSITU_ADAPTOR_VERSION_MINOR 1
 #define INSITU_ADAPTOR_VERSION_PATCH 0
 
-/* Element types of the fields (the codes of insitu.adaptor.C_DTYPES). */
+/* Element types of the fields (the codes of insitu.run.adaptor.C_DTYPES). */
 enum insitu_dtype {
     INSITU_UINT8 = 1,
     INSITU_INT8 = 2,

@@ -3,7 +3,7 @@
     python benchmarks/bench_adam.py --gaussians 4000000
 
 Prints one JSON line: milliseconds per step (median, triton.testing.do_bench) for each block size
-and warp count of the kernel (``insitu.adam._BLOCK``, ``_WARPS``), and the bandwidth that is: an
+and warp count of the kernel (``insitu.training.adam._BLOCK``, ``_WARPS``), and the bandwidth that is: an
 Adam step reads parameter, gradient and two moments and writes parameter and moments (7 x 4 bytes
 per float).
 """
@@ -14,7 +14,7 @@ import json
 
 import torch
 
-import insitu.adam as adam
+import insitu.training.adam as adam
 
 
 def main() -> None:

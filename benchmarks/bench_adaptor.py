@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from insitu_sims.gray_scott import GrayScottSettings, run  # noqa: E402
-from insitu.adaptor import Adaptor  # noqa: E402
+from insitu.run.adaptor import Adaptor  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

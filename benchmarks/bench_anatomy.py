@@ -45,17 +45,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from insitu.appearance import BlockSamples, quat_normals  # noqa: E402
-from insitu.compositing import foreground  # noqa: E402
 from insitu.config import load_config  # noqa: E402
-from insitu.files import write_png  # noqa: E402
-from insitu.layouts import choose_layout  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard,  # noqa: E402
-                             train, training_blur)
-from insitu.scene import make_scene  # noqa: E402
-from insitu.training import render_bands  # noqa: E402
-from insitu.views import HELD_OUT, Views, pixel_size  # noqa: E402
+from insitu.groundtruth.scene import make_scene  # noqa: E402
+from insitu.groundtruth.views import HELD_OUT, Views, pixel_size  # noqa: E402
+from insitu.output.files import write_png  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.render.compositing import foreground  # noqa: E402
+from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.step.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard, train,  # noqa: E402
+                                  training_blur)
+from insitu.training.appearance import BlockSamples, quat_normals  # noqa: E402
+from insitu.training.trainer import render_bands  # noqa: E402
 from insitu.volume import iso_distance, unit_field, whole_block  # noqa: E402
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)

@@ -2,7 +2,7 @@
 
 The same views of the same isosurface ray-cast with 2x2 and with 4x4 rays per pixel differ only
 where a pixel is partly covered, i.e. at silhouettes. Judged like a trained model
-(:meth:`insitu.metrics.QualityAccumulator.add_rgba`), their PSNR on black, on white and over the
+(:meth:`insitu.step.metrics.QualityAccumulator.add_rgba`), their PSNR on black, on white and over the
 covered pixels says how much of the gap between ``psnr`` and ``psnr_white`` any model with
 imperfect edges shows on this shading: the headlight shading makes silhouettes dark
 (``groundtruth.torch_caster.AMBIENT``), so an alpha error there costs little on black and much on white.
@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from insitu.groundtruth import raycast_views  # noqa: E402
-from insitu.metrics import QualityAccumulator  # noqa: E402
-from insitu.views import orbit_views  # noqa: E402
+from insitu.groundtruth.caster import raycast_views  # noqa: E402
+from insitu.groundtruth.views import orbit_views  # noqa: E402
+from insitu.step.metrics import QualityAccumulator  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 BONSAI = Path(__file__).resolve().parents[2] / "shared" / "data" / "bonsai_256x256x256_uint8.raw"

@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from insitu.config import Config  # noqa: E402
-from insitu.decomposition import cut_block  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import run_step  # noqa: E402
+from insitu.input.decomposition import cut_block  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.step.pipeline import run_step  # noqa: E402
 from insitu.volume import downsample, read_raw  # noqa: E402
 
 BONSAI = Path("/work/shared/data/bonsai_256x256x256_uint8.raw")

@@ -7,13 +7,13 @@ Triton's compilations recorded.
 ``--cache`` is the Triton kernel cache for the command (``TRITON_CACHE_DIR``): an empty folder is a
 first process on a fresh machine (cold), the same folder again a later one (warm). Every kernel
 that goes through Triton's compiler (a compilation, or a load from the disk cache) is recorded with
-its thread (``insitu-compile-*``: :mod:`insitu.compilation`'s background threads), its start
+its thread (``insitu-compile-*``: :mod:`insitu.step.compilation`'s background threads), its start
 (seconds after this script started) and its seconds, and for real compilations the seconds of
 each stage (``ttir``, ``ttgir``: the optimisation passes, ``llir``, ``ptx``, ``cubin``: ptxas).
 Prints and writes one JSON object: the command's wall time (from this script's start, imports
 included), the records, and per thread the seconds spent in the compiler; and a timeline (seconds
 after this script started) of the step's phases as they end (``PhaseClock.lap``), its waits for
-compiled groups (:meth:`insitu.compilation.Ahead.wait`) and the package's background threads
+compiled groups (:meth:`insitu.step.compilation.Ahead.wait`) and the package's background threads
 (``insitu-compile-*``, ``insitu-preload``: the metrics' import) from start to end.
 
 ``--evict`` first drops from the machine's page cache every file of Python's library folders, of
@@ -28,7 +28,7 @@ compiler and ptxas only; ``pip install triton`` where torch has none): the ray c
 bonsai's case: one iso value, no colour field), the loss's four SSIM kernels at 1024^2 and Adam's
 kernel, each in an empty cache, with the seconds of each stage and of the coalescing pass
 (``MLIR_ENABLE_TIMING``'s figure is the pass's share). ``--caster``/``--ssim``: another version of
-``insitu/groundtruth/triton_caster.py`` / ``insitu/ssim.py`` to compile instead.
+``insitu/groundtruth/triton_caster.py`` / ``insitu/training/ssim.py`` to compile instead.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--evict", action="store_true", help="drop the libraries' files from the page cache first")
     ap.add_argument("--offline", action="store_true", help="compile the kernels for sm_90 here, no command")
     ap.add_argument("--caster", help="with --offline: another version of insitu/groundtruth/triton_caster.py")
-    ap.add_argument("--ssim", help="with --offline: another version of insitu/ssim.py")
+    ap.add_argument("--ssim", help="with --offline: another version of insitu/training/ssim.py")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the insitu command and its arguments")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -70,7 +70,7 @@ def main() -> None:
         return offline(args)
     evicted = evict_page_cache(args.package) if args.evict else None
     try:
-        from insitu.runner import prefetch_compiler
+        from insitu.run.runner import prefetch_compiler
     except ImportError:         # a package tree from before it
         pass
     else:
@@ -159,7 +159,7 @@ def evict_page_cache(package: str) -> dict:
 def record_timeline() -> list[dict]:
     """Record, in the list returned as they come: each phase of a step as it ends, each wait for
     compiled groups, and each of the package's background threads (start and end)."""
-    from insitu import compilation, pipeline
+    from insitu.step import compilation, pipeline
 
     events: list[dict] = []
     now = lambda: round(time.perf_counter() - T0, 3)        # noqa: E731
@@ -230,12 +230,12 @@ def offline(args) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    import insitu.adam as adam
+    import insitu.training.adam as adam
     if args.caster:
         caster = load(args.caster, "insitu.groundtruth._bench_caster")
     else:
         import insitu.groundtruth.triton_caster as caster
-    ssim = load(args.ssim, "insitu._bench_ssim") if args.ssim else __import__("insitu.ssim").ssim
+    ssim = load(args.ssim, "insitu.training._bench_ssim") if args.ssim else __import__("insitu.training.ssim").training.ssim
     stages: dict[str, float] = {}
     knobs.runtime.add_stages_inspection_hook = stage_hook(stages.__setitem__)
 

@@ -1,6 +1,6 @@
 """One timestep of the CPU demo on its own: the Gray-Scott mini-app run to ``--step`` (the demo's
 simulation: its L or ``--L``, no noise), then one cold ``compute_step`` of its V field with the CPU demo's
-settings (``insitu.demo.DEMO_DEFAULTS`` without its in situ and output keys) and the ``--set`` ones.
+settings (``insitu.run.demo.DEMO_DEFAULTS`` without its in situ and output keys) and the ``--set`` ones.
 Prints one JSON object: the step's surface figures, its Gaussians, its seconds and its evaluations.
 
     python benchmarks/bench_demo_step.py --step 600 --set train.iterations=2400
@@ -19,9 +19,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "sims")]
 from mpi4py import MPI  # noqa: E402
 
 from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.demo import CPU_SIMULATION, DEMO_DEFAULTS  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import compute_step  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.run.demo import CPU_SIMULATION, DEMO_DEFAULTS  # noqa: E402
+from insitu.step.pipeline import compute_step  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 from insitu_sims.gray_scott import GrayScott, GrayScottSettings  # noqa: E402
 

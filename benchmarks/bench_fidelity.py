@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import compute_step  # noqa: E402
-from insitu.views import pixel_size  # noqa: E402
+from insitu.groundtruth.views import pixel_size  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.step.pipeline import compute_step  # noqa: E402
 from insitu.volume import downsample, read_raw, whole_block  # noqa: E402
 
 KEYS = ("psnr", "psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",

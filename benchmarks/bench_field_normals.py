@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import insitu.appearance as appearance  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.seeds import normal_to_quat_torch  # noqa: E402
+import insitu.training.appearance as appearance  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.surface.seeds import normal_to_quat_torch  # noqa: E402
 from insitu.volume import unit_field, whole_block  # noqa: E402
 
 from bench_fidelity import base_settings, variant_config, variant_row, volume_arguments  # noqa: E402

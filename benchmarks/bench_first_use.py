@@ -46,8 +46,8 @@ def main() -> None:
         raise SystemExit("bench_first_use.py measures CUDA's first uses: no CUDA device here")
     timed("cuda context", lambda: torch.zeros(1, device="cuda"))
     timed("import gsplat", lambda: __import__("gsplat"))
-    timed("import insitu.pipeline", lambda: __import__("insitu.pipeline"))
-    from insitu.rendering import rasterize
+    timed("import insitu.step.pipeline", lambda: __import__("insitu.step.pipeline"))
+    from insitu.render.rendering import rasterize
 
     g = torch.Generator().manual_seed(0)
     n = 64
@@ -67,14 +67,14 @@ def main() -> None:
 
     timed("gsplat forward and backward", draw)
     timed("gsplat forward and backward again", draw)
-    metrics = timed("import insitu.metrics (torchmetrics)", lambda: __import__("insitu.metrics").metrics)
+    metrics = timed("import insitu.step.metrics (torchmetrics)", lambda: __import__("insitu.step.metrics").step.metrics)
     a = torch.rand(1, 3, 64, 64, generator=g).cuda()
     b = (a + 0.01).clamp(0, 1)
     timed("psnr", lambda: metrics._per_view_psnr(a, b))
     timed("ssim (the first convolution)", lambda: metrics._per_view_ssim_map(a, b))
     timed("ssim again", lambda: metrics._per_view_ssim_map(a, b))
-    from insitu.groundtruth import raycast_views
-    from insitu.views import orbit_views
+    from insitu.groundtruth.caster import raycast_views
+    from insitu.groundtruth.views import orbit_views
     from insitu.volume import whole_block
     import numpy as np
 

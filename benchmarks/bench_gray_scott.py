@@ -2,7 +2,7 @@
 
 Each configuration runs the simulation as its own process (``mpiexec -n R`` for R > 1
 ranks). For SST a reader process is spawned that only reads every step (one reader per
-reader rank, each reading its block through ``insitu.sources.SSTSource``), so the number
+reader rank, each reading its block through ``insitu.input.sources.SSTSource``), so the number
 measures what streaming costs the simulation.
 
     python benchmarks/bench_gray_scott.py --L 64 --steps 200 --plotgap 10 --ranks 1 2
@@ -27,7 +27,7 @@ import sys, time
 sys.modules.setdefault("torch", None)          # adios2 imports torch when installed; not needed here
 sys.path.insert(0, sys.argv[1])
 from mpi4py import MPI
-from insitu.sources import SSTSource
+from insitu.input.sources import SSTSource
 comm = MPI.COMM_WORLD
 t0, n, nbytes = time.perf_counter(), 0, 0
 with SSTSource(sys.argv[2], "U", rank=comm.rank, size=comm.size, timeout_s=120,

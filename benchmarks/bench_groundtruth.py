@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from insitu.config import ViewConfig  # noqa: E402
-from insitu.groundtruth import raycast  # noqa: E402
-from insitu.views import orbit_views  # noqa: E402
+from insitu.groundtruth.caster import raycast  # noqa: E402
+from insitu.groundtruth.views import orbit_views  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 def use_caster(path: str) -> None:
     """Make the Triton backend run ``raycast_triton`` of the module at ``path`` (a version of
     ``insitu/groundtruth/triton_caster.py``; its relative imports resolve in ``insitu.groundtruth``)."""
-    import insitu.groundtruth as gt
+    import insitu.groundtruth.caster as gt
     from bench_compile import load                # benchmarks/, the script's folder
 
     gt.raycast_triton = load(path, "insitu.groundtruth._bench_caster").raycast_triton
@@ -106,9 +106,9 @@ def pipeline(args) -> None:
     import json
 
     from insitu.config import load_config
-    from insitu.decomposition import cut_block
-    from insitu.parallel import init_comm, shutdown
-    from insitu.pipeline import make_scene
+    from insitu.input.decomposition import cut_block
+    from insitu.parallel.comm import init_comm, shutdown
+    from insitu.step.pipeline import make_scene
 
     comm = init_comm(device="auto")
     iso = args.iso if args.iso is not None else [40.0]
@@ -144,7 +144,7 @@ def cast_seconds(block, cfg, comm) -> float:
     """Seconds this rank takes to ray-cast its block for every view, as ``make_scene`` groups them,
     without compositing: the slowest rank's figure against ``gt_seconds`` says what the compositing
     and the waiting for the slowest block cost."""
-    from insitu.groundtruth import raycast_views
+    from insitu.groundtruth.caster import raycast_views
 
     vc, device = cfg.views, comm.device
     views = orbit_views(*block.global_box, count=vc.count, resolution=vc.resolution, fov_deg=vc.fov_deg,

@@ -35,12 +35,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from insitu import pipeline  # noqa: E402
 from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.layouts import choose_layout  # noqa: E402
-from insitu.sampling import ViewSampler  # noqa: E402
-from insitu.scene import make_scene  # noqa: E402
+from insitu.groundtruth.scene import make_scene  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.step import pipeline  # noqa: E402
+from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.training.sampling import ViewSampler  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
            "resolution": args.resolution, "gaussians": len(trainer), "setup_s": round(setup_s, 2)}
     t = time.perf_counter()
-    from insitu.metrics import image_quality      # torchmetrics: imported on the first evaluation of a run
+    from insitu.step.metrics import image_quality  # torchmetrics: imported on the first evaluation of a run
     out["metrics_import_s"] = round(time.perf_counter() - t, 3)
     t = sync(comm)
     tiny = torch.rand(1, 64, 64, 3, device=comm.device)

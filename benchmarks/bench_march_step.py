@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from insitu.groundtruth import raycast  # noqa: E402
-from insitu.metrics import QualityAccumulator  # noqa: E402
-from insitu.views import orbit_views  # noqa: E402
+from insitu.groundtruth.caster import raycast  # noqa: E402
+from insitu.groundtruth.views import orbit_views  # noqa: E402
+from insitu.step.metrics import QualityAccumulator  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 

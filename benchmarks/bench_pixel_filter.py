@@ -13,7 +13,7 @@ are the fine grid's when ``--fine`` is a multiple of 2):
 - the continuous image blurred by ``eps2d`` and sampled at the pixel centres, for each ``--eps2d``
   (the best a model drawn with that blur can do),
 
-each as the project's ``psnr_foreground`` (:class:`insitu.metrics.QualityAccumulator`) and full-image PSNR.
+each as the project's ``psnr_foreground`` (:class:`insitu.step.metrics.QualityAccumulator`) and full-image PSNR.
 CPU is enough (the torch ray caster): ``--fine 4`` at 1024^2 casts 16M rays per view.
 
     python benchmarks/bench_pixel_filter.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
@@ -34,9 +34,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from insitu.groundtruth import raycast  # noqa: E402
-from insitu.metrics import QualityAccumulator  # noqa: E402
-from insitu.views import orbit_views  # noqa: E402
+from insitu.groundtruth.caster import raycast  # noqa: E402
+from insitu.groundtruth.views import orbit_views  # noqa: E402
+from insitu.step.metrics import QualityAccumulator  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
 

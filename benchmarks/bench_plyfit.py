@@ -1,10 +1,10 @@
 """What ``model.ply``'s SH model costs and scores, by how it is fitted and refined, on one trained model.
 
 Trains one step as ``pipeline.compute_step`` does (one rank, the package's defaults unless ``--set``),
-then makes ``model.ply``'s shard (:func:`insitu.pipeline.ply_shard`: the SH fit over
+then makes ``model.ply``'s shard (:func:`insitu.step.pipeline.ply_shard`: the SH fit over
 ``output.ply_fit_views`` views, then ``output.ply_refine`` of the step's iterations trained as a standard
 viewer draws it, ``train.batch`` views each) once per variant, each from the same trained model, and
-scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.pipeline.model_figures`). A variant is
+scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.step.pipeline.model_figures`). A variant is
 ``NAME=KEY=VALUE,KEY=VALUE`` over those three settings; its seconds are the device's (synchronised).
 Prints one JSON object; the trained model's own figures beside the variants'.
 
@@ -25,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
-from insitu import pipeline  # noqa: E402
 from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.layouts import choose_layout  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.scene import make_scene  # noqa: E402
+from insitu.groundtruth.scene import make_scene  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.step import pipeline  # noqa: E402
+from insitu.step.layouts import choose_layout  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 
 VARIED = ("output.ply_refine", "output.ply_fit_views", "train.batch")

@@ -23,12 +23,12 @@ import time
 import numpy as np
 import torch
 
-from insitu.appearance import ColorModel
 from insitu.config import load_config
-from insitu.decomposition import cut_block
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import evaluate, make_scene
-from insitu.seeds import extract_seeds, init_gaussians
+from insitu.input.decomposition import cut_block
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import evaluate, make_scene
+from insitu.surface.seeds import extract_seeds, init_gaussians
+from insitu.training.appearance import ColorModel
 from insitu.volume import read_raw
 
 

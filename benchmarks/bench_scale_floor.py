@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from insitu.config import load_config  # noqa: E402
-from insitu.demo import CPU_SIMULATION, demo_defaults  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.pipeline import compute_step  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.run.demo import CPU_SIMULATION, demo_defaults  # noqa: E402
+from insitu.step.pipeline import compute_step  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 from insitu_sims import gray_scott  # noqa: E402
 

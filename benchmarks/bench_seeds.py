@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from insitu.seeds import extract_seeds, init_gaussians
+from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.volume import read_raw, whole_block
 
 

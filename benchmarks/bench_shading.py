@@ -5,9 +5,9 @@
 Prints one JSON line, milliseconds (median, triton.testing.do_bench) of:
 - ``gsplat``: gsplat's ``spherical_harmonics`` forward + backward (the coefficients' gradient
   ``[N, 16, 3]`` written out), then ShardAdam's step with that gradient;
-- ``ours``: ``insitu.shading.sh_colors`` forward + backward with the gradient deferred, then ShardAdam's
+- ``ours``: ``insitu.render.shading.sh_colors`` forward + backward with the gradient deferred, then ShardAdam's
   step forming it from its factors; per block size and warp count of the SH kernels
-  (``insitu.shading._BLOCK``, ``_WARPS``);
+  (``insitu.render.shading._BLOCK``, ``_WARPS``);
 - the forward alone of each (no gradient: what an evaluation runs).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import json
 
 import torch
 
-import insitu.shading as shading
-from insitu.adam import ShardAdam
+import insitu.render.shading as shading
+from insitu.training.adam import ShardAdam
 
 
 def main() -> None:

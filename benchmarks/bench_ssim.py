@@ -1,4 +1,4 @@
-"""SSIM loss forward + backward: torchmetrics against insitu.ssim (Triton kernels on CUDA).
+"""SSIM loss forward + backward: torchmetrics against insitu.training.ssim (Triton kernels on CUDA).
 
     python benchmarks/bench_ssim.py --size 2048 --batch 1 [--tune] [--against OLD_SSIM_PY]
 
@@ -6,7 +6,7 @@ Prints one JSON line: milliseconds of each (median, events via triton.testing.do
 the training loss (``ssim_l1_loss``, the L1 term fused in), the largest differences of loss, map
 and gradient from float64 on the same random images, with ``--tune`` the same for several tile
 shapes and warp counts of the kernels, and with ``--against FILE`` the milliseconds of the
-kernels of FILE, another version of ``insitu/ssim.py`` (``git show REV:insitu/ssim.py``).
+kernels of FILE, another version of ``insitu/training/ssim.py`` (``git show REV:insitu/training/ssim.py``).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import json
 import torch
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim_tm
 
-import insitu.ssim
+import insitu.training.ssim
 from bench_compile import load  # benchmarks/, the script's folder
-from insitu.ssim import ssim_map, ssim_map_reference
+from insitu.training.ssim import ssim_map, ssim_map_reference
 
 
 def kernel_ms(mod, pred, gt, do_bench) -> dict:
@@ -38,8 +38,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tune", action="store_true",
-                    help="also time the kernels' tile sizes and warps (insitu.ssim._TH, _TW, _WARPS)")
-    ap.add_argument("--against", help="another version of insitu/ssim.py, timed the same way")
+                    help="also time the kernels' tile sizes and warps (insitu.training.ssim._TH, _TW, _WARPS)")
+    ap.add_argument("--against", help="another version of insitu/training/ssim.py, timed the same way")
     args = ap.parse_args()
     from triton.testing import do_bench
 
@@ -55,15 +55,15 @@ def main() -> None:
         loss.backward()
 
     ms_tm = do_bench(tm_step, warmup=50, rep=300, return_mode="median")
-    ours = kernel_ms(insitu.ssim, pred, gt, do_bench)
-    against = kernel_ms(load(args.against, "insitu._bench_ssim"), pred, gt, do_bench) if args.against else None
+    ours = kernel_ms(insitu.training.ssim, pred, gt, do_bench)
+    against = kernel_ms(load(args.against, "insitu.training._bench_ssim"), pred, gt, do_bench) if args.against else None
     a = ssim_map(pred, gt)
     ga, = torch.autograd.grad(a.mean(), pred)
     b = ssim_map_reference(pred.double(), gt.double())
     gb, = torch.autograd.grad(b.mean(), pred)
     tuned = {}
     if args.tune:
-        import insitu.ssim as mod
+        import insitu.training.ssim as mod
 
         chosen = (mod._TH, mod._TW, mod._WARPS)
         for rows, cols, warps in [(16, 64, 4), (8, 64, 4), (8, 32, 4), (4, 64, 4), (4, 128, 4), (8, 64, 2), (8, 128, 4)]:

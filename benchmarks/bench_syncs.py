@@ -5,12 +5,12 @@ Sets a step up as ``pipeline.compute_step`` does (one rank), each phase under
 value, a copy to the device from pageable memory, a stream synchronisation) by phase and by the
 innermost call site in this package or gsplat:
 
-- ``seeds``: :func:`insitu.pipeline.seed_shard`;
-- ``ground_truth``: :func:`insitu.scene.make_scene` (the ray caster's groups of views and their
+- ``seeds``: :func:`insitu.step.pipeline.seed_shard`;
+- ``ground_truth``: :func:`insitu.groundtruth.scene.make_scene` (the ray caster's groups of views and their
   compositing);
 - ``train_first``, ``train_steady``: ``--counted`` training iterations from the start
   (densification on) and again with densification off;
-- ``evaluation``: the held-out evaluation (:func:`insitu.pipeline.evaluate_trainer`).
+- ``evaluation``: the held-out evaluation (:func:`insitu.step.pipeline.evaluate_trainer`).
 
 Syncs inside a compiled extension (gsplat's) reach C++'s warning printer instead of Python's: they
 are counted from what the phase writes to the process's stderr (``native``), without a call site.
@@ -41,12 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
-from insitu import pipeline  # noqa: E402
 from insitu.config import load_config  # noqa: E402
-from insitu.layouts import choose_layout  # noqa: E402
-from insitu.parallel import init_comm, shutdown  # noqa: E402
-from insitu.sampling import ViewSampler  # noqa: E402
-from insitu.scene import make_scene  # noqa: E402
+from insitu.groundtruth.scene import make_scene  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.step import pipeline  # noqa: E402
+from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.training.sampling import ViewSampler  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 
 OURS = ("/insitu/", "/gsplat/")

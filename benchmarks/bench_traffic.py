@@ -46,11 +46,11 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from insitu.bandloss import band_loss
-    from insitu.compositing import band_rows, visibility_order
-    from insitu.parallel import init_comm, shutdown
-    from insitu.training import render_bands
-    from insitu.views import orbit_views
+    from insitu.groundtruth.views import orbit_views
+    from insitu.parallel.comm import init_comm, shutdown
+    from insitu.render.compositing import band_rows, visibility_order
+    from insitu.training.bandloss import band_loss
+    from insitu.training.trainer import render_bands
 
     comm = init_comm(device="cpu", threads=1)
     P, rank = comm.size, comm.rank

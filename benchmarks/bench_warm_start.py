@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT / "sims"))
 
 import numpy as np  # noqa: E402
 
-from insitu import pipeline  # noqa: E402
 from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.demo import demo_defaults  # noqa: E402
-from insitu.parallel import init_comm  # noqa: E402
-from insitu.sources import ArraySource  # noqa: E402
+from insitu.input.sources import ArraySource  # noqa: E402
+from insitu.parallel.comm import init_comm  # noqa: E402
+from insitu.run.demo import demo_defaults  # noqa: E402
+from insitu.step import pipeline  # noqa: E402
 from insitu_sims import gray_scott  # noqa: E402
 
 

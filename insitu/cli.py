@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__
-from .config import Config, config_file_values, field_choices, load_config, parse_override
-from .errors import ConfigError, InputError
+from insitu import __version__
+from insitu.config import Config, config_file_values, field_choices, load_config, parse_override
+from insitu.errors import ConfigError, InputError
 
 EPILOG = """examples:
   insitu demo --out demo_out
@@ -85,7 +85,7 @@ def _common(p: argparse.ArgumentParser, defaults: Config, *, fields: bool = True
 
 def demo_config() -> Config:
     """The demo's configuration on a CPU (what ``insitu demo --help`` shows)."""
-    from .demo import demo_defaults        # the demo's modules only for the demo
+    from insitu.run.demo import demo_defaults  # the demo's modules only for the demo
 
     return load_config(None, None, demo_defaults(gpu=False))
 
@@ -149,7 +149,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
              if dest.startswith(CONFIG_DEST) and value is not None}
     defaults = None
     if args.command == "demo":
-        from .demo import check_demo_args, demo_defaults       # the demo's modules only for the demo
+        from insitu.run.demo import check_demo_args, demo_defaults  # the demo's modules only for the demo
 
         check_demo_args(args)
         defaults = demo_defaults(gpu=False)
@@ -179,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "view":
-        from .report import serve              # the report server needs no analysis modules
+        from insitu.output.report import serve  # the report server needs no analysis modules
 
         return serve(args.out, args.port)
-    from .runner import run_command             # after parsing: `--help` answers without it
+    from insitu.run.runner import run_command   # after parsing: `--help` answers without it
 
     try:
         cfg = config_from_args(args)

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from insitu.errors import ConfigError
 
 
 # Constraints, declared with each field (``constrained(default, POSITIVE, ...)``) and checked by
@@ -481,7 +481,7 @@ def validate(cfg: Config) -> Config:
         if kind is None or kind not in "uif":
             raise ConfigError(f"input.dtype: expected an integer or float type such as uint8, int16, float32, "
                               f"got {cfg.input.dtype!r}")
-    from .volume import check_geometry          # numpy: on first use, as above
+    from insitu.volume import check_geometry    # numpy: on first use, as above
 
     check_geometry(cfg.input.origin, cfg.input.spacing, names=("input.origin", "input.spacing"), error=ConfigError)
     if cfg.input.dims is not None and (len(cfg.input.dims) != 3 or min(cfg.input.dims) <= 0):
@@ -669,7 +669,7 @@ def _yaml(text: str, where: str) -> Any:
 
 GAUSSIAN_BYTES = 4 * (3 * 59 + 11)     # float32 parameters (SH degree 3), two Adam moments, the 11 non-SH gradients
 SH_VIEW_BYTES = 4 * (16 + 9 + 3 + 3 + 3 + 3)  # per Gaussian and view of a batch: the SH colours' basis, derivatives,
-                                        # colour, value before the clamp and two gradients (insitu.shading)
+                                        # colour, value before the clamp and two gradients (insitu.render.shading)
 SH_GRADIENT_BYTES = 4 * 48             # the SH coefficients' gradient, written out where replicas all-reduce it
 RAY_BYTES = 300                         # ray casting, per ray marched at once (groundtruth.raycast)
 CHUNK_RAYS = 1 << 22                    # rays marched at once

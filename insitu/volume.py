@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from insitu.errors import InputError
 
 
 @dataclass
@@ -223,7 +223,7 @@ class Frame:
         return np.asarray(self.origin) + self.scale * np.asarray(points, dtype=np.float64)
 
     def gaussians_to_world(self, g):
-        """Gaussians of this frame (:class:`insitu.gaussians.Gaussians`) in world units: the means moved
+        """Gaussians of this frame (:class:`insitu.surface.gaussians.Gaussians`) in world units: the means moved
         and scaled (in float64, then the means' own type), the scales scaled; the rest as it is."""
         return self.reframe(g, Frame())
 
@@ -241,7 +241,7 @@ class Frame:
         return replace(g, means=means, log_scales=log_scales)
 
     def views_to_world(self, views):
-        """Cameras of this frame (:class:`insitu.views.Views`) in world units: each views the world
+        """Cameras of this frame (:class:`insitu.groundtruth.views.Views`) in world units: each views the world
         as it viewed the frame (the same pixels), its camera coordinates scaled by ``scale``."""
         import torch
 

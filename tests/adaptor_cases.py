@@ -25,8 +25,8 @@ if len(sys.argv) > 1 and "thread_single" in sys.argv[1].split(","):
 from mpi4py import MPI  # noqa: E402
 import numpy as np  # noqa: E402
 
-from insitu.adaptor import Adaptor  # noqa: E402
 from insitu.errors import ConfigError, InputError, InsituError  # noqa: E402
+from insitu.run.adaptor import Adaptor  # noqa: E402
 
 GLOBAL = (12, 10, 8)           # (nx, ny, nz)
 

@@ -55,7 +55,7 @@ def plyfile_gaussians(path):
     import torch
     from plyfile import PlyData
 
-    from insitu.gaussians import Gaussians
+    from insitu.surface.gaussians import Gaussians
 
     v = PlyData.read(str(path))["vertex"]
     names = [p.name for p in v.properties]

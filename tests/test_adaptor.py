@@ -157,7 +157,7 @@ def test_a_rank_that_stops_calling_execute_does_not_hang_the_others(misuse_cases
 @pytest.mark.mpi
 def test_a_step_without_surface_is_reported_once_and_later_steps_train(misuse_cases):
     """The real pipeline in the background: step 0 uniform (a usual initial condition), then a sphere."""
-    from insitu.files import read_csv
+    from insitu.output.files import read_csv
 
     r0, r1 = misuse_cases["bad_step_then_good"]
     for r in (r0, r1):
@@ -189,7 +189,7 @@ def test_after_a_rank_fails_inside_a_collective_the_process_group_is_rebuilt_and
 
 @pytest.mark.mpi
 def test_a_rank_whose_simulation_ends_early_ends_the_analysis_on_every_rank_with_every_step_recorded(failure_cases):
-    from insitu.files import read_csv
+    from insitu.output.files import read_csv
 
     r0, r1 = failure_cases["simulation_raises"]      # rank 1 raises at step 2 inside `with Adaptor(...)`
     first = r0["errors"][0]
@@ -209,7 +209,7 @@ def test_a_rank_whose_simulation_ends_early_ends_the_analysis_on_every_rank_with
 
 @pytest.mark.mpi
 def test_a_stalled_rank_does_not_hang_the_others_and_the_steps_it_blocks_are_recorded(tmp_path):
-    from insitu.files import read_csv
+    from insitu.output.files import read_csv
 
     r0, r1 = run_cases("stalled_rank", tmp_path, timeout=240)["stalled_rank"]
     assert r0["trained"] == [0] and r1["trained"] == [0]
@@ -270,8 +270,8 @@ def test_bad_config_on_one_rank_raises_on_every_rank(error_cases):
 
 
 def test_invalid_config_values_fail_before_any_work():
-    from insitu.adaptor import Adaptor
     from insitu.errors import ConfigError
+    from insitu.run.adaptor import Adaptor
 
     with pytest.raises(ConfigError, match="insitu.policy: expected one of block, discard, got 'newest'"):
         Adaptor(None, {"insitu": {"policy": "newest"}}, process=lambda *a, **k: None)
@@ -281,8 +281,8 @@ def test_invalid_config_values_fail_before_any_work():
 
 def test_single_process_sync_run_and_stats(tmp_path):
     """Without a launcher: one rank, sync mode, wrong shapes rejected with a clear message."""
-    from insitu.adaptor import Adaptor
     from insitu.errors import InputError
+    from insitu.run.adaptor import Adaptor
 
     seen = []
 
@@ -307,7 +307,7 @@ def test_single_process_sync_run_and_stats(tmp_path):
 @pytest.mark.mpi
 def test_pipeline_end_to_end_in_the_background(tmp_path):
     """The real pipeline behind the Adaptor: two steps of a growing sphere, 2 ranks, warm start."""
-    from insitu.ply import read_ply
+    from insitu.output.ply import read_ply
 
     r0, r1 = run_cases("pipeline", tmp_path, timeout=300)["pipeline"]
     out = tmp_path / "pipeline" / "out"
@@ -340,9 +340,9 @@ def sphere(n: int = 10, radius: float = 0.5) -> np.ndarray:
 def test_float16_long_double_and_big_endian_fields_train_warm_started_steps(tmp_path):
     """torch reads no big-endian array, scipy's interpolation (a warm start samples the field with it) no
     float16 or long double: each is converted, so every step trains, the ones after the first warm-started."""
-    from insitu.adaptor import Adaptor
     from insitu.errors import InputError
-    from insitu.files import read_csv
+    from insitu.output.files import read_csv
+    from insitu.run.adaptor import Adaptor
 
     n = 10
     dtypes = [">u2", np.float16, np.longdouble]
@@ -381,8 +381,8 @@ INVALID_CALLS = [    # (step, time, start) -> what the InputError says
 def test_invalid_step_time_or_start_is_refused_before_anything_is_queued(tmp_path):
     """Each call of INVALID_CALLS is refused with an InputError naming the argument; nothing is queued or
     written; then the same step number trains (numpy scalars and integral floats pass)."""
-    from insitu.adaptor import Adaptor
     from insitu.errors import InputError
+    from insitu.run.adaptor import Adaptor
 
     n = 10
     u = sphere(n).astype(np.float32)

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.appearance import BlockSamples, ColorModel, base_colors, fit_sh, lit_colors, quat_normals
-from insitu.gaussians import SH_C0, Gaussians
-from insitu.groundtruth import apply_colormap, raycast
-from insitu.lighting import HEADLIGHT, Headlight
-from insitu.rendering import eval_sh
-from insitu.seeds import normal_to_quat
-from insitu.views import fibonacci_sphere, look_at
+from insitu.groundtruth.caster import apply_colormap, raycast
+from insitu.groundtruth.views import fibonacci_sphere, look_at
+from insitu.render.lighting import HEADLIGHT, Headlight
+from insitu.render.rendering import eval_sh
+from insitu.surface.gaussians import SH_C0, Gaussians
+from insitu.surface.seeds import normal_to_quat
+from insitu.training.appearance import BlockSamples, ColorModel, base_colors, fit_sh, lit_colors, quat_normals
 from insitu.volume import whole_block
 
 
@@ -94,7 +94,7 @@ def test_the_sh_fit_is_the_least_squares_fit_of_the_lit_colours():
     dirs = torch.tensor(fibonacci_sphere(512), dtype=torch.float32)               # view: camera -> Gaussian
     seen = lit_colors(torch.zeros(6, 3), quats, base, -dirs)                     # cameras at -dirs: [S, 6, 3]
     sh = eval_sh(3, dirs[:, None].expand(-1, 6, -1), coeffs[None].expand(512, -1, -1, -1)) + 0.5
-    from insitu.shading import sh_basis
+    from insitu.render.shading import sh_basis
     basis = sh_basis(3, dirs)                                                     # [S, 16]
     residual = (seen - sh).permute(1, 2, 0)                                      # [6, 3, S]
     assert float((residual @ basis).abs().max()) < 1e-3 * 512                    # orthogonal to every basis function

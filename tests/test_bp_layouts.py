@@ -17,11 +17,11 @@ import pytest
 
 from bp_layouts import full_range, write_bp, write_column_major
 from insitu.config import from_dict
-from insitu.decomposition import cut_block
-from insitu.driver import masked
 from insitu.errors import InputError, SourceError, SourceInputError
-from insitu.files import read_csv
-from insitu.sources import BPSource, SSTSource, sst_open_reason
+from insitu.input.decomposition import cut_block
+from insitu.input.sources import BPSource, SSTSource, sst_open_reason
+from insitu.output.files import read_csv
+from insitu.step.driver import masked
 from insitu.volume import outside_value
 from test_misuse import TINY, insitu, one_error
 

@@ -68,7 +68,7 @@ def run_sim(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProces
 
 @pytest.mark.mpi
 def test_c_gray_scott_trains_in_situ(gray_scott_c, tmp_path):
-    from insitu.ply import read_ply
+    from insitu.output.ply import read_ply
 
     proc = run_sim(gray_scott_c, tmp_path, "--config", str(tiny_config(tmp_path)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -143,7 +143,7 @@ def run_sphere(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedPro
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["real8", "real4"])
 def test_fortran_sphere_trains_in_situ_with_the_fortran_axis_order(sphere_f, tmp_path, kind):
-    from insitu.ply import read_ply
+    from insitu.output.ply import read_ply
 
     args = ["--config", str(sphere_config(tmp_path)), "--steps", "2"] + (["--real4"] if kind == "real4" else [])
     proc = run_sphere(sphere_f, tmp_path, *args)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitu.ply import read_ply
+from insitu.output.ply import read_ply
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"

@@ -1,4 +1,4 @@
-"""The step's Triton kernels compiled ahead on background threads (insitu.compilation)."""
+"""The step's Triton kernels compiled ahead on background threads (insitu.step.compilation)."""
 from __future__ import annotations
 
 import threading
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from insitu import compilation
-from insitu.compilation import Ahead, compile_ahead, kernel_groups, spawn_compiler, start, waiter
 from insitu.config import Config, from_dict
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import compute_step
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step import compilation
+from insitu.step.compilation import Ahead, compile_ahead, kernel_groups, spawn_compiler, start, waiter
+from insitu.step.pipeline import compute_step
 from insitu.volume import whole_block
 
 
@@ -183,7 +183,7 @@ def test_a_child_compiler_ends_when_its_parent_does():
 
     script = """
 import io, json, sys, time
-from insitu import compilation
+from insitu.step import compilation
 compilation.kernel_groups = lambda cfg, **k: {"slow": (1, lambda device: time.sleep(60))}
 spec = json.dumps({"config": {}, "groups": ["slow"], "device": "cpu", "train_size": 1, "train_rank": 0})
 sys.exit(compilation.child_main(io.StringIO(spec + "\\n")))    # the rest of the stream: ended at once
@@ -224,8 +224,9 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
     Triton kernel the step launches: none reaches the compiler on the step's own thread."""
     from triton.runtime.jit import JITFunction
 
-    from insitu import adam, shading, ssim
     from insitu.groundtruth import triton_caster
+    from insitu.render import shading
+    from insitu.training import adam, ssim
 
     for fn in (triton_caster._raycast_kernel, ssim._moments_cols, ssim._ssim_rows, ssim._spread_cols,
                ssim._spread_rows, adam._adam_kernel, shading._sh_forward, shading._sh_backward):
@@ -269,7 +270,7 @@ def test_a_command_asks_for_the_compilers_files_without_importing_triton(tmp_pat
     import os
     import sys
 
-    from insitu.runner import prefetch_compiler
+    from insitu.run.runner import prefetch_compiler
 
     package = tmp_path / "triton"
     (package / "_C").mkdir(parents=True)

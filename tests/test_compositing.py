@@ -1,11 +1,11 @@
-"""insitu.compositing: visibility order, bands, one-rank identity; P-rank runs vs the serial composite."""
+"""insitu.render.compositing: visibility order, bands, one-rank identity; P-rank runs vs the serial composite."""
 
 import pytest
 import torch
 
-from insitu.compositing import band_rows, composite, composite_full, gather_bands, visibility_order
-from insitu.decomposition import rank_coords
-from insitu.parallel import init_comm, shutdown
+from insitu.input.decomposition import rank_coords
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.render.compositing import band_rows, composite, composite_full, gather_bands, visibility_order
 
 from conftest import run_mpi
 
@@ -135,7 +135,7 @@ def test_composite_across_two_gpus_nccl_matches_serial():
 def test_over_a_background_and_its_gradients():
     """``over``: rgb + (1 - alpha) * background, one background or one per image, with the
     gradients of the plain expression (float64 gradcheck); shapes checked up front."""
-    from insitu.compositing import over
+    from insitu.render.compositing import over
 
     g = torch.Generator().manual_seed(2)
     rgb = torch.rand(2, 5, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)

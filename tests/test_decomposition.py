@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.compositing import visibility_order
-from insitu.decomposition import block_extent, decompose, split_dims
 from insitu.errors import InputError
+from insitu.input.decomposition import block_extent, decompose, split_dims
+from insitu.render.compositing import visibility_order
 
 SHAPE = (12, 10, 8)          # samples (nx, ny, nz)
 

@@ -217,7 +217,7 @@ def test_missing_colour_field_on_one_rank_ends_every_rank(failures):
 def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):
     """``mpiexec -n 2 python -m insitu run NAME_XxYxZ_uint8.raw``: one model.ply holding every
     rank's Gaussians (as many as metrics.json's "gaussians"), metrics.json says 2 ranks."""
-    from insitu.ply import read_ply
+    from insitu.output.ply import read_ply
 
     z, y, x = np.meshgrid(np.arange(22.0), np.arange(20.0), np.arange(24.0), indexing="ij")
     r = np.sqrt(((x - 11.5) / 9) ** 2 + ((y - 9.5) / 7) ** 2 + ((z - 10.5) / 8) ** 2)

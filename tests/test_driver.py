@@ -1,6 +1,6 @@
 """The one step driver behind ``insitu run/replay/stream`` and the Adaptor: its warm-start rule."""
 from insitu.config import from_dict
-from insitu.driver import StepDriver
+from insitu.step.driver import StepDriver
 
 
 class Recorder:

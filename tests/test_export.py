@@ -15,11 +15,11 @@ import yaml
 from PIL import Image
 
 from insitu.config import Config
-from insitu.export import StepWriter, step_dir, write_report
-from insitu.files import append_csv, atomic_path, atomic_write, read_csv, side_by_side, write_json, write_png
-from insitu.gaussians import gather_gaussians
-from insitu.ply import ply_property_names, read_ply, write_ply
-from insitu.gaussians import Gaussians
+from insitu.output.export import StepWriter, step_dir, write_report
+from insitu.output.files import append_csv, atomic_path, atomic_write, read_csv, side_by_side, write_json, write_png
+from insitu.output.ply import ply_property_names, read_ply, write_ply
+from insitu.surface.gaussians import gather_gaussians
+from insitu.surface.gaussians import Gaussians
 from conftest import plyfile_gaussians
 
 from conftest import run_mpi
@@ -353,8 +353,8 @@ GATHER_SCRIPT = textwrap.dedent(
     import sys, torch
     from mpi4py import MPI
     sys.path.insert(0, {root!r})
-    from insitu.gaussians import gather_gaussians
-    from insitu.gaussians import Gaussians
+    from insitu.surface.gaussians import gather_gaussians
+    from insitu.surface.gaussians import Gaussians
 
     def shard(rank, n, degree):
         g = torch.Generator().manual_seed(rank)
@@ -412,7 +412,7 @@ def test_parallel_write_ply_is_the_gathered_file(ranks, tmp_path):
 
 
 def test_the_report_module_does_not_import_the_step_writer():
-    code = "import sys, insitu.report; print('insitu.export' in sys.modules)"
+    code = "import sys, insitu.output.report; print('insitu.output.export' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
@@ -432,7 +432,7 @@ def test_a_failed_write_names_the_file_and_the_error_code_and_leaves_nothing(tmp
 def test_an_mpi_io_error_stack_becomes_the_one_line_error_it_stands_for(tmp_path):
     from mpi4py import MPI
 
-    from insitu.ply import mpi_io_error
+    from insitu.output.ply import mpi_io_error
 
     class Stack(Exception):
         def __init__(self, kind, text):
@@ -451,7 +451,7 @@ def test_an_mpi_io_error_stack_becomes_the_one_line_error_it_stands_for(tmp_path
 
 
 def test_the_lock_is_shared_within_a_process_and_removes_the_folders_it_made(tmp_path):
-    from insitu.folder import LOCK_NAME, lock_output
+    from insitu.output.folder import LOCK_NAME, lock_output
 
     out = tmp_path / "a" / "b" / "out"
     first = lock_output(out, "insitu demo")
@@ -464,11 +464,11 @@ def test_the_lock_is_shared_within_a_process_and_removes_the_folders_it_made(tmp
 
 
 def test_a_lock_whose_process_ended_is_taken_over(tmp_path):
-    from insitu.folder import LOCK_NAME, lock_output
+    from insitu.output.folder import LOCK_NAME, lock_output
 
     out = tmp_path / "out"
     out.mkdir()
-    code = (f"import os; from insitu.folder import lock_output; lock_output({str(out)!r}, 'killed run'); "
+    code = (f"import os; from insitu.output.folder import lock_output; lock_output({str(out)!r}, 'killed run'); "
             "os._exit(9)")                                 # no release: as a killed run
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
                        check=False)

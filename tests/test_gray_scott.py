@@ -160,7 +160,7 @@ def test_bp_output_replays_block_by_block(bp_runs, ranks, name):
 def _outputs_off_the_faces(L: int) -> list[tuple[int, float, float]]:
     """(step, share of cells over the demo's iso value, share of them within two cells of a face) at every output
     of the CPU demo's simulation on an ``L^3`` grid."""
-    from insitu.demo import CPU_SIMULATION, DEMO_DEFAULTS
+    from insitu.run.demo import CPU_SIMULATION, DEMO_DEFAULTS
 
     iso = DEMO_DEFAULTS["input.iso"][0]
     sim = GrayScott(GrayScottSettings(L=L, noise=CPU_SIMULATION["noise"], steps=CPU_SIMULATION["steps"],
@@ -180,7 +180,7 @@ def test_cpu_demo_grid_holds_its_pattern_to_the_last_output():
     """The CPU demo shows spots that grow and divide: at every output its V pattern stays clear of the periodic
     faces. On a grid too small for its steps (L = 32) the fronts meet across the faces and V collapses into
     sheets a cell thick along them, which a 96^2 model cannot draw."""
-    from insitu.demo import CPU_SIMULATION
+    from insitu.run.demo import CPU_SIMULATION
 
     demo = _outputs_off_the_faces(CPU_SIMULATION["L"])
     assert len(demo) == 2 and all(rim == 0 and share > 0.05 for _, share, rim in demo), demo

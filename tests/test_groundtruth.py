@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from insitu.config import ViewConfig
-from insitu.decomposition import cut_block
-from insitu.groundtruth import COLORMAPS, apply_colormap, raycast
-from insitu.views import look_at, orbit_views
+from insitu.groundtruth.caster import COLORMAPS, apply_colormap, raycast
+from insitu.groundtruth.views import look_at, orbit_views
+from insitu.input.decomposition import cut_block
 from insitu.volume import Block, whole_block
 
 COLOR = (0.85, 0.8, 0.7)
@@ -357,7 +357,7 @@ def test_the_scene_holds_its_launch_values_on_the_host_as_the_device_holds_them(
 def test_triton_groups_of_views_after_the_first_are_cast_without_waiting_for_the_device():
     """raycast_views queues each later group of views without a sync (a sync would leave the device idle
     while the host, perhaps waiting for Python's lock, queues the next group)."""
-    from insitu.groundtruth import raycast_views
+    from insitu.groundtruth.caster import raycast_views
 
     block = whole_block(blobs_array())
     views = orbit_views(*block.global_box, count=6, resolution=64)
@@ -443,7 +443,7 @@ def test_more_rays_per_pixel_draw_an_outline_closer_to_its_true_coverage():
 def test_raycast_views_calls_ready_once_with_the_field_prepared_before_the_first_cast(monkeypatch):
     """``ready`` runs once, after the field is prepared and before the first group of views is cast
     (the pipeline waits there for the caster's kernel compiled on another thread)."""
-    import insitu.groundtruth as gt
+    import insitu.groundtruth.caster as gt
 
     events = []
     prepare, cast = gt.prepare_scene, gt.raycast_torch

@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from insitu import metrics
-from insitu.metrics import Quality, QualityAccumulator, image_quality, lpips_availability, psnr
+from insitu.step import metrics
+from insitu.step.metrics import Quality, QualityAccumulator, image_quality, lpips_availability, psnr
 
 
 def _views(c=2, h=24, w=32, seed=0):

@@ -18,9 +18,9 @@ import pytest
 
 from insitu.config import check_memory, load_config, parse_override
 from insitu.errors import ConfigError
-from insitu.files import read_csv
-from insitu.sources import BPSource
 from insitu.errors import SourceInputError
+from insitu.input.sources import BPSource
+from insitu.output.files import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -132,7 +132,7 @@ def test_unusable_config_files_are_config_errors(files, name, message):
 
 def test_the_colormaps_the_config_accepts_are_the_ray_casters():
     from insitu.config import field_choices
-    from insitu.groundtruth import COLORMAPS
+    from insitu.groundtruth.caster import COLORMAPS
 
     assert sorted(field_choices("views.colormap")) == sorted(COLORMAPS)
 
@@ -317,8 +317,8 @@ def test_output_ply_false_writes_no_model(files, tmp_path):
 def test_a_step_that_fails_while_written_leaves_no_step_folder(tmp_path, monkeypatch):
     import torch
 
-    import insitu.export as export
-    from insitu.gaussians import Gaussians
+    import insitu.output.export as export
+    from insitu.surface.gaussians import Gaussians
 
     writer = export.StepWriter(tmp_path / "out")
 
@@ -336,8 +336,8 @@ def test_a_step_that_fails_while_written_leaves_no_step_folder(tmp_path, monkeyp
 def test_a_model_that_fails_to_write_leaves_no_step_folder_in_the_making(tmp_path, monkeypatch):
     import torch
 
-    import insitu.export as export
-    from insitu.gaussians import Gaussians
+    import insitu.output.export as export
+    from insitu.surface.gaussians import Gaussians
 
     def full(path, gaussians, comm=None):
         raise OSError(28, "No space left on device")
@@ -352,7 +352,7 @@ def test_a_model_that_fails_to_write_leaves_no_step_folder_in_the_making(tmp_pat
 
 
 def test_the_report_lists_only_this_runs_steps(tmp_path):
-    from insitu.export import StepWriter
+    from insitu.output.export import StepWriter
 
     out = tmp_path / "out"
     (out / "step_000007" / "views").mkdir(parents=True)      # a folder left by something else
@@ -464,9 +464,9 @@ def _process(seen):
 
 
 def test_the_adaptor_refuses_an_output_folder_with_results_and_resumes_when_asked(tmp_path):
-    from insitu.adaptor import Adaptor
     from insitu.config import from_dict
-    from insitu.export import StepWriter
+    from insitu.output.export import StepWriter
+    from insitu.run.adaptor import Adaptor
 
     out = tmp_path / "out"
     cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
@@ -484,7 +484,7 @@ def test_the_adaptor_refuses_an_output_folder_with_results_and_resumes_when_aske
 
 
 def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_file(tmp_path):
-    from insitu.adaptor import Adaptor
+    from insitu.run.adaptor import Adaptor
 
     with pytest.raises(ConfigError, match=r"need at least [\d.e+]+ GiB per rank"):
         Adaptor(None, {"views": {"resolution": 100000}, "parallel": {"device": "cpu"},
@@ -496,8 +496,8 @@ def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_fi
 
 
 def test_the_adaptor_refuses_a_step_number_given_before(tmp_path):
-    from insitu.adaptor import Adaptor
     from insitu.errors import InputError
+    from insitu.run.adaptor import Adaptor
 
     seen = []
     u = np.zeros((4, 5, 6), np.float32)
@@ -511,9 +511,9 @@ def test_the_adaptor_refuses_a_step_number_given_before(tmp_path):
 
 
 def test_the_adaptor_refuses_to_resume_steps_of_another_configuration(tmp_path):
-    from insitu.adaptor import Adaptor
     from insitu.config import from_dict
-    from insitu.export import StepWriter
+    from insitu.output.export import StepWriter
+    from insitu.run.adaptor import Adaptor
 
     out = tmp_path / "out"
     cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out), "existing": "resume"}, "parallel": {"device": "cpu"}}
@@ -525,10 +525,10 @@ def test_the_adaptor_refuses_to_resume_steps_of_another_configuration(tmp_path):
 
 
 def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
-    from insitu.adaptor import Adaptor
+    from insitu.run.adaptor import Adaptor
 
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from insitu.folder import lock_output; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from insitu.output.folder import lock_output; "
                                f"lock = lock_output({str(out)!r}, 'insitu replay other.bp'); print('locked', flush=True); "
                                "sys.stdin.read(); lock.release()"], env={**os.environ, "PYTHONPATH": str(ROOT)},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -544,8 +544,8 @@ def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
 
 
 def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):
-    from insitu.adaptor import Adaptor
     from insitu.errors import InputError
+    from insitu.run.adaptor import Adaptor
 
     seen = []
     u = np.zeros((4, 5, 6), np.float32)

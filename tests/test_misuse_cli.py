@@ -18,8 +18,8 @@ import torch
 from mpi4py import MPI
 
 from insitu.config import CONFIG_BYTES_MAX, TIMEOUT_S_MAX, load_config
-from insitu.demo import check_demo, demo_defaults
 from insitu.errors import ConfigError
+from insitu.run.demo import check_demo, demo_defaults
 from insitu_sims.gray_scott import GrayScott, GrayScottSettings, memory_bytes, parse_args
 from test_misuse import ROOT, insitu, one_error
 
@@ -232,7 +232,7 @@ def test_the_consumers_take_the_bounds_the_config_accepts():
     clamps the opacities to it), a week's timeout a wait that torch.distributed and poll take 3 times over."""
     from datetime import timedelta
 
-    from insitu.seeds import extract_seeds, init_gaussians
+    from insitu.surface.seeds import extract_seeds, init_gaussians
     from insitu.volume import whole_block
 
     z, y, x = np.mgrid[0:12, 0:12, 0:12]

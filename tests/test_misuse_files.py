@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import insitu.sources as sources
+import insitu.input.sources as sources
 from bp_layouts import write_bp
-from insitu.bpfile import probe_bp
 from insitu.errors import InputError, SourceInputError
-from insitu.decomposition import block_extent, split_dims
-from insitu.sources import BPSource, RawSource, first_uncovered, largest_block
+from insitu.input.bpfile import probe_bp
+from insitu.input.decomposition import block_extent, split_dims
+from insitu.input.sources import BPSource, RawSource, first_uncovered, largest_block
 from insitu.volume import parse_raw_name, read_raw
 from test_misuse import TINY, ball, insitu, one_error
 
@@ -167,7 +167,7 @@ def test_a_flipped_bit_in_a_block_index_ends_in_one_line_not_a_crash(tmp_path, o
 READ = """
 import sys
 from insitu.errors import InputError
-from insitu.sources import BPSource
+from insitu.input.sources import BPSource
 try:
     list(BPSource(sys.argv[1], "U", timeout_s=10))
 except InputError as e:

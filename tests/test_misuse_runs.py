@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitu.files import read_csv
+from insitu.output.files import read_csv
 from test_misuse import ROOT, TINY, ball, bp_with_steps, insitu, one_error
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{9}"
@@ -154,7 +154,7 @@ def test_a_surface_too_small_to_train_is_skipped_and_the_run_exits_2(tmp_path):
 
 def test_figures_that_are_not_numbers_are_recorded_and_printed_as_absent(tmp_path):
     from insitu.config import Config
-    from insitu.export import StepWriter
+    from insitu.output.export import StepWriter
     from insitu.progress import summary
 
     nan = float("nan")
@@ -177,8 +177,8 @@ def test_figures_that_are_not_numbers_are_recorded_and_printed_as_absent(tmp_pat
 def test_one_seed_converts_to_torch_without_a_user_warning(tmp_path):
     """A surface with one Gaussian: its colour was a read-only broadcast view, which torch warns about."""
     code = ("import numpy as np\n"
-            "from insitu.decomposition import cut_block\n"
-            "from insitu.seeds import extract_seeds, init_gaussians\n"
+            "from insitu.input.decomposition import cut_block\n"
+            "from insitu.surface.seeds import extract_seeds, init_gaussians\n"
             "field = np.zeros((12, 12, 12), np.float32); field[6, 6, 6] = 1\n"
             "print(len(init_gaussians(extract_seeds(cut_block(field, 0, 1), [0.5]), 1)))\n")
     r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,

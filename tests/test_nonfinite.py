@@ -15,14 +15,14 @@ import torch
 
 from conftest import ROOT, run_mpi
 from insitu.config import Config, load_config
-from insitu.driver import StepDriver
 from insitu.errors import ConfigError, InputError, TrainingDiverged
-from insitu.export import StepWriter
-from insitu.files import read_csv
-from insitu.gaussians import Gaussians
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import check_finite, run_step
-from insitu.views import step_views
+from insitu.groundtruth.views import step_views
+from insitu.output.export import StepWriter
+from insitu.output.files import read_csv
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.driver import StepDriver
+from insitu.step.pipeline import check_finite, run_step
+from insitu.surface.gaussians import Gaussians
 from insitu.volume import whole_block
 
 TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100", "--quiet",

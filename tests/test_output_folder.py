@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitu.files import read_csv
-from insitu.folder import LOCK_NAME, lock_output
+from insitu.output.files import read_csv
+from insitu.output.folder import LOCK_NAME, lock_output
 from test_misuse import MPIEXEC, ROOT, TINY, ball, bp_with_steps, insitu, one_error
 
 

@@ -1,4 +1,4 @@
-"""insitu.parallel: single-process set-up and error agreement, multi-rank runs under mpiexec."""
+"""insitu.parallel.comm: single-process set-up and error agreement, multi-rank runs under mpiexec."""
 import os
 import re
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from insitu.errors import ConfigError, RankFailure, RankInputFailure
-from insitu.parallel import init_comm, launcher_local_rank, node_local_rank, shutdown
+from insitu.parallel.comm import init_comm, launcher_local_rank, node_local_rank, shutdown
 
 from conftest import run_mpi
 
@@ -165,7 +165,7 @@ def test_unhandled_exception_outside_a_phase_ends_the_job():
 
 
 def test_threads_sets_torchs_cpu_threads_in_the_process():
-    code = ("import torch; from insitu.parallel import init_comm; n = torch.get_num_threads(); "
+    code = ("import torch; from insitu.parallel.comm import init_comm; n = torch.get_num_threads(); "
             "init_comm(device='cpu', threads=1); a = torch.get_num_threads(); "
             "init_comm(device='cpu'); print(n, a, torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

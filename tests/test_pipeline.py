@@ -12,18 +12,18 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA
-from insitu.appearance import ColorModel
 from insitu.config import Config
-from insitu.decomposition import cut_block
-from insitu.export import StepWriter
-from insitu.files import read_csv
-from insitu.ply import read_ply
-from insitu.webmodel import read_spz
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import compute_step, run_step, write_step
-from insitu.sampling import ViewSampler
-from insitu.volume import downsample, read_raw, whole_block
 from insitu.errors import InputError
+from insitu.input.decomposition import cut_block
+from insitu.output.export import StepWriter
+from insitu.output.files import read_csv
+from insitu.output.ply import read_ply
+from insitu.output.webmodel import read_spz
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import compute_step, run_step, write_step
+from insitu.training.appearance import ColorModel
+from insitu.training.sampling import ViewSampler
+from insitu.volume import downsample, read_raw, whole_block
 
 BONSAI = SHARED_DATA / "bonsai_256x256x256_uint8.raw"
 
@@ -143,7 +143,7 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
     (``train.eps2d`` 0.3) that is the composite's own figure, with the lit colour model that of the SH
     colours fitted to it (a standard PLY holds SH only)."""
     from conftest import plyfile_gaussians
-    from insitu.pipeline import make_scene, model_quality
+    from insitu.step.pipeline import make_scene, model_quality
 
     cfg = tiny_config(color_model=color_model, eps2d=0.3, antialiased=False)
     block = whole_block(sphere_field())
@@ -213,8 +213,8 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
     """Every iteration draws one background per view (the same on every rank: a seeded generator);
     the ground truth the loss sees is the premultiplied GT band on that background."""
-    import insitu.pipeline as pipeline
-    from insitu.training import Trainer
+    import insitu.step.pipeline as pipeline
+    from insitu.training.trainer import Trainer
 
     seen = []
     step = Trainer.step
@@ -255,8 +255,8 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
 def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(comm, monkeypatch):
     """Evaluations render and score the held-out views in groups; one view per group gives the same
     figures and images, the model file's figures too."""
-    import insitu.pipeline as pipeline
-    from insitu.training import to_params
+    import insitu.step.pipeline as pipeline
+    from insitu.training.trainer import to_params
 
     cfg = tiny_config()
     cfg.views.count, cfg.views.test_every = 24, 3                     # 8 held-out views
@@ -298,15 +298,15 @@ def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts()
 
     script = """
 import sys, threading
-import insitu.pipeline as p
-assert "insitu.metrics" not in sys.modules and "torchmetrics" not in sys.modules
+import insitu.step.pipeline as p
+assert "insitu.step.metrics" not in sys.modules and "torchmetrics" not in sys.modules
 import torch
 p.preload_evaluation(torch.device("cpu"))
 (thread,) = p._PRELOAD
 assert "gsplat" in sys.modules and thread.name == "insitu-preload"
 thread.join(120)
-assert "torchmetrics" in sys.modules and "insitu.metrics" in sys.modules
-assert sys.modules["insitu.metrics"].WARMED_UP == {"cpu"}
+assert "torchmetrics" in sys.modules and "insitu.step.metrics" in sys.modules
+assert sys.modules["insitu.step.metrics"].WARMED_UP == {"cpu"}
 p.preload_evaluation(torch.device("cpu"))
 assert len(p._PRELOAD) == 1 and threading.active_count() == 1
 print("ok")
@@ -318,7 +318,7 @@ print("ok")
 
 def test_the_ground_truth_is_cast_with_the_configured_march_step(comm, monkeypatch):
     """``views.march_step`` is the step the scene's ray caster marches with."""
-    import insitu.scene as scene_module
+    import insitu.groundtruth.scene as scene_module
 
     steps = []
     cast = scene_module.raycast_views
@@ -340,9 +340,9 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
     """compute_step prepares the views and the field before it waits for the ray caster's kernel (compiled
     on another thread meanwhile), then starts the metrics' import, then casts: the import does not compete
     with the seeding or with that compilation."""
-    import insitu.groundtruth as gt
-    import insitu.pipeline as pipeline
-    from insitu.compilation import Ahead
+    import insitu.groundtruth.caster as gt
+    import insitu.step.pipeline as pipeline
+    from insitu.step.compilation import Ahead
 
     events = []
 
@@ -365,8 +365,8 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
 def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
     """train.pixel_loss l2 (the default): each step is given the alpha of the same views' ground-truth band,
     the squared error's foreground; under the L1 pixel term, none."""
-    import insitu.pipeline as pipeline
-    from insitu.training import Trainer
+    import insitu.step.pipeline as pipeline
+    from insitu.training.trainer import Trainer
 
     seen = []
     step = Trainer.step
@@ -398,9 +398,9 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     (the held-out figures, the close-ups), and metrics.json; model.ply's SH model is trained (output.ply_refine
     steps) and its figures drawn with the blur standard 3DGS viewers add (0.3); a smaller blur gives sharper
     images, so the figures differ."""
-    import insitu.pipeline as pipeline
-    import insitu.training as training
-    from insitu.rendering import STANDARD_EPS2D, rasterize
+    import insitu.step.pipeline as pipeline
+    import insitu.training.trainer as training
+    from insitu.render.rendering import STANDARD_EPS2D, rasterize
 
     calls = {"training": [], "pipeline": []}
 
@@ -428,10 +428,10 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
     metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
     so an antialiased model refits it even at the viewers' blur; the figures differ from a classic run."""
-    import insitu.pipeline as pipeline
-    import insitu.training as training
-    from insitu.appearance import drawn_otherwise
-    from insitu.rendering import rasterize
+    import insitu.step.pipeline as pipeline
+    import insitu.training.trainer as training
+    from insitu.render.rendering import rasterize
+    from insitu.training.appearance import drawn_otherwise
 
     calls = {"training": [], "pipeline": []}
 
@@ -487,7 +487,7 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
 def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path, monkeypatch):
     """One rank whose block owns only part of the grid (a gap): InputError naming the box, no seeds
     extracted, nothing written."""
-    import insitu.pipeline as pipeline
+    import insitu.step.pipeline as pipeline
 
     block = whole_block(sphere_field())
     block.owned_hi = (15, 15, 12)
@@ -519,8 +519,8 @@ def test_warm_start_from_the_previous_step(comm):
 
 
 def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
-    from insitu.pipeline import warm_shard
-    from insitu.seeds import extract_seeds, init_gaussians
+    from insitu.step.pipeline import warm_shard
+    from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
     cfg.seeds.density = 0.0                                             # seeds: the vertices (as `old`)
@@ -546,8 +546,8 @@ def test_a_density_seeded_warm_start_refills_to_the_cold_starts_density():
     a sparse fifth of them is kept: new ones are drawn as a cold start draws them, wherever the kept
     ones are sparser than that (before, they were the marching-cubes vertices alone, and none within a
     cell of a kept Gaussian)."""
-    from insitu.pipeline import warm_shard
-    from insitu.seeds import extract_seeds, init_gaussians
+    from insitu.step.pipeline import warm_shard
+    from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
     assert cfg.seeds.density > 0 and not cfg.seeds.fill
@@ -597,8 +597,8 @@ def test_seed_colours_come_from_the_ground_truth(comm):
 def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     """warm_shard's new seeds (a second blob appears) get the cold start's colours from the ground
     truth; the Gaussians it kept keep their trained colours."""
-    from insitu.pipeline import init_colors, make_scene, warm_shard
-    from insitu.seeds import extract_seeds, init_gaussians
+    from insitu.step.pipeline import init_colors, make_scene, warm_shard
+    from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config(color_model="sh")
     cfg.input.iso, cfg.input.color_var, cfg.seeds.color_views = [0.0], "ramp", 8
@@ -624,9 +624,9 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
 def test_a_lit_warm_start_shades_its_new_seeds_from_the_field_and_keeps_the_trained_ones():
     """lit_seeds with ``only``: the new seeds get the field's normal and mapped colour, the kept
     Gaussians keep their trained rotation and base colour."""
-    from insitu.appearance import quat_normals
-    from insitu.pipeline import lit_seeds
-    from insitu.seeds import extract_seeds, init_gaussians
+    from insitu.step.pipeline import lit_seeds
+    from insitu.surface.seeds import extract_seeds, init_gaussians
+    from insitu.training.appearance import quat_normals
 
     cfg = tiny_config()
     cfg.input.color_var = "ramp"
@@ -667,7 +667,7 @@ def test_a_surface_on_the_boundary_between_two_blocks_is_seeded_and_trained(comm
 def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_initial_model(comm, monkeypatch):
     """While torchmetrics still imports, the initial model's held-out views are drawn before training
     and scored after it (training does not wait): the same figures, to the kept images' float16."""
-    import insitu.pipeline as p
+    import insitu.step.pipeline as p
 
     want = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
     drawn = []
@@ -684,7 +684,7 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
 def test_scene_casts_the_cameras_it_is_given(comm):
     """make_scene(views=...) casts those cameras: the step's own cameras give the step's scene, and some of them
     turned a quarter about their optical axes give their images turned."""
-    import insitu.pipeline as pipeline
+    import insitu.step.pipeline as pipeline
     from dataclasses import replace
 
     cfg = tiny_config()

@@ -1,4 +1,4 @@
-"""Tests for insitu.rendering: hand-worked cases, gsplat's pure-torch pieces, gsplat on CUDA."""
+"""Tests for insitu.render.rendering: hand-worked cases, gsplat's pure-torch pieces, gsplat on CUDA."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,9 @@ import pytest
 
 import torch
 
-from insitu import rendering
-from insitu.rendering import ALPHA_MAX, ALPHA_THRESHOLD, TRANSMITTANCE_MIN, eval_sh, rasterize
-from insitu.views import look_at, orbit_views
+from insitu.groundtruth.views import look_at, orbit_views
+from insitu.render import rendering
+from insitu.render.rendering import ALPHA_MAX, ALPHA_THRESHOLD, TRANSMITTANCE_MIN, eval_sh, rasterize
 
 SH_C0 = 0.28209479177387814
 SH_C1 = 0.4886025119029199
@@ -440,7 +440,7 @@ def test_gsplat_backend_handles_empty_shard_on_cuda():
 
 def test_auto_warns_once_when_cuda_tensors_fall_back_to_torch(monkeypatch):
     """No gsplat on a CUDA device: 'auto' still renders (the torch path), and says so once."""
-    from insitu import rendering
+    from insitu.render import rendering
 
     monkeypatch.setattr(rendering, "gsplat_import_error", lambda: "ImportError: no gsplat")
     rendering._warn_torch_on_cuda.cache_clear()

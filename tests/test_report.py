@@ -1,4 +1,4 @@
-"""The report (insitu.report), its web models (insitu.webmodel) and ``insitu view``, without a browser."""
+"""The report (insitu.output.report), its web models (insitu.output.webmodel) and ``insitu view``, without a browser."""
 import json
 import math
 import threading
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.export import StepWriter
-from insitu.lighting import HEADLIGHT
-from insitu.ply import read_ply
-from insitu.gaussians import Gaussians
-from insitu.report import cameras_json, look_at_point, make_server, viewer_camera, write_report
-from insitu.views import look_at, orbit_views
-from insitu.webmodel import encode_spz, fractional_bits, read_spz, write_spz
+from insitu.groundtruth.views import look_at, orbit_views
+from insitu.output.export import StepWriter
+from insitu.output.ply import read_ply
+from insitu.output.report import cameras_json, look_at_point, make_server, viewer_camera, write_report
+from insitu.output.webmodel import encode_spz, fractional_bits, read_spz, write_spz
+from insitu.render.lighting import HEADLIGHT
+from insitu.surface.gaussians import Gaussians
 
 
 def random_gaussians(n: int, degree: int, seed: int = 0, extent: float = 30.0) -> Gaussians:
@@ -223,7 +223,7 @@ def test_insitu_view_command_line(tmp_path):
 
 def test_demo_defaults_fit_the_device():
     from insitu.cli import build_parser, config_from_args
-    from insitu.demo import CPU_SIMULATION, GPU_SIMULATION, demo_defaults
+    from insitu.run.demo import CPU_SIMULATION, GPU_SIMULATION, demo_defaults
 
     cfg = config_from_args(build_parser().parse_args(["demo", "--device", "cpu"]))
     assert cfg.views.resolution == demo_defaults(gpu=False)["views.resolution"] and cfg.train.eval_every > 0

@@ -159,10 +159,10 @@ def synthetic(tmp_path_factory):
 
     import torch
 
-    from insitu.export import StepWriter
-    from insitu.gaussians import Gaussians, rgb_to_sh0
-    from insitu.report import make_server
-    from insitu.views import orbit_views
+    from insitu.groundtruth.views import orbit_views
+    from insitu.output.export import StepWriter
+    from insitu.output.report import make_server
+    from insitu.surface.gaussians import Gaussians, rgb_to_sh0
     from test_report import random_gaussians
 
     out = tmp_path_factory.mktemp("synthetic") / "out"
@@ -198,7 +198,7 @@ def test_viewer_draws_what_the_rasterizer_draws(browser, synthetic):
     """The viewer's canvas at an orbit camera against the project's rasterizer on the same (decoded)
     model: checks the camera mapping, the SPZ encoding (SH included) and the render settings together,
     the blur the model was trained with (step 10's metrics: ``eps2d`` 0.05) included."""
-    from insitu.rendering import rasterize
+    from insitu.render.rendering import rasterize
     out, base, views = synthetic
     dt = browser
     g, quats = open_step(dt, base, out, 2, "step_000010")
@@ -224,7 +224,7 @@ def test_viewer_draws_an_antialiased_model_as_the_rasterizer_does(browser, synth
     """A step trained antialiased (step 15: ``eps2d`` 0.3, ``antialiased``): the viewer adds the blur with
     Spark's opacity-scaling ``blurAmount``, and its canvas matches the rasterizer's antialiased render of
     the model, not its classic one."""
-    from insitu.rendering import rasterize
+    from insitu.render.rendering import rasterize
     out, base, views = synthetic
     dt = browser
     g, quats = open_step(dt, base, out, 3, "step_000015")
@@ -243,13 +243,13 @@ def test_viewer_draws_an_antialiased_model_as_the_rasterizer_does(browser, synth
 
 def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
     """A lit model's step: the viewer shades each Gaussian's base colour with the headlight for its
-    camera, as the lit colour model does (:func:`insitu.appearance.lit_colors`): its canvas against the
+    camera, as the lit colour model does (:func:`insitu.training.appearance.lit_colors`): its canvas against the
     rasterizer's render of those colours, and not the unshaded base colours."""
     import torch
 
-    from insitu.appearance import lit_colors
-    from insitu.lighting import HEADLIGHT, Headlight
-    from insitu.rendering import rasterize
+    from insitu.render.lighting import HEADLIGHT, Headlight
+    from insitu.render.rendering import rasterize
+    from insitu.training.appearance import lit_colors
     out, base, views = synthetic
     dt = browser
     g, quats = open_step(dt, base, out, 1, "step_000005")
@@ -297,7 +297,7 @@ def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:
 def open_step(dt: DevTools, base: str, out: Path, index: int, step_dir: str):
     """Open the report, move its slider to timestep ``index`` (``step_dir``), and return that step's model
     as the viewer decodes it (``read_spz``) with its rotations normalised."""
-    from insitu.webmodel import read_spz
+    from insitu.output.webmodel import read_spz
 
     dt.send("Page.navigate", url=base + "report.html")
     dt.wait_for("window.insituViewer && window.insituViewer.ready === true")

@@ -1,4 +1,4 @@
-"""``insitu view``'s server (insitu.report.make_server): the report's own files, under a random token,
+"""``insitu view``'s server (insitu.output.report.make_server): the report's own files, under a random token,
 and nothing else: not what symbolic links lead to outside the folder, no listings, no dotfiles or
 temporary folders, no other file of the folder, whatever the encoding of the path. Without the token,
 connections that send nothing or half a request cannot keep a request out, nor use up the server's
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from insitu.export import StepWriter
-from insitu.report import ACCEPT_BACKOFF, MAX_CONNECTIONS, connection_bound, make_server, served_name
+from insitu.output.export import StepWriter
+from insitu.output.report import ACCEPT_BACKOFF, MAX_CONNECTIONS, connection_bound, make_server, served_name
 
 ROOT = Path(__file__).resolve().parents[1]
 

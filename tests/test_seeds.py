@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.decomposition import cut_block
-from insitu.seeds import extract_seeds, init_gaussians, normal_to_quat
+from insitu.input.decomposition import cut_block
+from insitu.surface.seeds import extract_seeds, init_gaussians, normal_to_quat
 from insitu.volume import whole_block
 
 
@@ -68,7 +68,7 @@ def test_budget_and_disc_shape():
 
 
 def test_fill_samples_the_surface_up_to_the_budget():
-    from insitu.seeds import sample_surface
+    from insitu.surface.seeds import sample_surface
 
     f = sphere_field()
     s = extract_seeds(whole_block(f), 7.0)
@@ -84,7 +84,7 @@ def test_fill_samples_the_surface_up_to_the_budget():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_fill_on_the_device_samples_the_surface(device):
-    from insitu.seeds import normal_to_quat_torch, sample_surface_torch
+    from insitu.surface.seeds import normal_to_quat_torch, sample_surface_torch
 
     s = extract_seeds(whole_block(sphere_field()), 7.0)
     points, normals = sample_surface_torch(s, 5 * len(s), seed=1, device=device)

@@ -1,10 +1,10 @@
-"""SH colours with a deferred coefficient gradient (insitu.shading) and Adam taking it factored."""
+"""SH colours with a deferred coefficient gradient (insitu.render.shading) and Adam taking it factored."""
 import pytest
 import torch
 
-from insitu.adam import ShardAdam
-from insitu.rendering import eval_sh
-from insitu.shading import DeferredGradients, dense_gradient, deferred_sh_gradients, sh_colors
+from insitu.render.rendering import eval_sh
+from insitu.render.shading import DeferredGradients, dense_gradient, deferred_sh_gradients, sh_colors
+from insitu.training.adam import ShardAdam
 
 
 def _inputs(N=50, C=3, K=16, dtype=torch.float64, device="cpu", seed=0):
@@ -149,7 +149,7 @@ def test_pop_joins_factors_of_different_degrees():
 def test_triton_sh_kernels_match_the_torch_path_and_gsplat(degree):
     from gsplat.cuda._wrapper import spherical_harmonics
 
-    from insitu import shading
+    from insitu.render import shading
 
     means, coeffs, campos, v = _inputs(N=1000, C=3, dtype=torch.float32, device="cuda", seed=degree)
     with torch.no_grad():

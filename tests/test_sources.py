@@ -19,9 +19,9 @@ import pytest
 from mpi4py import MPI
 
 from insitu.config import Config, from_dict
-from insitu.decomposition import cut_block
 from insitu.errors import InputError, SourceError, SourceInputError
-from insitu.sources import ArraySource, BPSource, RawSource, SSTSource, Step, open_source
+from insitu.input.decomposition import cut_block
+from insitu.input.sources import ArraySource, BPSource, RawSource, SSTSource, Step, open_source
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"

@@ -1,11 +1,11 @@
-"""insitu.ssim: the per-pixel SSIM map against torchmetrics; the fused kernels against the reference."""
+"""insitu.training.ssim: the per-pixel SSIM map against torchmetrics; the fused kernels against the reference."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim_tm
 
-from insitu.ssim import ssim_map, ssim_map_reference
+from insitu.training.ssim import ssim_map, ssim_map_reference
 
 
 def images(shape=(2, 23, 31, 3), seed=0, device="cpu"):
@@ -111,7 +111,7 @@ def test_gradients_match_torchmetrics_autograd():
 
 
 def test_ssim_l1_loss_is_the_weighted_sum_of_its_terms():
-    from insitu.ssim import ssim_l1_loss
+    from insitu.training.ssim import ssim_l1_loss
 
     pred, gt = pair(2, 30, 26, seed=4)
     x = pred.clone().requires_grad_()
@@ -129,7 +129,7 @@ def test_ssim_l1_loss_is_the_weighted_sum_of_its_terms():
 def test_fused_loss_matches_the_reference(shape):
     """The L1 + D-SSIM loss from the SSIM kernels (L1 summed in their first pass, its sign added in
     their last) against float64 torch, equal pixels included (the sign is 0 there)."""
-    from insitu.ssim import ssim_l1_loss
+    from insitu.training.ssim import ssim_l1_loss
 
     pred, gt = images(shape, seed=shape[1], device="cuda")
     pred = pred.detach()

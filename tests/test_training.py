@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.bandloss import band_loss
 from insitu.config import Config, TrainConfig
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import make_scene
-from insitu.seeds import extract_seeds, init_gaussians
-from insitu.ssim import ssim_map
-from insitu.appearance import ColorModel
-from insitu.training import Trainer, footprint_errors, render_bands
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import make_scene
+from insitu.surface.seeds import extract_seeds, init_gaussians
+from insitu.training.appearance import ColorModel
+from insitu.training.bandloss import band_loss
+from insitu.training.ssim import ssim_map
+from insitu.training.trainer import Trainer, footprint_errors, render_bands
 from insitu.volume import whole_block
 
 N = 16          # samples per axis of the test field
@@ -254,7 +254,7 @@ def test_scales_keep_the_floor_of_a_pixel_of_the_nearest_training_view(shard, bl
     """With ``pixel_size`` (pipeline: the training views'), every step leaves each Gaussian's two in-plane
     standard deviations at least ``min_scale_px`` pixels of the nearest training view that sees it, its
     normal axis (z) as trained; a Gaussian no view sees has no floor; 0 turns the floor off."""
-    from insitu.views import pixel_size
+    from insitu.groundtruth.views import pixel_size
 
     g = dataclasses.replace(shard, log_scales=shard.log_scales.clone())
     g.log_scales[::2] = math.log(1e-3)                  # far below a pixel
@@ -433,7 +433,7 @@ def test_shard_adam_equals_torch_adam_on_each_parameter(device):
     """One ShardAdam step (one kernel launch on CUDA) = torch.optim.Adam on every parameter apart,
     SH band 0 and the other bands of the colours at their own rates, learning rates changed
     between steps included; a parameter without a gradient is left alone."""
-    from insitu.adam import ShardAdam
+    from insitu.training.adam import ShardAdam
 
     g = torch.Generator().manual_seed(5)
     shapes = {"means": (70, 3), "scales": (70, 3), "quats": (70, 4), "opacities": (70,), "colors": (70, 16, 3)}
@@ -481,7 +481,7 @@ def test_shard_adam_follows_the_parameters_that_densification_replaces():
     """gsplat's ops swap a parameter and its moments in ``views``; the next step updates the new ones."""
     from gsplat.strategy.ops import duplicate
 
-    from insitu.adam import ShardAdam
+    from insitu.training.adam import ShardAdam
 
     params = {"means": torch.nn.Parameter(torch.zeros(4, 3)), "opacities": torch.nn.Parameter(torch.zeros(4))}
     adam = ShardAdam(params, {"means": 1e-2, "opacities": 1e-2})
@@ -501,8 +501,8 @@ def test_shard_adam_follows_the_parameters_that_densification_replaces():
 def test_halo_exchange_reaches_only_the_neighbouring_bands():
     """The SSIM halo's partners: with bands of >= 5 rows a rank trades with the bands above and
     below it only; bands shorter than 5 rows reach further, as far as 5 rows go."""
-    from insitu.compositing import band_rows
-    from insitu.bandloss import _halo_partners
+    from insitu.render.compositing import band_rows
+    from insitu.training.bandloss import _halo_partners
 
     send, recv = _halo_partners(band_rows(100, 8), 3, 100)
     assert [q for q, f in enumerate(send) if f] == [q for q, f in enumerate(recv) if f] == [2, 4]
@@ -553,7 +553,7 @@ def test_densification_statistics_are_gathered_only_while_a_refine_lies_ahead(sh
 
 
 def test_batches_cover_each_epoch_once_with_the_same_draws_every_time(scene):
-    from insitu.sampling import ViewSampler
+    from insitu.training.sampling import ViewSampler
 
     tc = train_config(batch=2, seed=3)
     train = scene.views.train_ids
@@ -572,7 +572,7 @@ def test_batches_cover_each_epoch_once_with_the_same_draws_every_time(scene):
 def test_footprint_errors_sum_blending_weights_and_their_error(shard, scene, comm):
     """Per pixel the Gaussians' blending weights sum to its alpha: so the weights summed over every
     Gaussian are the alpha summed over the images, and with the error map e the sums are alpha * e."""
-    from insitu.training import to_params
+    from insitu.training.trainer import to_params
 
     params = to_params(shard)
     ids = scene.views.train_ids[:3]

@@ -16,14 +16,14 @@ import torch
 from bp_layouts import write_bp
 from insitu.config import Config, load_config
 from insitu.errors import ConfigError, InputError, SourceInputError
-from insitu.export import StepWriter
-from insitu.gaussians import Gaussians
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import compute_step, write_step
-from insitu.ply import read_ply
-from insitu.runner import check_input
-from insitu.sources import BPSource
-from insitu.views import orbit_views
+from insitu.groundtruth.views import orbit_views
+from insitu.input.sources import BPSource
+from insitu.output.export import StepWriter
+from insitu.output.ply import read_ply
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.run.runner import check_input
+from insitu.step.pipeline import compute_step, write_step
+from insitu.surface.gaussians import Gaussians
 from insitu.volume import Frame, check_geometry, whole_block
 from test_misuse import TINY, insitu, one_error
 
@@ -243,7 +243,7 @@ def test_a_bp_files_attribute_is_refused_naming_the_attribute(tmp_path, case):
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_the_adaptor_refuses_it_before_the_step_is_queued(tmp_path, case):
-    from insitu.adaptor import Adaptor
+    from insitu.run.adaptor import Adaptor
 
     given, words = REFUSED[case]
     trained = []

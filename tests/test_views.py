@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.views import Views, fibonacci_sphere, look_at, orbit_views, pixel_size
+from insitu.groundtruth.views import Views, fibonacci_sphere, look_at, orbit_views, pixel_size
 
 
 def test_pixel_size_is_depth_over_focal_of_the_nearest_view_that_sees_the_point():

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from insitu.decomposition import block_extent, cut_block, split_dims
-from insitu.volume import check_field, downsample, parse_raw_name, read_raw, whole_block
 from insitu.errors import InputError
+from insitu.input.decomposition import block_extent, cut_block, split_dims
+from insitu.volume import check_field, downsample, parse_raw_name, read_raw, whole_block
 
 from conftest import SHARED_DATA
 

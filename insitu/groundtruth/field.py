@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..volume import Block, unit_colors, unit_field
-from .colormaps import colormap_tensors
+from insitu.groundtruth.colormaps import colormap_tensors
+from insitu.volume import Block, unit_colors, unit_field
 
 MACRO = 8                 # voxels per macro-cell edge for empty-space skipping
 SKIP_RADIUS_CAP = 16      # largest empty-space distance stored, in macro cells
@@ -172,7 +172,7 @@ def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | 
                   color_range: tuple[float, float] | None, colormap: str, step: float, refine: int,
                   device: torch.device, value_range: tuple[float, float] | None = None) -> CastScene:
     """The :class:`CastScene` of ``block`` for the sorted iso values ``isos`` (checked arguments of
-    :func:`insitu.groundtruth.raycast`): the field at unit size (any magnitude gives the same
+    :func:`insitu.groundtruth.caster.raycast`): the field at unit size (any magnitude gives the same
     surface; by ``value_range``, the whole field's, when given), the colour field mapped to [0, 1] through
     ``color_range``."""
     data, unit_isos = unit_field(block.data, isos, value_range)  # any magnitude: the same surface at unit size

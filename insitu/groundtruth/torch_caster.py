@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..lighting import HEADLIGHT
-from .colormaps import apply_colormap
-from .field import MACRO, Cameras, CastScene, grid_sample, iso_bins, trilinear
+from insitu.groundtruth.colormaps import apply_colormap
+from insitu.groundtruth.field import MACRO, Cameras, CastScene, grid_sample, iso_bins, trilinear
+from insitu.render.lighting import HEADLIGHT
 
 SAMPLES_PER_PASS = 8      # fine samples a ray takes per marching pass ...
 MAX_WIDENING = 4          # ... times up to 2**MAX_WIDENING as the active rays thin out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .field import Cameras, CastScene
+from insitu.groundtruth.field import Cameras, CastScene
 
 try:                                    # Triton ships with CUDA builds of torch
     import triton

@@ -1,4 +1,4 @@
-"""Multi-rank check of insitu.parallel: set-up, collectives, sub-communicators, reuse.
+"""Multi-rank check of insitu.parallel.comm: set-up, collectives, sub-communicators, reuse.
 
 Run as ``mpiexec -n P python comm_worker.py`` (P even for the sub-communicator part).
 """
@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from insitu.parallel import init_comm, shutdown
 from insitu.errors import RankFailure
+from insitu.parallel.comm import init_comm, shutdown
 
 
 def expect(cond, what):

@@ -1,4 +1,4 @@
-"""Multi-rank check of insitu.compositing against the serial front-to-back composite.
+"""Multi-rank check of insitu.render.compositing against the serial front-to-back composite.
 
 Run as ``mpiexec -n P python composite_worker.py [DEVICE]`` (DEVICE ``cpu``, the default, or
 ``cuda`` for NCCL with one GPU per rank); exits non-zero on any mismatch.
@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from insitu.compositing import band_rows, composite, composite_full, gather_bands
-from insitu.parallel import init_comm, shutdown
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.render.compositing import band_rows, composite, composite_full, gather_bands
 
 
 def layers(P, B, H, W, seed, dtype=torch.float64, D=3):

@@ -4,7 +4,7 @@ the gradients are the one-rank gradients, for any P and any band heights.
 Run as ``mpiexec -n P python dist_loss.py``. Two parts (the second for P <= 4):
 
 exchange: random images (float32) of several sizes, split into the ranks' row bands
-          (:func:`insitu.compositing.band_rows`: bands under 5 rows, a last band of 3 rows,
+          (:func:`insitu.render.compositing.band_rows`: bands under 5 rows, a last band of 3 rows,
           an empty band: 11 rows on 5 ranks, images under 11 rows or columns); each rank computes ``band_loss`` on
           its band, with the L1 pixel term and (four sizes) the squared error, whose scale (the
           mean |e| of a random foreground) sums over the ranks. The sum of the losses and the gradient of the sum with respect to every
@@ -28,15 +28,15 @@ import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
-from insitu.appearance import ColorModel
-from insitu.bandloss import band_loss
-from insitu.compositing import band_rows, gather_bands, visibility_order
-from insitu.decomposition import cut_block
-from insitu.parallel import init_comm, shutdown
-from insitu.scene import block_decomposition, view_order
-from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import colors_from_images, footprint_errors, footprint_sides, render_bands, to_params
-from insitu.views import Views, look_at, orbit_views
+from insitu.groundtruth.scene import block_decomposition, view_order
+from insitu.groundtruth.views import Views, look_at, orbit_views
+from insitu.input.decomposition import cut_block
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.render.compositing import band_rows, gather_bands, visibility_order
+from insitu.surface.seeds import extract_seeds, init_gaussians
+from insitu.training.appearance import ColorModel
+from insitu.training.bandloss import band_loss
+from insitu.training.trainer import colors_from_images, footprint_errors, footprint_sides, render_bands, to_params
 from insitu.volume import Block
 
 N = 49                                                   # samples per axis: 48 cells

@@ -3,7 +3,7 @@
 Run as ``mpiexec -n P python dist_render.py``. The field holds one small sphere in the
 middle of every rank's block; the Gaussians are seeded from it once (the same on every
 rank), and each rank keeps those whose means lie in its owned box. Every rank renders its
-shard through ``insitu.training.render_bands`` (torch rasterizer + sort-last compositing)
+shard through ``insitu.training.trainer.render_bands`` (torch rasterizer + sort-last compositing)
 and back-propagates a weighted sum over its band; rank 0 gathers the full images and every
 Gaussian's gradients and compares them with ``render_bands`` of all Gaussians on a
 one-rank communicator (``MPI.COMM_SELF``). No Gaussian footprint crosses a cut plane, so
@@ -16,14 +16,14 @@ import torch
 from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
-from insitu.appearance import ColorModel
-from insitu.compositing import band_rows, gather_bands
-from insitu.decomposition import block_extent, cut_block, split_dims
-from insitu.parallel import init_comm, shutdown
-from insitu.scene import block_decomposition, view_order
-from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import render_bands, to_params
-from insitu.views import Views, orbit_views
+from insitu.groundtruth.scene import block_decomposition, view_order
+from insitu.groundtruth.views import Views, orbit_views
+from insitu.input.decomposition import block_extent, cut_block, split_dims
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.render.compositing import band_rows, gather_bands
+from insitu.surface.seeds import extract_seeds, init_gaussians
+from insitu.training.appearance import ColorModel
+from insitu.training.trainer import render_bands, to_params
 
 N = 33                       # samples per axis
 RADIUS = 3.0                 # sphere radius in cells

@@ -30,13 +30,13 @@ import torch
 from dist_train import metaballs  # tests/mpi is on sys.path
 from worker_report import fail
 from insitu.config import Config
-from insitu.gaussians import Gaussians
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import make_scene, train_iteration
-from insitu.sampling import ViewSampler
-from insitu.seeds import extract_seeds, init_gaussians
-from insitu.training import Trainer
-from insitu.views import Views
+from insitu.groundtruth.views import Views
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import make_scene, train_iteration
+from insitu.surface.gaussians import Gaussians
+from insitu.surface.seeds import extract_seeds, init_gaussians
+from insitu.training.sampling import ViewSampler
+from insitu.training.trainer import Trainer
 from insitu.volume import whole_block
 
 

@@ -1,4 +1,4 @@
-"""``insitu.pipeline.run_step`` on P ranks (CPU, gloo), in several situations.
+"""``insitu.step.pipeline.run_step`` on P ranks (CPU, gloo), in several situations.
 
 Run as ``mpiexec -n P python dist_train.py MODE [DIR]``:
 
@@ -37,10 +37,10 @@ import numpy as np
 from mpi4py import MPI
 
 from insitu.config import Config
-from insitu.decomposition import cut_block
-from insitu.parallel import init_comm, shutdown
 from insitu.errors import InputError, RankFailure
-from insitu.pipeline import run_step
+from insitu.input.decomposition import cut_block
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import run_step
 
 
 def metaballs(n: int = 40) -> np.ndarray:
@@ -131,7 +131,7 @@ def main(mode: str, out: Path | None) -> None:
         if mode == "replicated":
             cfg.parallel.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
-        import insitu.pipeline as pipeline      # again, rank 1 alone still importing the metrics: every
+        import insitu.step.pipeline as pipeline      # again, rank 1 alone still importing the metrics: every
         importing = pipeline.importing_metrics  # rank draws the initial figures now and scores them later
         pipeline.importing_metrics = lambda: comm.rank == 1
         train(comm, cfg, field, out / f"metrics_{P}_deferred.json")

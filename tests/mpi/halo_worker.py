@@ -3,7 +3,7 @@ slices of the global array, ghosts included, and their owned cells tile the grid
 import numpy as np
 from mpi4py import MPI
 
-from insitu.decomposition import block_from_local
+from insitu.input.decomposition import block_from_local
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

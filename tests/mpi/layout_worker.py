@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from insitu.sources import BPSource  # noqa: E402
+from insitu.input.sources import BPSource  # noqa: E402
 
 
 def main() -> int:

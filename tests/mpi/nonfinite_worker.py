@@ -6,9 +6,9 @@ Every rank must raise the same TrainingDiverged (no rank left waiting in a later
 import torch
 
 from insitu.errors import TrainingDiverged
-from insitu.gaussians import Gaussians
-from insitu.parallel import init_comm, shutdown
-from insitu.pipeline import check_finite
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.step.pipeline import check_finite
+from insitu.surface.gaussians import Gaussians
 
 
 def main():

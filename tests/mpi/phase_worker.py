@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from insitu.parallel import init_comm
 from insitu.errors import RankFailure
+from insitu.parallel.comm import init_comm
 
 
 def main(mode):

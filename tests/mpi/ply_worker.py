@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-import insitu.ply as ply
-from insitu.export import StepWriter
-from insitu.gaussians import gather_gaussians
-from insitu.ply import read_ply, write_ply
-from insitu.gaussians import Gaussians
-from insitu.parallel import init_comm, shutdown
+import insitu.output.ply as ply
 from insitu.errors import RankFailure
+from insitu.output.export import StepWriter
+from insitu.output.ply import read_ply, write_ply
+from insitu.parallel.comm import init_comm, shutdown
+from insitu.surface.gaussians import gather_gaussians
+from insitu.surface.gaussians import Gaussians
 
 
 def shard(rank, n, degree):

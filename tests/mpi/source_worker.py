@@ -30,8 +30,8 @@ import adios2  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from insitu.sources import BPSource, SSTSource  # noqa: E402
 from insitu.errors import SourceError  # noqa: E402
+from insitu.input.sources import BPSource, SSTSource  # noqa: E402
 
 
 def reference(path: str, var: str) -> dict[int, np.ndarray]:

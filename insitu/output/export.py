@@ -1,0 +1,441 @@
+"""Per-step outputs: the output folder, and the step writer that fills it.
+
+Layout of an output directory::
+
+    OUT/step_000120/model.ply       merged Gaussians, reference 3DGS layout (any 3DGS viewer reads it)
+    OUT/step_000120/model.spz       its compressed web copy (insitu.output.webmodel), which the report's viewer reads
+    OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
+    OUT/step_000120/views/*.png     held-out views, ground truth | render
+    OUT/step_000120/metrics.json
+    OUT/step_000120/config.yaml     the configuration the step was trained with
+    OUT/metrics.csv                 one row per step
+    OUT/report.html                 every step: 3D viewer, timestep slider, images, plots (insitu.output.report)
+
+Every file is written atomically (:mod:`insitu.output.files`; the model: :mod:`insitu.output.ply`). Writing is
+for one process (in a parallel run, rank 0; the functions here do not check the rank), except the
+model: :meth:`StepWriter.write_model` is collective, every rank writing its own shard into the one
+``model.ply`` at its offset.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from torch import Tensor
+
+from insitu.config import RUN_KEYS, Config, config_differences, config_value, load_config
+from insitu.errors import ConfigError
+from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
+from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans,
+                                  step_dir, step_name)
+from insitu.output.ply import write_ply
+from insitu.output.report import cameras_json, write_report
+from insitu.output.webmodel import write_spz
+from insitu.surface.gaussians import Gaussians
+from insitu.volume import Frame
+
+__all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
+
+# ---------------------------------------------------------------------------------------------
+# The output folder, before a run
+
+RESULT_FILES = ("metrics.csv", "report.html", "report.json")     # the run's own files at the top level
+
+
+def _results(out: Path) -> tuple[list[int], list[Path]]:
+    """(complete steps, every result file and folder) in an output folder."""
+    done, found = [], []
+    for p in out.iterdir():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            found.append(p)
+            if (p / "metrics.json").is_file():
+                done.append(int(m.group(1)))
+        elif p.name in ("metrics.csv", "report.html") or STEP_TEMPORARY.match(p.name):
+            found.append(p)
+    return sorted(done), found
+
+
+def check_output_path(out_root: str | Path) -> None:
+    """Raise ConfigError when ``out_root`` cannot take a run's results; changes nothing.
+
+    Refused: a file; a path under a file; a symbolic link (the folder or a parent) to nothing;
+    a folder that cannot be written (or whose nearest existing parent cannot); a folder in which a
+    name the run writes is taken by something else (``metrics.csv`` as a folder, ``viewer`` as a
+    file, a ``step_XXXXXX`` file).
+    """
+    out = Path(out_root)
+    base = out
+    while not base.exists():
+        if base.is_symlink():
+            raise ConfigError(f"output.dir {out}: {base} is a symbolic link to {os.readlink(base)}, which does not "
+                              "exist; create its target or give another --out")
+        if base.parent == base:
+            break
+        base = base.parent
+    if not base.is_dir():
+        what = "is a file, expected a folder (give another --out)" if base == out else \
+            f"{base} is a file, so the folder cannot be created"
+        raise ConfigError(f"output.dir {out}: {what}")
+    try:
+        with tempfile.TemporaryFile(dir=base, prefix=".insitu-probe."):
+            pass
+    except OSError as e:
+        raise ConfigError(f"output.dir {out}: cannot write in {base} ({e.strerror or e})") from None
+    if base == out:
+        _check_names(out)
+
+
+def _check_names(out: Path) -> None:
+    """The names the run writes in ``out`` must be free or of the kind it writes."""
+    for p in out.iterdir():
+        wrong = None
+        if p.name in RESULT_FILES and (p.is_dir() or (p.exists() and not p.is_file())):
+            wrong = "a folder" if p.is_dir() else "not a plain file"
+            expected = "a file (the run writes it)"
+        elif p.name == "viewer" and p.exists() and not p.is_dir():
+            wrong, expected = "a file", "a folder (the report's viewer goes there)"
+        elif STEP_DIR.match(p.name) and p.exists() and not p.is_dir():
+            wrong, expected = "a file", "a step folder"
+        elif p.name == LOCK_NAME and (p.is_symlink() or (p.exists() and not p.is_file())):
+            wrong, expected = "not a plain file", "the folder's lock file"
+        if wrong:
+            raise ConfigError(f"output.dir {out}: {p} is {wrong}, expected {expected}; move it away or give "
+                              "another --out")
+
+
+def prepare_output(out_root: str | Path, existing: str = "refuse", *, config: Config | None = None,
+                   provenance: Mapping[str, Any] | None = None) -> list[int]:
+    """Check that ``out_root`` can take this run's results before any work; returns the steps to keep.
+
+    existing: what to do when the folder holds results (step folders, metrics.csv, report.html):
+              "refuse" (raise ConfigError), "overwrite" (delete them; other files stay),
+              "resume" (keep the complete steps, returned; remove partial ones).
+    config, provenance: this run's configuration and what its steps come from (``StepWriter(provenance=)``);
+              with "resume" every kept step must have been made with the same ones (the keys of
+              ``config.RUN_KEYS`` aside), else ConfigError naming the keys that differ.
+    Raises ConfigError for a path that cannot take the results (:func:`check_output_path`).
+    Deletes only with "overwrite" or "resume", and only what is a result or a temporary file of a
+    run: call it with the folder locked (:func:`claim_output`), so that no other run writes there.
+    """
+    out = Path(out_root)
+    if existing not in ("refuse", "resume", "overwrite"):
+        raise ValueError(f"existing: expected 'refuse', 'resume' or 'overwrite', got {existing!r}")
+    check_output_path(out)
+    if not out.is_dir():
+        return []
+    done, found = _results(out)
+    if not found:
+        return []
+    if existing == "refuse":
+        listed = ", ".join(map(str, done[:10])) + (", ..." if len(done) > 10 else "")
+        raise ConfigError(f"output.dir {out}: holds the results of an earlier run"
+                          + (f" (steps {listed})" if done else "")
+                          + "; give --resume to keep its complete steps and train the others, --overwrite "
+                            "to delete them, or another --out (in a config: output.existing)")
+    if existing == "resume" and config is not None:
+        _check_kept(out, done, config, provenance)
+    for p in found:
+        m = STEP_DIR.match(p.name)
+        keep = existing == "resume" and (int(m.group(1)) in done if m else not p.name.startswith("."))
+        if not keep:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return [] if existing == "overwrite" else done
+
+
+def claim_output(out_root: str | Path, existing: str = "refuse", *, config: Config | None = None,
+                 provenance: Mapping[str, Any] | None = None, command: str = "") -> tuple[OutputLock, list[int]]:
+    """Lock ``out_root`` for this run (:func:`insitu.output.folder.lock_output`), remove what a killed run was
+    writing there, then :func:`prepare_output`; returns the lock (``release()`` it at the end of the
+    run) and the steps to keep. For the process that writes the folder (rank 0)."""
+    check_output_path(out_root)
+    lock = lock_output(out_root, command)
+    try:
+        remove_orphans(Path(out_root))
+        return lock, prepare_output(out_root, existing, config=config, provenance=provenance)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _check_kept(out: Path, done: list[int], config: Config, provenance: Mapping[str, Any] | None) -> None:
+    """ConfigError unless every kept step was made from ``provenance`` with ``config`` (``RUN_KEYS`` aside)."""
+    by_difference: dict[str, list[int]] = {}
+    for step in done:
+        text = "; ".join(kept_differences(out / step_name(step), config, provenance))
+        if text:
+            by_difference.setdefault(text, []).append(step)
+    if by_difference:
+        lines = [f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps[:10]))}"
+                 f"{', ...' if len(steps) > 10 else ''}: {text}" for text, steps in by_difference.items()]
+        raise ConfigError(f"output.dir {out}: --resume would keep steps made from another input or configuration "
+                          f"({'; '.join(lines)}); give the same input and settings, --overwrite, or another --out")
+
+
+def kept_differences(folder: Path, config: Config, provenance: Mapping[str, Any] | None) -> list[str]:
+    """How a complete step folder's input (``metrics.json``'s ``provenance``) and configuration (``config.yaml``)
+    differ from this run's, as ``key (kept vs now)`` texts; [] when they agree (``RUN_KEYS`` aside)."""
+    try:
+        kept = load_config(folder / "config.yaml")
+    except ConfigError as e:
+        return [f"its configuration cannot be compared ({e})"]
+    now, then = plain(config.to_dict()), plain(kept.to_dict())
+    out = [f"{key} ({config_value(then, key)!r} kept vs {config_value(now, key)!r} now)"
+           for key in config_differences(then, now) if key not in RUN_KEYS]
+    if provenance is not None:
+        try:
+            recorded = json.loads((folder / "metrics.json").read_text()).get("provenance")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if not isinstance(recorded, dict):
+            return out + ["its metrics.json does not record the input it was made from"]
+        now_provenance = plain(dict(provenance))
+        out += [f"{key} ({recorded.get(key)!r} kept vs {now_provenance.get(key)!r} now)"
+                for key in sorted(set(recorded) | set(now_provenance), key=str)
+                if key != "files" and recorded.get(key) != now_provenance.get(key)]
+        # the files of the same input (another path says so already; steps written before the files were
+        # recorded have the path alone)
+        if "files" in recorded and recorded.get("input") == now_provenance.get("input"):
+            out += files_differences(recorded["files"], now_provenance.get("files"))
+    return out
+
+
+def files_differences(kept: Any, now: Any, shown: int = 3) -> list[str]:
+    """How the input files a step was made from (``provenance["files"]``: name -> ``{"bytes", "mtime_ns"}``)
+    differ from those there now, one text per file that changed, came or went (``shown`` at most)."""
+    kept, now = (v if isinstance(v, Mapping) else {} for v in (kept, now))
+    changed = [name for name in sorted(set(kept) | set(now), key=str) if kept.get(name) != now.get(name)]
+    texts = [f"{name} ({_file_text(kept.get(name))} kept vs {_file_text(now.get(name))} now)"
+             for name in changed[:shown]]
+    return texts + ([f"{len(changed) - shown} more file(s)"] if len(changed) > shown else [])
+
+
+def _file_text(record: Any) -> str:
+    """``1234 bytes modified 2025-06-01 12:00:00.123456789`` (local time) of a file's record, or ``absent``."""
+    if not isinstance(record, Mapping):
+        return "absent"
+    try:
+        ns = int(record["mtime_ns"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns // 10**9)) + f".{ns % 10**9:09d}"
+        return f"{int(record['bytes'])} bytes modified {when}"
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        return repr(dict(record))
+
+
+_VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+FIELD_HASH = "field_hash"               # metrics.json: the step's field hash (StepWriter.field_hashes)
+
+
+class StepWriter:
+    """Writes each step's outputs under ``out_root`` (see the module docstring), atomically.
+
+    Only one process may write to ``out_root``: in a parallel run, every rank calls
+    :meth:`write_model` with its shard (a collective: the ranks write one ``model.ply``
+    together), then rank 0 alone calls :meth:`write` with ``gaussians=None`` for the rest.
+
+    A step is written into a hidden temporary folder that is renamed to ``step_XXXXXX`` once
+    complete, so a step's outputs appear together or not at all. ``metrics.csv`` holds one row
+    per step with its ``status`` (trained, skipped, failed) and, unless trained, the ``reason``;
+    the report lists this writer's trained steps. The folder is created by the first write.
+
+    ply:    write ``model.ply`` (``output.ply``).
+    done:   steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
+            ``resume``): their rows of ``metrics.csv`` are rebuilt from their ``metrics.json`` (a run
+            killed while writing the CSV leaves it behind the step folders), and the report lists them
+            too; :meth:`publish` writes both at once.
+    provenance: what the steps come from (e.g. ``{"command": "replay", "input": "/abs/m16.bp"}``), written
+            into each step's ``metrics.json`` so that a resumed run can compare it with its own.
+
+    ``field_hashes``: step -> a hash of the step's field (given before the step is written), recorded as
+    ``field_hash`` in its ``metrics.json`` (not in ``metrics.csv``); :meth:`kept_field_hash` reads a kept
+    step's, so that a resumed run can tell whether it was made from the same values.
+    """
+
+    def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = (),
+                 provenance: Mapping[str, Any] | None = None) -> None:
+        self.out_root = Path(out_root)
+        self.ply = ply
+        self.provenance = plain(dict(provenance)) if provenance is not None else None
+        self._lock = threading.Lock()           # rows come from a training thread and the caller's
+        self.rows: dict[int, dict[str, Any]] = {}
+        self._pending: dict[int, Path] = {}     # step -> its temporary folder, until write() renames it
+        self.field_hashes: dict[int, str] = {}
+        for step in sorted({int(s) for s in done}):
+            self.rows[step] = {"step": step, "status": "trained", **self._kept_row(step)}
+
+    def _kept_row(self, step: int) -> dict[str, Any]:
+        """A kept step's row of metrics.csv, from its metrics.json (what the row was made from)."""
+        try:
+            metrics = json.loads((self.out_root / step_name(step) / "metrics.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(metrics, dict):
+            return {}
+        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance", FIELD_HASH)})
+
+    def kept_field_hash(self, step: int) -> str | None:
+        """The ``field_hash`` a complete step folder's ``metrics.json`` records, or None (none recorded)."""
+        try:
+            value = json.loads((self.out_root / step_name(step) / "metrics.json").read_text()).get(FIELD_HASH)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) else None
+
+    def publish(self) -> None:
+        """Write ``metrics.csv`` and the report from the rows held now (a resumed run: the kept steps)."""
+        with self._lock:
+            self.out_root.mkdir(parents=True, exist_ok=True)
+            write_csv(self.csv_path, list(self.rows.values()))
+            write_report(self.out_root, steps=self.trained)
+
+    @property
+    def csv_path(self) -> Path:
+        return self.out_root / "metrics.csv"
+
+    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path | None:
+        """Write the step's ``model.ply`` into its folder in the making; returns the file's path
+        (None with ``ply=False``). Collective when ``comm`` spans several ranks; :meth:`write`
+        on rank 0 completes the step.
+
+        gaussians: this rank's shard (any device); the file holds every rank's shard in rank
+                   order (:func:`write_ply` with ``comm``).
+        comm:      an :class:`insitu.parallel.comm.Comm`, or None for one process.
+        """
+        if not self.ply:
+            return None
+        several = comm is not None and comm.size > 1
+        if several:
+            with comm.phase("export: step folder"):
+                folder = str(self._folder(step)) if comm.rank == 0 else None
+            folder = Path(comm.mpi.bcast(folder, root=0))
+        else:
+            folder = self._folder(step)
+        try:
+            return write_ply(folder / "model.ply", gaussians, comm=comm if several else None)
+        except BaseException:                   # disk full...: no step folder in the making stays behind
+            if not several or comm.rank == 0:
+                shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
+            raise
+
+    def _folder(self, step: int) -> Path:
+        """The step's temporary folder (made on first use; :meth:`write` renames it into place)."""
+        if int(step) not in self._pending:
+            final = self.out_root / step_name(step)
+            self.out_root.mkdir(parents=True, exist_ok=True)
+            self._pending[int(step)] = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp",
+                                                             dir=self.out_root))
+        return self._pending[int(step)]
+
+    @property
+    def trained(self) -> list[int]:
+        """Steps written (or kept) by this writer."""
+        return sorted(s for s, r in self.rows.items() if r.get("status") == "trained")
+
+    def write(
+        self,
+        step: int,
+        gaussians: Gaussians | None,
+        views: Sequence[tuple[str, Tensor | np.ndarray, Tensor | np.ndarray]],
+        metrics: Mapping[str, Any],
+        config: Any = None,
+        *,
+        cameras: Any = None,
+        frame: Frame | None = None,
+    ) -> Path:
+        """Write one step; returns its folder.
+
+        gaussians: the merged model, for model.spz (and model.ply unless :meth:`write_model` wrote it);
+                   None: no web copy (model.ply only from :meth:`write_model`); ``ply=False``: neither;
+        views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
+        metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
+        config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
+        cameras:   the step's views (:class:`insitu.groundtruth.views.Views`), as cameras.json for the report's viewer.
+        frame:     the coordinates that ``gaussians`` and ``cameras`` are in (:class:`insitu.volume.Frame`;
+                   default world units). model.ply is written in world units; model.spz and cameras.json,
+                   which the report's viewer reads, stay in the frame (a grid in metres would not survive
+                   spz's fixed-point positions and byte scales, nor the viewer's float16), and
+                   cameras.json records it (``frame``: world = origin + scale * x).
+
+        With a model, its web copy ``model.spz`` is written too, and ``model_bytes``, ``web_model_bytes``
+        and ``export_seconds`` (writing the model, web copy, images and cameras) join the metrics.
+        """
+        for name, _, _ in views:
+            if not isinstance(name, str) or not _VIEW_NAME.match(name):
+                raise ValueError(f"view names must be plain file names ([A-Za-z0-9_.-]+), got {name!r}")
+        final = self.out_root / step_name(step)
+        t0 = time.perf_counter()
+        d = self._folder(step)
+        metrics = dict(metrics)
+        try:
+            if gaussians is not None and self.ply:
+                if not (d / "model.ply").exists():      # not written by write_model already
+                    write_ply(d / "model.ply", frame.gaussians_to_world(gaussians) if frame else gaussians)
+                write_spz(d / "model.spz", gaussians)
+                metrics["model_bytes"] = (d / "model.ply").stat().st_size
+                metrics["web_model_bytes"] = (d / "model.spz").stat().st_size
+            if views:
+                (d / "views").mkdir(exist_ok=True)
+            for name, gt, pred in views:
+                write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
+            if cameras is not None:
+                write_json(d / "cameras.json", cameras_json(cameras, frame))
+            metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
+            hashed = {FIELD_HASH: self.field_hashes[int(step)]} if int(step) in self.field_hashes else {}
+            write_json(d / "metrics.json", {"step": int(step), **plain(metrics), **hashed,
+                                            **({"provenance": self.provenance} if self.provenance is not None else {})})
+            if config is not None:
+                cfg = config.to_dict() if hasattr(config, "to_dict") else config
+                atomic_write(d / "config.yaml", yaml.safe_dump(plain(cfg), sort_keys=False))
+            d.chmod(0o755)
+            if final.exists():                      # the same step again (overwrite): the old one goes
+                old = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.old")
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(d, final)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        finally:
+            self._pending.pop(int(step), None)
+        # a figure that is not a number (no held-out view saw the surface) is absent, as in metrics.json
+        row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flatten_metrics(metrics).items()}
+        self._row({int(step): {"status": "trained", **row}})
+        return final
+
+    def record(self, step: int, status: str, reason: str) -> None:
+        """A step that was not trained: ``status`` "skipped" or "failed", and why (one row of metrics.csv)."""
+        self.record_all(status, [(step, reason)])
+
+    def record_all(self, status: str, steps: Sequence[tuple[int, str]]) -> None:
+        """:meth:`record` for several ``(step, reason)`` at once: metrics.csv and the report written once."""
+        if status not in ("skipped", "failed"):
+            raise ValueError(f"status: expected 'skipped' or 'failed', got {status!r}")
+        for step, _ in steps:
+            step_name(step)                         # a valid step number
+        rows = {int(step): {"status": status, "reason": " ".join(str(reason).split())} for step, reason in steps
+                if self.rows.get(int(step), {}).get("status") != "trained"}
+        if not rows:
+            return                                  # a step trained earlier in this run stays trained
+        self.out_root.mkdir(parents=True, exist_ok=True)
+        self._row(rows)
+
+    def _row(self, rows: Mapping[int, Mapping[str, Any]]) -> None:
+        with self._lock:
+            for step, row in rows.items():
+                self.rows[int(step)] = {"step": int(step), **row}
+            write_csv(self.csv_path, list(self.rows.values()))
+            write_report(self.out_root, steps=self.trained)
+
+

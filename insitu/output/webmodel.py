@@ -1,0 +1,141 @@
+"""The web copy of a model: Niantic's ``.spz`` (gzip-compressed, about 10x smaller than ``.ply``).
+
+A reference 3DGS ``.ply`` holds 62 float32 per Gaussian at SH degree 3 (248 bytes: a 4M-Gaussian
+model is about 1 GB). ``.spz`` (https://github.com/nianticlabs/spz, version 3) quantizes every
+attribute to bytes and keeps the SH bands, which the ground truth's headlight shading needs:
+
+    positions  [N, 3]  24-bit signed fixed point, ``fractional_bits`` chosen from the extent
+    alphas     [N]     sigmoid(opacity) * 255
+    colors     [N, 3]  (sh0 * 0.15 + 0.5) * 255
+    scales     [N, 3]  (log scale + 10) * 16
+    rotations  [N]     uint32 "smallest three": index of the largest component of the unit
+                       quaternion (x, y, z, w) in 2 bits, the other three in 10 bits each (sign, 9-bit
+                       magnitude over 1/sqrt(2))
+    sh         [N, K-1, 3]  round(sh * 128) + 128 (colour channel innermost)
+
+in this order after a 16-byte header, the whole gzip-compressed: 20 + 9 (K-1) bytes per Gaussian
+before compression. Coordinates are written as they are (the model's world frame, no axis flip);
+the viewer places its camera in that frame (:func:`insitu.output.report.viewer_camera`).
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from insitu.output.files import atomic_write
+from insitu.surface.gaussians import Gaussians, check_gaussians, numpy32
+
+SPZ_MAGIC = 0x5053474E          # "NGSP"
+SPZ_VERSION = 3
+_QUAT_MASK = (1 << 9) - 1
+_COLOR_SCALE = 0.15
+
+
+def _u8(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def fractional_bits(means: np.ndarray) -> int:
+    """Fixed-point fraction bits for positions ``means: [N, 3]``: as many as 24 bits leave room for."""
+    extent = float(np.abs(means).max()) if means.size else 1.0
+    if not math.isfinite(extent):
+        raise ValueError("spz: the Gaussians' means must be finite")
+    return int(np.clip(22 - math.ceil(math.log2(max(extent, 1.0))), 0, 20))
+
+
+def encode_spz(gaussians: Gaussians) -> bytes:
+    """``gaussians`` (pre-activation, as stored) -> the bytes of a ``.spz`` file (version 3)."""
+    n = check_gaussians(gaussians)
+    g = gaussians
+    degree = g.sh_degree
+    if degree > 3:
+        raise ValueError(f"spz holds SH degrees 0 to 3, got {degree}")
+    means = numpy32(g.means).astype(np.float64)
+    bits = fractional_bits(means)
+    fixed = np.clip(np.rint(means * (1 << bits)), -(2**23 - 1), 2**23 - 1).astype("<i4")
+    positions = fixed.view(np.uint8).reshape(n, 3, 4)[:, :, :3]          # little-endian low 3 bytes
+    alphas = _u8(255.0 / (1.0 + np.exp(-numpy32(g.opacity_logits).astype(np.float64))))
+    colors = _u8((numpy32(g.sh0)[:, 0, :] * _COLOR_SCALE + 0.5) * 255.0)
+    scales = _u8((numpy32(g.log_scales) + 10.0) * 16.0)
+    q = numpy32(g.quats).astype(np.float64)
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    rotations = _pack_quats(q[:, [1, 2, 3, 0]])
+    sh = _u8(numpy32(g.shN) * 128.0 + 128.0).reshape(n, -1)
+    header = struct.pack("<IIIBBBB", SPZ_MAGIC, SPZ_VERSION, n, degree, bits, 0, 0)
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in (positions, alphas, colors, scales, rotations, sh))
+    return gzip.compress(header + body, compresslevel=6, mtime=0)
+
+
+def _pack_quats(q: np.ndarray) -> np.ndarray:
+    """``q: [N, 4]`` unit quaternions (x, y, z, w) -> [N] little-endian uint32, "smallest three"."""
+    n = len(q)
+    largest = np.argmax(np.abs(q), axis=1)
+    q = np.where(q[np.arange(n), largest][:, None] < 0, -q, q)         # the largest one positive: dropped
+    comp = largest.astype(np.uint32)
+    for i in range(4):                                                  # first component in the high bits
+        mag = np.rint(_QUAT_MASK * np.abs(q[:, i]) / math.sqrt(0.5)).clip(0, _QUAT_MASK).astype(np.uint32)
+        packed = (comp << np.uint32(10)) | ((q[:, i] < 0).astype(np.uint32) << np.uint32(9)) | mag
+        comp = np.where(largest == i, comp, packed)
+    return comp.astype("<u4")
+
+
+def _unpack_quats(comp: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_pack_quats`: [N] uint32 -> [N, 4] (x, y, z, w)."""
+    comp = comp.astype(np.uint32)
+    largest = comp >> np.uint32(30)
+    q = np.zeros((len(comp), 4))
+    for i in (3, 2, 1, 0):                                              # low bits hold the last component
+        skip = largest == i
+        value = math.sqrt(0.5) * (comp & np.uint32(_QUAT_MASK)) / _QUAT_MASK
+        value = np.where((comp >> np.uint32(9)) & np.uint32(1), -value, value)
+        q[:, i] = np.where(skip, 0.0, value)
+        comp = np.where(skip, comp, comp >> np.uint32(10))
+    q[np.arange(len(q)), largest] = np.sqrt(np.maximum(0.0, 1.0 - (q ** 2).sum(axis=1)))
+    return q
+
+
+def write_spz(path: str | Path, gaussians: Gaussians) -> Path:
+    """Write ``gaussians`` as a ``.spz`` file, atomically; returns the path."""
+    return atomic_write(path, encode_spz(gaussians))
+
+
+def read_spz(path: str | Path) -> Gaussians:
+    """Read a version-3 ``.spz`` file into float32 Gaussians (quantized values, pre-activation)."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes())
+    if len(raw) < 16:
+        raise ValueError(f"{path}: too short for an spz header ({len(raw)} bytes)")
+    magic, version, n, degree, bits, _, _ = struct.unpack_from("<IIIBBBB", raw)
+    if magic != SPZ_MAGIC:
+        raise ValueError(f"{path}: not an spz file (magic {magic:#x}, expected {SPZ_MAGIC:#x})")
+    if version != SPZ_VERSION:
+        raise ValueError(f"{path}: spz version {version}; this reader reads version {SPZ_VERSION}")
+    k1 = (degree + 1) ** 2 - 1
+    sizes = [9 * n, n, 3 * n, 3 * n, 4 * n, 3 * k1 * n]
+    if len(raw) != 16 + sum(sizes):
+        raise ValueError(f"{path}: {len(raw) - 16} data bytes for {n} Gaussians of degree {degree}, "
+                         f"expected {sum(sizes)}")
+    parts, offset = [], 16
+    for size in sizes:
+        parts.append(np.frombuffer(raw, np.uint8, size, offset))
+        offset += size
+    pos, alpha, color, scale, rot, sh = parts
+    b = pos.reshape(n, 3, 3).astype(np.int32)
+    fixed = (b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16))
+    fixed = np.where(fixed >= 1 << 23, fixed - (1 << 24), fixed)
+    xyzw = _unpack_quats(rot.view("<u4"))
+    a = np.clip(alpha / 255.0, 1e-6, 1 - 1e-6)
+    t = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)  # noqa: E731
+    return Gaussians(
+        means=t(fixed / float(1 << bits)),
+        log_scales=t(scale.reshape(n, 3) / 16.0 - 10.0),
+        quats=t(xyzw[:, [3, 0, 1, 2]]),
+        opacity_logits=t(np.log(a / (1 - a))),
+        sh0=t((color.reshape(n, 1, 3) / 255.0 - 0.5) / _COLOR_SCALE),
+        shN=t((sh.reshape(n, k1, 3).astype(np.float64) - 128.0) / 128.0),
+    )

@@ -1,0 +1,90 @@
+"""One driver for a sequence of timesteps: ``insitu run/replay/stream`` and the Adaptor train through it.
+
+The rule it holds, in one place: with ``insitu.warm_start``, a step starts from the previous
+trained step's model and trains ``min(insitu.warm_iterations, train.iterations)`` iterations;
+the first step, a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
+that failed, as the caller decides) and a step after one whose training diverged (NaN or infinite
+values: :class:`insitu.errors.TrainingDiverged`, raised on every rank alike) start cold and train
+``train.iterations``. A step's result becomes the next warm start once the caller has recorded it
+(:meth:`StepDriver.trained`), after the ranks agree that the step succeeded everywhere. With
+``input.nonfinite: outside``, a step's NaN/Inf samples are filled first (:func:`masked`), so that the
+step trains on a finite field.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+
+from insitu.config import Config
+from insitu.errors import InputError, TrainingDiverged
+from insitu.volume import fill_nonfinite, outside_value
+
+
+class StepDriver:
+    """Trains the timesteps given to :meth:`train`, one after the other, each warm-started as configured.
+
+    cfg:     the validated configuration.
+    comm:    an :class:`insitu.parallel.comm.Comm`; :meth:`train` is collective over it.
+    writer:  the :class:`insitu.output.export.StepWriter` that writes each step (or None).
+    process: the function that trains one step, ``process(block, cfg, comm, *, step, time, writer,
+             warm, iterations) -> result``; defaults to :func:`insitu.step.pipeline.run_step`.
+    """
+
+    def __init__(self, cfg: Config, comm: Any, writer: Any = None, *, process: Callable[..., Any] | None = None):
+        if process is None:
+            from insitu.step.pipeline import run_step as process
+        self.cfg, self.comm, self.writer, self.process = cfg, comm, writer, process
+        self.previous: Any = None           # the last trained step's result, the next one's warm start
+
+    def train(self, block, *, step: int, time: float) -> Any:
+        """Train one step (collective); returns the process's result (give it to :meth:`trained`
+        once every rank succeeded, so that it warm-starts the next step). A step whose training
+        diverged (:class:`TrainingDiverged`, raised here) makes the next one start cold, from seeds: the
+        model before it was trained with the settings that diverged and may hold what ran away."""
+        if self.cfg.input.nonfinite == "outside":
+            block = masked(block, self.cfg, self.comm)
+        warm = self.previous if self.cfg.insitu.warm_start else None
+        iterations = min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations) if warm is not None else None
+        try:
+            return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
+                                warm=warm, iterations=iterations)
+        except TrainingDiverged:
+            self.forget()
+            raise
+
+    def trained(self, result: Any) -> None:
+        """``result`` (of :meth:`train`) succeeded on every rank: the next step starts from it."""
+        self.previous = result
+
+    def forget(self) -> None:
+        """The next step starts cold (the previous one was kept from an earlier run, or failed)."""
+        self.previous = None
+
+
+def masked(block, cfg: Config, comm: Any):
+    """``block`` with its NaN/Inf samples counted as outside the surface (``input.nonfinite: outside``):
+    the field's set to :func:`insitu.volume.outside_value` of its finite samples' global range, the
+    colour field's to its lowest finite value; collective over ``comm`` (the values are global, so
+    the ranks' ghost layers agree). InputError when no sample of the field is finite."""
+    mpi = getattr(comm, "mpi", None)
+
+    def finite_range(array: np.ndarray) -> tuple[float, float]:
+        ok = np.asarray(array)[np.isfinite(array)]
+        lo, hi = (float(ok.min()), float(ok.max())) if ok.size else (np.inf, -np.inf)
+        if mpi is not None and mpi.Get_size() > 1:
+            from mpi4py import MPI
+
+            lo, hi = mpi.allreduce(lo, op=MPI.MIN), mpi.allreduce(hi, op=MPI.MAX)
+        return lo, hi
+
+    lo, hi = finite_range(block.data)
+    if not lo <= hi:
+        raise InputError(f"{cfg.input.var}: every sample is NaN/Inf (input.nonfinite: outside masks them all): "
+                         "no surface to extract")
+    fields = dict(block.fields)
+    if cfg.input.color_var in fields:
+        clo, _ = finite_range(fields[cfg.input.color_var])
+        fields[cfg.input.color_var] = fill_nonfinite(fields[cfg.input.color_var], clo if np.isfinite(clo) else 0.0)
+    return replace(block, data=fill_nonfinite(block.data, outside_value(lo, hi, cfg.input.iso)), fields=fields)
