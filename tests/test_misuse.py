@@ -43,7 +43,8 @@ def insitu(*args, cwd: Path, ranks: int = 0, timeout: float = 120, mpmd: list | 
         cmd = [str(MPIEXEC), "-n", "1", *cmd, ":", "-n", "1", sys.executable, "-m", "insitu", *map(str, mpmd)]
     elif ranks:
         cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    return subprocess.run([*(prefix or []), *cmd], cwd=cwd, env=env, capture_output=True, text=True,
+    # (errors="replace": a library may echo a corrupt file's bytes to stderr, as ADIOS2 does)
+    return subprocess.run([*(prefix or []), *cmd], cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
                           timeout=timeout, check=False)
 
 
