@@ -13,6 +13,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def shared_volume(name: str) -> Path:
+    """``name`` in ``../shared/data`` (the real CT volumes beside the checkout, which CI has too), or the test
+    skipped with where it looked: a checkout elsewhere (a worktree, a copy) has no such folder beside it."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"needs {path}: the shared CT volumes are not beside this checkout")
+    return path
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

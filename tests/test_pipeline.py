@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SHARED_DATA
+from conftest import shared_volume
 from insitu.config import Config
 from insitu.errors import InputError
 from insitu.input.decomposition import cut_block
@@ -25,7 +25,7 @@ from insitu.training.appearance import ColorModel
 from insitu.training.sampling import ViewSampler
 from insitu.volume import downsample, read_raw, whole_block
 
-BONSAI = SHARED_DATA / "bonsai_256x256x256_uint8.raw"
+BONSAI = "bonsai_256x256x256_uint8.raw"          # in ../shared/data (conftest.shared_volume)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_bonsai_training_gains_5_db_over_the_initial_model(comm):
     the ground truth start 4.5 dB higher: BENCHMARKS.md, CPU figures), and at least 21.5 dB, with the
     classic blur of 0.05 px^2 (16.5 -> 22.3 dB; gsplat's 0.3: 14.0 -> 21.0; the default antialiased blur
     draws the seeds better, 18.6 -> 23.6)."""
-    volume = downsample(read_raw(BONSAI), 4)
+    volume = downsample(read_raw(shared_volume(BONSAI)), 4)
     assert volume.shape == (64, 64, 64)
     cfg = Config()
     cfg.input.iso = [40.0]
@@ -188,7 +188,7 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
     which a standard viewer then shows closer to the ground truth than the SH fit alone (16.4 -> 18.4 dB on the
     surface); the same Gaussians at the same places (no densification, positions held), the trained model
     itself unchanged. With neither model.ply nor its figures, nothing is refit."""
-    volume = downsample(read_raw(BONSAI), 4)
+    volume = downsample(read_raw(shared_volume(BONSAI)), 4)
     figures, models = {}, {}
     for refine in (0, 0.5):
         cfg = tiny_config(color_model="lit", iterations=200, sh_degree=3, eps2d=0.05)

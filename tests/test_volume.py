@@ -5,7 +5,7 @@ from insitu.errors import InputError
 from insitu.input.decomposition import block_extent, cut_block, split_dims
 from insitu.volume import check_field, downsample, parse_raw_name, read_raw, whole_block
 
-from conftest import SHARED_DATA
+from conftest import shared_volume
 
 
 def test_raw_name_and_read(tmp_path):
@@ -43,7 +43,7 @@ def test_field_checks():
 
 
 def test_real_volume_reads():
-    path = SHARED_DATA / "engine_256x256x128_uint8.raw"
+    path = shared_volume("engine_256x256x128_uint8.raw")
     v = read_raw(path)
     assert v.shape == (128, 256, 256) and v.max() > 180
     assert downsample(v, 4).shape == (32, 64, 64)
