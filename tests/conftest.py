@@ -1,9 +1,14 @@
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -11,6 +16,19 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 WORKERS = Path(__file__).resolve().parent / "mpi"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# the command line's settings for a tiny step (one process on a CPU: a few seconds)
+TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100", "--quiet",
+        "--set", "views.supersample=1"]
+
+
+def pytest_configure(config):
+    """One torch thread in this process (children get one each too: :func:`subprocess_env`). The steps here are
+    small, and with a second OpenMP thread on a 2-core machine, next to the pipeline's own background threads
+    (kernels compiled ahead, the metrics' import) and to other processes, every op waits for the thread that is
+    not running: the suite is several times slower."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def shared_volume(name: str) -> Path:
@@ -33,6 +51,80 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# ------------------------------------------------------------------------------------------ fields and settings
+
+def sphere_field(n: int = 16, centre: tuple[float, float, float] | None = None, dtype=np.float32) -> np.ndarray:
+    """[n, n, n] distance to ``centre`` (default the grid's centre) in cells: iso r is a sphere of radius r.
+    Computed in float64 for a float64 field, else in float32 (then cast to ``dtype``)."""
+    work = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(work)
+    cx, cy, cz = centre if centre is not None else ((n - 1) / 2,) * 3
+    return np.sqrt((x - cx) ** 2 + (y - cy) ** 2 + (z - cz) ** 2).astype(dtype, copy=False)
+
+
+def uint8_ball(n: int = 12) -> np.ndarray:
+    """A uint8 ball: 250 in the middle, falling off by 20 a cell with the distance from the centre."""
+    return np.clip(250 - 20 * sphere_field(n), 0, 255).astype(np.uint8)
+
+
+def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held_out: int = 2, budget: int = 200,
+                images: int = 2, **train):
+    """A small step for one CPU process: ``views`` orbit views of ``resolution``^2 pixels, one ray each,
+    ``held_out`` views of each held-out set, ``budget`` seeds, ``images`` held-out images written; training
+    (``train``: TrainConfig fields, 10 iterations unless given) one view per step on the torch rasterizer,
+    without densification or opacity resets unless asked for."""
+    from insitu.config import Config
+
+    cfg = Config()
+    cfg.input.iso = [iso]
+    cfg.views.count, cfg.views.resolution, cfg.views.supersample, cfg.views.held_out = views, resolution, 1, held_out
+    cfg.seeds.budget = budget
+    cfg.output.images = images
+    t = cfg.train
+    t.iterations, t.backend, t.progress, t.batch = 10, "torch", False, 1
+    t.densify_from, t.opacity_reset_every = 10**6, 0
+    for k, v in train.items():
+        if not hasattr(t, k):
+            raise TypeError(f"tiny_config: the train section has no setting {k!r}")
+        setattr(t, k, v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def comm():
+    """A one-process communicator on the CPU (gloo), for the module's tests."""
+    from insitu.parallel.comm import init_comm, shutdown
+
+    c = init_comm(device="cpu")
+    yield c
+    shutdown(c)
+
+
+@pytest.fixture(scope="session")
+def bonsai():
+    """The bonsai (256^3 uint8, iso 40) from ../shared/data, box-filtered to 32^3; skipped where absent."""
+    from insitu.volume import downsample, read_raw
+
+    volume = downsample(read_raw(shared_volume("bonsai_256x256x256_uint8.raw")), 8)
+    assert volume.shape == (32, 32, 32)
+    return volume
+
+
+def bp_with_steps(path: Path, numbers: list) -> Path:
+    """A BP file whose ADIOS steps carry these ``step`` values (any type) and a ball field."""
+    import adios2
+
+    with adios2.Stream(str(path), "w") as s:
+        for n in numbers:
+            s.begin_step()
+            s.write("U", sphere_field(12), [12, 12, 12], [0, 0, 0], [12, 12, 12])
+            s.write("step", n)
+            s.end_step()
+    return path
+
+
+# ------------------------------------------------------------------------------------------ child processes
+
 def mpiexec() -> str:
     """The environment's mpiexec (the one beside Python), else the system's (GPU machines)."""
     exe = Path(sys.executable).parent / "mpiexec"
@@ -50,12 +142,148 @@ def subprocess_env(threads: int = 1) -> dict:
                 OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
+def arg(a) -> str | bytes:
+    """A command-line argument: bytes as they are (names that are not UTF-8), anything else as text."""
+    return a if isinstance(a, bytes) else str(a)
+
+
+def launch(cmd: list, *, ranks: int = 0, mpmd: list | None = None, prefix: list | None = None, cwd=ROOT,
+           env: dict | None = None, timeout: float = 120, merge: bool = False) -> subprocess.CompletedProcess:
+    """Run ``cmd`` and wait for it: under ``mpiexec -n ranks`` when ``ranks`` > 0; with ``mpmd`` (a second
+    command) as ``mpiexec -n 1 CMD : -n 1 MPMD``; ``prefix`` (a command that runs it) in front. ``env``: the whole
+    environment (default :func:`subprocess_env`). Output in ``.stdout`` and ``.stderr`` (``merge``: stderr in
+    ``.stdout``). Past ``timeout`` seconds the whole job (mpiexec and every rank) is killed and the test fails
+    with the output so far: a hang is a failure, never a stuck suite."""
+    cmd = [arg(c) for c in cmd]
+    if mpmd is not None:
+        cmd = [mpiexec(), "-n", "1", *cmd, ":", "-n", "1", *map(arg, mpmd)]
+    elif ranks:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+    cmd = [*map(arg, prefix or []), *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                            text=True, env=subprocess_env() if env is None else env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not end within {timeout:g} s:\n{out}\n{err or ''}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_mpi(n: int, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``mpiexec -n n python tests/mpi/script args``; output in ``.stdout`` (stderr merged)."""
-    return subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(WORKERS / script), *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env(),
-                          timeout=timeout, cwd=ROOT)
+    return launch([sys.executable, WORKERS / script, *args], ranks=n, timeout=timeout, merge=True)
 
+
+def insitu(*args, cwd: Path, ranks: int = 0, timeout: float = 120, mpmd: list | None = None,
+           prefix: list | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m insitu ARGS`` (under ``mpiexec -n ranks``; ``mpmd``: a second program's ARGS for rank 1;
+    ``prefix``: a command that runs it; ``env``: variables added to :func:`subprocess_env`'s). One process on
+    its own is forked from :class:`Forkserver`'s, which has imported the libraries it would import first."""
+    python = [sys.executable, "-m", "insitu"]
+    env = {**subprocess_env(), **(env or {})}
+    if not ranks and mpmd is None and prefix is None:
+        return Forkserver.run(list(args), cwd=cwd, env=env, timeout=timeout)
+    return launch([*python, *args], ranks=ranks, mpmd=None if mpmd is None else [*python, *mpmd], prefix=prefix,
+                  cwd=cwd, env=env, timeout=timeout)
+
+
+class Forkserver:
+    """A Python that has imported what every ``python -m insitu`` imports first (torch, torchmetrics, scipy:
+    about 2.5 s of CPU, most of a small run's), and forks a fresh process per run. The child takes the
+    run's folder, environment and output files, a session of its own and /dev/null as stdin, then runs the
+    ``insitu`` module as ``python -m`` does and exits as that would: code, output and traceback are the
+    command's. Nothing else is imported before the fork (no MPI, no thread), and no run sees another's state."""
+
+    CODE = r"""
+import gc, json, os, runpy, sys
+import numpy, PIL.Image, scipy.spatial, torch, torchmetrics.functional, yaml
+assert not torch.cuda.is_initialized()     # a child could not use CUDA initialised before the fork
+gc.freeze()             # what is imported stays: no child collects it (or copies its pages to look)
+for line in sys.stdin:
+    run = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.chdir(run["cwd"])
+        os.environ.clear()
+        os.environ.update(run["env"])
+        sys.path[1:1] = [p for p in run["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(run[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+        sys.argv = ["insitu", *run["args"]]
+        runpy.run_module("insitu", run_name="__main__", alter_sys=True)
+        sys.exit(0)
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+    proc: subprocess.Popen | None = None
+    pending = b""
+
+    @classmethod
+    def line(cls, timeout: float) -> str | None:
+        """The server's next line, or None after ``timeout`` seconds."""
+        import select
+
+        fd, deadline = cls.proc.stdout.fileno(), time.monotonic() + timeout
+        while b"\n" not in cls.pending:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server ended (exit {cls.proc.wait()})")
+            cls.pending += chunk
+        line, cls.pending = cls.pending.split(b"\n", 1)
+        return line.decode()
+
+    @classmethod
+    def run(cls, args: list, *, cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen([sys.executable, "-c", cls.CODE], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=subprocess_env(), cwd=ROOT)
+            cls.pending = b""
+        with tempfile.TemporaryDirectory() as tmp:
+            files = {name: os.path.join(tmp, name) for name in ("stdout", "stderr")}
+            request = {"args": [os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in args],
+                       "cwd": str(cwd), "env": env, **files}
+            cls.proc.stdin.write((json.dumps(request) + "\n").encode())
+            cls.proc.stdin.flush()
+            pid = cls.line(120)
+            if pid is None:
+                raise RuntimeError("the fork server did not start the run within 120 s")
+            pid = int(pid)
+            code = cls.line(timeout)
+            if code is None:
+                os.killpg(pid, signal.SIGKILL)
+                cls.line(60)
+            out, err = (Path(files[name]).read_text() for name in ("stdout", "stderr"))
+        if code is None:
+            pytest.fail(f"insitu {' '.join(map(str, args))} did not end within {timeout:g} s:\n{out}\n{err}")
+        return subprocess.CompletedProcess(["insitu", *args], int(code), out, err)
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None and cls.proc.poll() is None:
+            cls.proc.stdin.close()
+            cls.proc.wait(timeout=60)
+
+
+def pytest_unconfigure(config):
+    Forkserver.stop()
+
+
+def one_error(r: subprocess.CompletedProcess) -> str:
+    """The run exited 2 with one ``insitu: error:`` line and no traceback; returns the line."""
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("insitu: error: ")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------ models
 
 def plyfile_gaussians(path):
     """A 3DGS ``model.ply`` read with plyfile, the reference PLY reader (an oracle for ``read_ply``):

@@ -9,11 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, TINY, insitu, launch, one_error, sphere_field, subprocess_env
 
 from bp_layouts import full_range, write_bp, write_column_major
 from insitu.config import from_dict
@@ -23,17 +23,8 @@ from insitu.input.sources import BPSource, SSTSource, sst_open_reason
 from insitu.output.files import read_csv
 from insitu.step.driver import masked
 from insitu.volume import outside_value
-from test_misuse import TINY, insitu, one_error
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 WORKER = ROOT / "tests" / "mpi" / "layout_worker.py"
-
-
-def ball(n: int = 10, dtype=np.float32) -> np.ndarray:
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
-    c = (n - 1) / 2
-    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2).astype(dtype)
 
 
 def read_all(path: Path, var: str = "U", **kw) -> tuple[BPSource, list]:
@@ -45,7 +36,7 @@ def read_all(path: Path, var: str = "U", **kw) -> tuple[BPSource, list]:
 
 @pytest.mark.parametrize("engine", ["BP4", "BP5"])
 def test_bp4_and_bp5_files_replay_with_their_own_engine(tmp_path, engine):
-    fields = [ball() + i for i in range(3)]
+    fields = [sphere_field(10) + i for i in range(3)]
     path = write_bp(tmp_path / "f.bp", [{"U": f, "step": 10 * i, "time": 0.5 * i} for i, f in enumerate(fields)],
                     engine=engine)
     src, steps = read_all(path)
@@ -56,31 +47,37 @@ def test_bp4_and_bp5_files_replay_with_their_own_engine(tmp_path, engine):
 
 
 def test_a_bp4_file_still_being_written_is_followed_to_its_end(tmp_path):
-    writer = subprocess.Popen([sys.executable, "-c", GROWING, str(tmp_path / "g.bp")], stdout=subprocess.PIPE,
-                              text=True)
+    """The writer adds each next step only once the reader holds the one before: the source waits for
+    steps written after it opened the file, and ends where the writer closes it."""
+    writer = subprocess.Popen([sys.executable, "-c", GROWING, str(tmp_path / "g.bp")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "0"           # the first step is in the file
-        t0 = time.monotonic()
+        got = []
         with BPSource(tmp_path / "g.bp", "U", timeout_s=30) as src:
-            got = [(s.step, float(s.block.data[0, 0, 0])) for s in src]
+            for s in src:
+                got.append((s.step, float(s.block.data[0, 0, 0])))
+                if len(got) < 4:
+                    writer.stdin.write("next\n")                 # only now is the next step written
+                    writer.stdin.flush()
         assert got == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
-        assert time.monotonic() - t0 > 1.0                        # it waited for the steps written later
     finally:
         writer.kill()
         writer.wait()
 
 
 GROWING = """
-import sys, time
+import sys
 sys.modules["torch"] = None
 import numpy as np
 import adios2
 ad = adios2.Adios(); io = ad.declare_io("w"); io.set_engine("BP4")
 with adios2.Stream(io, sys.argv[1], "w") as s:
     for i in range(4):
+        if i:
+            sys.stdin.readline()
         s.begin_step(); s.write("U", np.full((4, 5, 6), float(i)), [4, 5, 6], [0, 0, 0], [4, 5, 6]); s.end_step()
         print(i, flush=True)
-        time.sleep(0.6)
 """
 
 
@@ -90,14 +87,14 @@ with adios2.Stream(io, sys.argv[1], "w") as s:
     ("md.idx", 10, r"truncated or corrupt BP4 file \(md.idx ends inside a step record"),
 ])
 def test_a_truncated_bp4_file_gives_a_clear_error_instead_of_hanging(tmp_path, name, cut, message):
-    path = write_bp(tmp_path / "t.bp", [{"U": ball() + i} for i in range(3)], engine="BP4")
+    path = write_bp(tmp_path / "t.bp", [{"U": sphere_field(10) + i} for i in range(3)], engine="BP4")
     os.truncate(path / name, (path / name).stat().st_size - cut)
     with pytest.raises(SourceInputError, match=message):
         BPSource(path, "U")
 
 
 def test_a_bp3_file_is_refused_naming_the_tool_that_converts_it(tmp_path):
-    path = write_bp(tmp_path / "old.bp", [{"U": ball()}], engine="BP3")
+    path = write_bp(tmp_path / "old.bp", [{"U": sphere_field(10)}], engine="BP3")
     assert path.is_file() and (tmp_path / "old.bp.dir").is_dir()
     for given in (path, tmp_path / "old.bp.dir"):
         with pytest.raises(SourceInputError, match=r"old.bp: an ADIOS2 BP3 file .*it reads BP4 and BP5\. Convert it "
@@ -123,7 +120,7 @@ def test_every_numeric_type_reads_with_its_full_range(tmp_path, dtype, engine):
 
 
 def test_a_uint8_volume_with_values_above_127_trains_from_the_command_line(tmp_path):
-    a = np.clip(255 - ball(12) * 40, 0, 255).astype(np.uint8)          # 255 in the middle
+    a = np.clip(255 - sphere_field(12) * 40, 0, 255).astype(np.uint8)          # 255 in the middle
     path = write_bp(tmp_path / "ct.bp", [{"U": a}, {"U": a}])
     r = insitu("replay", path, "--var", "U", "--iso", "200", *TINY, "--out", "out", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -133,8 +130,8 @@ def test_a_uint8_volume_with_values_above_127_trains_from_the_command_line(tmp_p
 # ---- steps without the variable --------------------------------------------------------------
 
 def test_a_step_without_the_variable_is_skipped_and_the_replay_goes_on(tmp_path):
-    path = write_bp(tmp_path / "s.bp", [{"U": ball(12), "step": 0}, {"W": ball(12), "step": 1},
-                                        {"U": ball(12), "step": 2}])
+    path = write_bp(tmp_path / "s.bp", [{"U": sphere_field(12), "step": 0}, {"W": sphere_field(12), "step": 1},
+                                        {"U": sphere_field(12), "step": 2}])
     src, steps = read_all(path)
     assert [s.step for s in steps] == [0, 2]
     assert src.skipped == [(1, "no variable 'U' at step 1; variables present: W, step")]
@@ -147,14 +144,14 @@ def test_a_step_without_the_variable_is_skipped_and_the_replay_goes_on(tmp_path)
 
 
 def test_a_file_whose_steps_all_lack_the_variable_ends_with_one_error_listing_the_variables(tmp_path):
-    path = write_bp(tmp_path / "s.bp", [{"W": ball(12), "step": n} for n in (0, 1)])
+    path = write_bp(tmp_path / "s.bp", [{"W": sphere_field(12), "step": n} for n in (0, 1)])
     r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
     assert "no step could be trained: 2 step(s) skipped (step 0: no variable 'U' at step 0; variables present: W, " \
            "step" in one_error(r)
 
 
 def test_every_counts_the_steps_that_hold_the_variable(tmp_path):
-    steps = [{"U" if n % 3 else "W": ball(), "step": n} for n in range(7)]     # W at 0, 3, 6
+    steps = [{"U" if n % 3 else "W": sphere_field(10), "step": n} for n in range(7)]     # W at 0, 3, 6
     src, got = read_all(write_bp(tmp_path / "s.bp", steps), every=2)
     assert [s.step for s in got] == [1, 4] and [n for n, _ in src.skipped] == [0, 3, 6]
 
@@ -162,7 +159,7 @@ def test_every_counts_the_steps_that_hold_the_variable(tmp_path):
 # ---- geometry -------------------------------------------------------------------------------------
 
 def test_fides_attributes_give_origin_and_spacing(tmp_path):
-    path = write_bp(tmp_path / "f.bp", [{"U": ball()}], attributes={
+    path = write_bp(tmp_path / "f.bp", [{"U": sphere_field(10)}], attributes={
         "Fides_Data_Model": "uniform", "Fides_Origin": [1, 2, 3], "Fides_Spacing": [0.1, 0.2, 0.3],
         "Fides_Dimension_Variable": "U", "origin": [9, 9, 9]})        # Fides comes first
     b = read_all(path)[1][0].block
@@ -172,21 +169,21 @@ def test_fides_attributes_give_origin_and_spacing(tmp_path):
 def test_vtk_style_attributes_and_the_vtk_xml_schema_give_origin_and_spacing(tmp_path, capsys):
     xml = ('\n<?xml version="1.0"?>\n<VTKFile type="ImageData"><ImageData WholeExtent="0 9 0 9 0 9" '
            'Origin="0 1 2" Spacing="0.5 0.5 2"><Piece Extent="0 9 0 9 0 9"/></ImageData></VTKFile>')
-    b = read_all(write_bp(tmp_path / "v.bp", [{"U": ball()}], attributes={"vtk.xml": xml}))[1][0].block
+    b = read_all(write_bp(tmp_path / "v.bp", [{"U": sphere_field(10)}], attributes={"vtk.xml": xml}))[1][0].block
     assert b.origin == (0.0, 1.0, 2.0) and b.spacing == (0.5, 0.5, 2.0)
-    b = read_all(write_bp(tmp_path / "a.bp", [{"U": ball()}], attributes={"spacing": [2, 3, 4]}))[1][0].block
+    b = read_all(write_bp(tmp_path / "a.bp", [{"U": sphere_field(10)}], attributes={"spacing": [2, 3, 4]}))[1][0].block
     assert b.origin == (0.0, 0.0, 0.0) and b.spacing == (2.0, 3.0, 4.0)
     assert "warning: " + str(tmp_path / "a.bp") + ": no origin for 'U' in the file" in capsys.readouterr().err
 
 
 def test_without_geometry_the_model_is_in_index_units_with_a_warning(tmp_path, capsys):
-    b = read_all(write_bp(tmp_path / "n.bp", [{"U": ball()}]))[1][0].block
+    b = read_all(write_bp(tmp_path / "n.bp", [{"U": sphere_field(10)}]))[1][0].block
     assert b.origin == (0.0, 0.0, 0.0) and b.spacing == (1.0, 1.0, 1.0)
     assert "insitu: warning: " in capsys.readouterr().err
 
 
 def test_configured_origin_and_spacing_override_the_file(tmp_path):
-    path = write_bp(tmp_path / "f.bp", [{"U": ball()}], attributes={"Fides_Origin": [1, 2, 3],
+    path = write_bp(tmp_path / "f.bp", [{"U": sphere_field(10)}], attributes={"Fides_Origin": [1, 2, 3],
                                                                    "Fides_Spacing": [0.1, 0.2, 0.3]})
     b = read_all(path, origin=[5, 6, 7])[1][0].block
     assert b.origin == (5.0, 6.0, 7.0) and b.spacing == (0.1, 0.2, 0.3)
@@ -204,7 +201,7 @@ def openpmd_attributes(prefix: str, labels=("z", "y", "x"), order: str = "C") ->
 
 def test_openpmd_group_based_iterations_give_steps_times_and_geometry(tmp_path):
     # one ADIOS step per iteration, the mesh under /data/<iteration>/meshes/, as openPMD-api writes it
-    a = ball()
+    a = sphere_field(10)
     attrs = {}
     for it in (100, 200, 300):
         attrs.update(openpmd_attributes(f"/data/{it}/meshes"))
@@ -223,7 +220,7 @@ def test_openpmd_group_based_iterations_give_steps_times_and_geometry(tmp_path):
 @pytest.mark.parametrize("base", ["/data", "/data/%T/"])      # openPMD-api writes either (files, SST streams)
 def test_openpmd_variable_based_iteration_comes_from_the_snapshot_attribute(tmp_path, base):
     # variable-based encoding: one variable /data/meshes/rho for all iterations, the iteration in /data/snapshot
-    a = ball()
+    a = sphere_field(10)
     attrs = {**openpmd_attributes("/data/meshes"), "/basePath": base, "/data/snapshot": np.array([300], np.uint64),
              "/data/time": 150.0, "/data/meshes/rho/axisLabels": ""}     # labels left empty: the array's order
     src, steps = read_all(write_bp(tmp_path / "v.bp", [{"/data/meshes/rho": a}], attributes=attrs), "rho")
@@ -245,7 +242,7 @@ def test_openpmd_x_y_z_labels_in_c_order_put_the_axes_where_they_belong(tmp_path
 
 
 def test_openpmd_fortran_data_order_lists_the_axes_fastest_first(tmp_path):
-    a = ball()
+    a = sphere_field(10)
     attrs = openpmd_attributes("/data/7/meshes", labels=("x", "y", "z"), order="F")
     b = read_all(write_bp(tmp_path / "f.bp", [{"/data/7/meshes/rho": a}], attributes=attrs), "rho")[1][0].block
     assert b.spacing == (0.5, 0.25, 2.0)                   # F: gridSpacing (dx, dy, dz), the array [z, y, x]
@@ -254,7 +251,7 @@ def test_openpmd_fortran_data_order_lists_the_axes_fastest_first(tmp_path):
 
 def test_a_file_per_iteration_series_keeps_its_iteration_numbers(tmp_path):
     # openPMD file-based encoding: one file per iteration, each a single ADIOS step
-    a = ball()
+    a = sphere_field(10)
     numbers = []
     for it in (100, 200):
         path = write_bp(tmp_path / f"f_{it}.bp", [{f"/data/{it}/meshes/rho": a}],
@@ -264,7 +261,7 @@ def test_a_file_per_iteration_series_keeps_its_iteration_numbers(tmp_path):
 
 
 def test_a_Step_variable_numbers_the_steps_and_step_var_time_var_name_others(tmp_path):
-    path = write_bp(tmp_path / "s.bp", [{"U": ball(), "Step": 5 * n, "cycle": 1000 + n, "t_phys": 0.25 * n}
+    path = write_bp(tmp_path / "s.bp", [{"U": sphere_field(10), "Step": 5 * n, "cycle": 1000 + n, "t_phys": 0.25 * n}
                                         for n in range(3)])
     src, steps = read_all(path)
     assert [s.step for s in steps] == [0, 5, 10] and src.numbering == "variable 'Step'"
@@ -296,7 +293,7 @@ def test_column_major_arrays_read_in_the_right_orientation(tmp_path):
 
 
 def test_a_sparse_array_is_skipped_unless_its_gaps_are_masked(tmp_path):
-    a = ball(8, np.float64)
+    a = sphere_field(8, dtype=np.float64)
     path = write_bp(tmp_path / "sp.bp", [{"U": [((0, 0, 0), a[:4])], "step": 0}], shapes={"U": a.shape})
     src, steps = read_all(path)
     assert steps == [] and "is a sparse array: its blocks do not cover its global shape (8, 8, 8)" in src.skipped[0][1]
@@ -323,7 +320,7 @@ def test_a_compressed_variable_names_the_operator_this_adios2_lacks(tmp_path):
     ad = adios2.Adios()
     io = ad.declare_io("w")
     op = ad.define_operator("none", "null")
-    a = ball(6, np.float64)
+    a = sphere_field(6, dtype=np.float64)
     with adios2.Stream(io, str(path), "w") as s:
         s.begin_step()
         v = io.define_variable("U", a, list(a.shape), [0, 0, 0], list(a.shape))
@@ -347,14 +344,13 @@ def test_a_source_built_adios2_reads_compressed_variables(tmp_path):
     if not where:
         pytest.skip("no ADIOS2 built with compression operators: set INSITU_TEST_ADIOS2 to the folder that holds "
                     "its Python package (e.g. INSTALL/lib/python3.11/site-packages) to run this test")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([where, str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    check = subprocess.run([sys.executable, "-c", SOURCE_BUILT, str(tmp_path / "z.bp")], env=env, text=True,
-                           capture_output=True, timeout=120)
+    env = {**subprocess_env(), "PYTHONPATH": os.pathsep.join([where, str(ROOT)])}
+    check = launch([sys.executable, "-c", SOURCE_BUILT, tmp_path / "z.bp"], env=env, timeout=120)
     assert check.returncode == 0, check.stderr
     found = json.loads(check.stdout.splitlines()[-1])
     assert found["file"].startswith(str(Path(where).resolve())), found
-    r = subprocess.run([sys.executable, "-m", "insitu", "replay", tmp_path / "z.bp", "--var", "U", "--iso", "3",
-                        *TINY, "--out", tmp_path / "out"], env=env, text=True, capture_output=True, timeout=300)
+    r = insitu("replay", tmp_path / "z.bp", "--var", "U", "--iso", "3", *TINY, "--out", tmp_path / "out",
+               cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0 and "done: 1 step(s) trained" in r.stdout, r.stderr
 
 
@@ -387,7 +383,7 @@ print(json.dumps({"file": str(Path(adios2.__file__).resolve()), "operator": op, 
 # ---- NaN masks --------------------------------------------------------------------------------
 
 def test_nonfinite_outside_fills_the_mask_below_every_iso_value_and_closes_the_surface(tmp_path):
-    a = ball(12, np.float64)                        # inside: r < 4 (field = -r + 10 > 6 around the centre)
+    a = sphere_field(12, dtype=np.float64)                        # inside: r < 4 (field = -r + 10 > 6 around the centre)
     field = 10.0 - a
     field[:, :, 8:] = np.nan                        # a mask that cuts the ball
     cfg = from_dict({"input": {"iso": [6.0, 7.0], "nonfinite": "outside"}})
@@ -405,7 +401,7 @@ def test_nonfinite_outside_fills_the_mask_below_every_iso_value_and_closes_the_s
 
 
 def test_a_nan_masked_field_trains_with_nonfinite_outside_and_is_refused_without(tmp_path):
-    field = (10.0 - ball(12, np.float64))
+    field = (10.0 - sphere_field(12, dtype=np.float64))
     field[:, :, 9:] = np.nan
     path = write_bp(tmp_path / "n.bp", [{"U": field}])
     r = insitu("replay", path, "--var", "U", "--iso", "7", *TINY, "--out", "out", cwd=tmp_path)
@@ -453,9 +449,7 @@ def test_layouts_read_the_same_on_two_ranks(tmp_path):
     }
     spec = {name: {"path": str(path), **kw} for name, (path, _, kw) in cases.items()}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    r = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(WORKER), "spec.json"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=180,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = launch([sys.executable, WORKER, "spec.json"], ranks=2, cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     for name, (_, want, _) in cases.items():
         for rank in (0, 1):
@@ -465,7 +459,7 @@ def test_layouts_read_the_same_on_two_ranks(tmp_path):
 
 @pytest.mark.mpi
 def test_a_step_without_the_variable_is_skipped_on_two_ranks_too(tmp_path):
-    path = write_bp(tmp_path / "s.bp", [{"U": ball(12), "step": 0}, {"W": ball(12), "step": 1}])
+    path = write_bp(tmp_path / "s.bp", [{"U": sphere_field(12), "step": 0}, {"W": sphere_field(12), "step": 1}])
     r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path, ranks=2, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "done: 1 step(s) trained, 1 skipped (step 1: no variable 'U' at step 1" in r.stdout
@@ -474,7 +468,7 @@ def test_a_step_without_the_variable_is_skipped_on_two_ranks_too(tmp_path):
 
 
 def test_insitu_run_takes_spacing_from_its_flag_and_refuses_the_bp_key(tmp_path):
-    np.save(tmp_path / "ball.npy", ball(12))
+    np.save(tmp_path / "ball.npy", sphere_field(12))
     r = insitu("run", tmp_path / "ball.npy", "--iso", "3", *TINY, "--set", "input.spacing=[1, 2, 3]", "--out", "out",
                cwd=tmp_path)
     assert "input.spacing=[1.0, 2.0, 3.0]: sets the spacing of a BP file or SST stream" in one_error(r)

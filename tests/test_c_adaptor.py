@@ -14,14 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-MPIEXEC = BIN / "mpiexec"
-
-
-def _run(cmd: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +32,14 @@ def gray_scott_c(tmp_path_factory) -> Path:
                 [cmake, "--install", tmp / "adaptor"],
                 [cmake, "-S", ROOT / "sims", "-B", tmp / "sims", f"-DCMAKE_PREFIX_PATH={prefix}", *common],
                 [cmake, "--build", tmp / "sims"]):
-        proc = _run(cmd)
+        proc = launch(cmd, timeout=300)
         assert proc.returncode == 0, f"{' '.join(map(str, cmd))}\n{proc.stdout}\n{proc.stderr}"
     assert (prefix / "include" / "insitu_adaptor.h").is_file()
     assert (prefix / "lib" / "cmake" / "InsituGS" / "InsituGSConfigVersion.cmake").is_file()
     return tmp / "sims" / "gray_scott_c"
 
 
-def tiny_config(tmp_path: Path, *, budget: int = 500, **input_) -> Path:
+def config_file(tmp_path: Path, *, budget: int = 500, **input_) -> Path:
     """A config for a quick in situ run; ``input_`` overrides the input section (Gray-Scott's V, coloured by U)."""
     cfg = {"input": {"var": "V", "iso": [0.2], "color_var": "U", **input_}, "seeds": {"budget": budget},
            "views": {"count": 8, "resolution": 32, "supersample": 1},
@@ -62,15 +58,15 @@ def sim_env() -> dict[str, str]:
 
 
 def run_sim(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return _run([MPIEXEC, "-n", "2", exe, "--L", "24", "--steps", "40", "--plotgap", "20", *args],
-                cwd=tmp_path, env=sim_env())
+    return launch([exe, "--L", "24", "--steps", "40", "--plotgap", "20", *args], ranks=2, cwd=tmp_path,
+                  env=sim_env(), timeout=300)
 
 
 @pytest.mark.mpi
 def test_c_gray_scott_trains_in_situ(gray_scott_c, tmp_path):
     from insitu.output.ply import read_ply
 
-    proc = run_sim(gray_scott_c, tmp_path, "--config", str(tiny_config(tmp_path)))
+    proc = run_sim(gray_scott_c, tmp_path, "--config", str(config_file(tmp_path)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "thread level 3" in proc.stdout                  # MPI_THREAD_MULTIPLE: background training
     out = tmp_path / "out"
@@ -96,7 +92,7 @@ def test_c_bad_config_fails_on_every_rank_with_a_clear_message(gray_scott_c, tmp
 
 @pytest.mark.mpi
 def test_c_python_exception_in_execute_returns_an_error_on_every_rank(gray_scott_c, tmp_path):
-    proc = run_sim(gray_scott_c, tmp_path, "--config", str(tiny_config(tmp_path, var="W")))
+    proc = run_sim(gray_scott_c, tmp_path, "--config", str(config_file(tmp_path, var="W")))
     assert proc.returncode != 0
     for rank in (0, 1):
         assert f"gray_scott: rank {rank}: insitu_execute failed at step 20: insitu_execute: InputError" in proc.stderr
@@ -113,8 +109,8 @@ def test_c_gray_scott_matches_the_python_one_for_any_split(gray_scott_c, tmp_pat
     for _ in range(30):
         sim.step()
     expected = f"sum U = {sim.u.sum():.12e}, sum V = {sim.v.sum():.12e}"
-    for n in ("1", "3"):
-        proc = _run([MPIEXEC, "-n", n, gray_scott_c, "--L", "20", "--steps", "30", "--no-insitu"], cwd=tmp_path)
+    for n in (1, 3):
+        proc = launch([gray_scott_c, "--L", "20", "--steps", "30", "--no-insitu"], ranks=n, cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stderr
         assert expected in proc.stdout, (n, proc.stdout)
 
@@ -133,11 +129,11 @@ def sphere_f(gray_scott_c) -> Path:
 
 
 def sphere_config(tmp_path: Path, var: str = "D") -> Path:
-    return tiny_config(tmp_path, budget=800, var=var, iso=[0.0], color_var=None)
+    return config_file(tmp_path, budget=800, var=var, iso=[0.0], color_var=None)
 
 
 def run_sphere(exe: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return _run([MPIEXEC, "-n", "2", exe, *args], cwd=tmp_path, env=sim_env())
+    return launch([exe, *args], ranks=2, cwd=tmp_path, env=sim_env(), timeout=300)
 
 
 @pytest.mark.mpi

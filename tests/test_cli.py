@@ -2,35 +2,23 @@
 on one process and under ``mpiexec -n 2``; bad input exits with code 2 and one line."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, insitu, launch, uint8_ball
 
 from insitu.output.ply import read_ply
 
-ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SUMMARY = re.compile(r"^(?:demo: )?step (\d+): surface PSNR ([\d.]+) dB, SSIM ([\d.]+)(?: \(2x and 3x closer: "
                      r"(?:[\d.]+|n/a) and (?:[\d.]+|n/a) dB\))?, whole image [\d.]+ dB, (\d+) Gaussians, (\d+) "
                      r"iterations, .*-> (.+)$", re.MULTILINE)
+# larger than conftest's TINY: 4 iterations, more than the warm starts' 3 below
 TINY = ["--views", "8", "--resolution", "24", "--iterations", "4", "--budget", "150", "--quiet",
         "--set", "views.supersample=1"]
-
-
-def insitu(*args, cwd: Path, ranks: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m insitu ARGS`` (under ``mpiexec -n ranks`` when ranks > 0)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "insitu", *map(str, args)]
-    if ranks:
-        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
 
 
 def summaries(stdout: str) -> list[tuple[int, int, int]]:
@@ -38,17 +26,10 @@ def summaries(stdout: str) -> list[tuple[int, int, int]]:
     return [(int(m[1]), int(m[4]), int(m[5])) for m in SUMMARY.finditer(stdout)]
 
 
-def ball(n: int = 12) -> np.ndarray:
-    """A uint8 ball: bright in the middle, falling off with the distance from the centre."""
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    c = (n - 1) / 2
-    return np.clip(250 - 20 * np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2), 0, 255).astype(np.uint8)
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("inputs")
-    ball().tofile(d / "ball_12x12x12_uint8.raw")
+    uint8_ball().tofile(d / "ball_12x12x12_uint8.raw")
     np.zeros(100, np.uint8).tofile(d / "short_12x12x12_uint8.raw")
     np.save(d / "flat.npy", np.zeros((4, 4), np.float32))
     (d / "unknown_key.yaml").write_text("train:\n  iterationz: 5\n")
@@ -177,9 +158,8 @@ def test_demo_trains_every_plotgap(tmp_path, ranks):
 def gray_scott_bp(tmp_path_factory) -> Path:
     """A Gray-Scott run written to BP5: steps 10, 20, 30, 40 of a 16^3 grid."""
     d = tmp_path_factory.mktemp("gs")
-    r = subprocess.run([sys.executable, str(SIM), "--L", "16", "--steps", "40", "--plotgap", "10",
-                        "--engine", "BP5", "--output", "gs.bp"], cwd=d, capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = launch([sys.executable, SIM, "--L", "16", "--steps", "40", "--plotgap", "10", "--engine", "BP5",
+                "--output", "gs.bp"], cwd=d)
     assert r.returncode == 0, r.stderr
     return d / "gs.bp"
 

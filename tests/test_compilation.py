@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 import torch
+from conftest import sphere_field
 
 from insitu.config import Config, from_dict
 from insitu.parallel.comm import init_comm, shutdown
@@ -26,12 +26,6 @@ def small_config(color_model: str = "lit", **views) -> Config:
     t.iterations, t.progress, t.color_model, t.sh_degree = 10, False, color_model, 1
     t.densify_from, t.opacity_reset_every = 10**6, 0
     return cfg
-
-
-def sphere(n: int = 16) -> np.ndarray:
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    c = (n - 1) / 2
-    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
 
 
 @pytest.mark.parametrize("color_model, eps2d, antialiased, refine, refit", [
@@ -174,12 +168,10 @@ def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(
 
 def test_a_child_compiler_ends_when_its_parent_does():
     """Once the pipe its spec came on closes (the parent ended, however), the child ends at once, even
-    in the middle of a group."""
-    import subprocess
+    in the middle of a group (of 60 s here: a child that finished it would outlast the launcher's timeout)."""
     import sys
-    import time
 
-    from conftest import subprocess_env
+    from conftest import launch
 
     script = """
 import io, json, sys, time
@@ -188,10 +180,8 @@ compilation.kernel_groups = lambda cfg, **k: {"slow": (1, lambda device: time.sl
 spec = json.dumps({"config": {}, "groups": ["slow"], "device": "cpu", "train_size": 1, "train_rank": 0})
 sys.exit(compilation.child_main(io.StringIO(spec + "\\n")))    # the rest of the stream: ended at once
 """
-    t = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
-                         timeout=50)
-    assert out.returncode == 1 and time.monotonic() - t < 40, out.stderr
+    out = launch([sys.executable, "-c", script], timeout=40)
+    assert out.returncode == 1, out.stderr
 
 
 def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it(monkeypatch):
@@ -255,7 +245,7 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
         assert {name for name, _ in compiled} >= {"_raycast_kernel", "_moments_cols", "_ssim_rows", "_spread_cols",
                                                   "_spread_rows", "_adam_kernel", "_sh_forward"}
         assert "MainThread" not in {thread for _, thread in compiled}     # (backward passes: autograd's thread)
-        compute_step(whole_block(sphere()), cfg, comm)
+        compute_step(whole_block(sphere_field()), cfg, comm)
         mine = [f"{name} on {thread}: {key}" for (name, thread), key in zip(compiled[before:], keys[before:])]
         ahead_keys = [f"{name}: {key}" for (name, _), key in zip(compiled[:before], keys[:before])]
         assert mine == [], "the step compiled:\n" + "\n".join(mine) + "\nahead:\n" + "\n".join(ahead_keys)

@@ -3,7 +3,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,7 +21,7 @@ from insitu.surface.gaussians import gather_gaussians
 from insitu.surface.gaussians import Gaussians
 from conftest import plyfile_gaussians
 
-from conftest import run_mpi
+from conftest import launch, run_mpi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -389,9 +388,7 @@ GATHER_SCRIPT = textwrap.dedent(
 def test_gather_gaussians_two_ranks(tmp_path):
     script = tmp_path / "gather.py"
     script.write_text(GATHER_SCRIPT.format(root=str(ROOT)))
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(script)],
-                          capture_output=True, text=True, timeout=120)
+    proc = launch([sys.executable, script], ranks=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "merged 0 11" in proc.stdout and "merged 3 5" in proc.stdout
     assert "mismatch: ['raised', 'raised']" in proc.stdout
@@ -413,8 +410,7 @@ def test_parallel_write_ply_is_the_gathered_file(ranks, tmp_path):
 
 def test_the_report_module_does_not_import_the_step_writer():
     code = "import sys, insitu.output.report; print('insitu.output.export' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    r = launch([sys.executable, "-c", code])
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
 
 
@@ -470,8 +466,7 @@ def test_a_lock_whose_process_ended_is_taken_over(tmp_path):
     out.mkdir()
     code = (f"import os; from insitu.output.folder import lock_output; lock_output({str(out)!r}, 'killed run'); "
             "os._exit(9)")                                 # no release: as a killed run
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
-                       check=False)
+    r = launch([sys.executable, "-c", code])
     assert r.returncode == 9 and "killed run" in (out / LOCK_NAME).read_text()
     with lock_output(out, "next run"):
         info = json.loads((out / LOCK_NAME).read_text())

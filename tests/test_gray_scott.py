@@ -3,7 +3,6 @@ number of ranks, and its BP5 and BP4 output replayed by BPSource on 1 and 2 rank
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,18 +10,14 @@ import adios2
 import numpy as np
 import pytest
 from mpi4py import MPI
+from conftest import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 WORKER = ROOT / "tests" / "mpi" / "source_worker.py"
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
 sys.path.insert(0, str(ROOT / "sims"))
 
 from insitu_sims.gray_scott import GrayScott, GrayScottSettings, parse_args, run  # noqa: E402
-
-
-def _run(cmd, cwd, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def read_all(path: Path, var: str) -> tuple[list[int], list[float], np.ndarray]:
@@ -110,13 +105,13 @@ def bp_runs(tmp_path_factory) -> Path:
     """The same run written by 1 rank and by 2 ranks (gathered to rank 0), and by 2 ranks through BP4."""
     tmp = tmp_path_factory.mktemp("gs")
     args = ["--L", "18", "--steps", "30", "--plotgap", "10", "--noise", "0.1", "--seed", "7", "--engine", "BP5"]
-    one = _run([sys.executable, SIM, *args, "--output", "one.bp"], tmp)
+    one = launch([sys.executable, SIM, *args, "--output", "one.bp"], cwd=tmp, timeout=60)
     assert one.returncode == 0, one.stderr
     assert "ranks=1 steps=30 engine=BP5" in one.stdout and "steps/s" in one.stdout
-    two = _run([MPIEXEC, "-n", "2", sys.executable, SIM, *args, "--output", "two.bp"], tmp)
+    two = launch([sys.executable, SIM, *args, "--output", "two.bp"], ranks=2, cwd=tmp, timeout=60)
     assert two.returncode == 0, two.stderr
     assert "ranks=2" in two.stdout
-    bp4 = _run([MPIEXEC, "-n", "2", sys.executable, SIM, *args[:-1], "BP4", "--output", "two4.bp"], tmp)
+    bp4 = launch([sys.executable, SIM, *args[:-1], "BP4", "--output", "two4.bp"], ranks=2, cwd=tmp, timeout=60)
     assert bp4.returncode == 0 and "engine=BP4" in bp4.stdout, bp4.stderr
     return tmp
 
@@ -142,7 +137,7 @@ def test_one_and_two_ranks_give_the_same_global_field(bp_runs):
 @pytest.mark.parametrize("name", ["two.bp", "two4.bp"], ids=["BP5", "BP4"])
 def test_bp_output_replays_block_by_block(bp_runs, ranks, name):
     cmd = [sys.executable, WORKER, "bp", name, "U", "one.bp", "--out", f"replay{ranks}"]
-    proc = _run([MPIEXEC, "-n", str(ranks), *cmd] if ranks > 1 else cmd, bp_runs)
+    proc = launch(cmd, ranks=ranks if ranks > 1 else 0, cwd=bp_runs, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for r in range(ranks)
              for line in (bp_runs / f"replay{ranks}.{r}.jsonl").read_text().splitlines()]

@@ -15,6 +15,7 @@ from pathlib import Path
 import adios2
 import numpy as np
 import pytest
+from conftest import TINY, bp_with_steps, insitu, one_error, sphere_field, subprocess_env
 
 from insitu.config import check_memory, load_config, parse_override
 from insitu.errors import ConfigError
@@ -22,53 +23,13 @@ from insitu.errors import SourceInputError
 from insitu.input.sources import BPSource
 from insitu.output.files import read_csv
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100", "--quiet",
-        "--set", "views.supersample=1"]
-
-
-def arg(a) -> str | bytes:
-    """A command-line argument: bytes as they are (names that are not UTF-8), anything else as text."""
-    return a if isinstance(a, bytes) else str(a)
-
-
-def insitu(*args, cwd: Path, ranks: int = 0, timeout: float = 120, mpmd: list | None = None,
-           prefix: list | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m insitu ARGS`` (under ``mpiexec -n ranks``; ``mpmd``: a second program's ARGS for rank 1;
-    ``prefix``: a command that runs it; ``env``: variables added)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "insitu", *map(arg, args)]
-    if mpmd is not None:
-        cmd = [str(MPIEXEC), "-n", "1", *cmd, ":", "-n", "1", sys.executable, "-m", "insitu", *map(str, mpmd)]
-    elif ranks:
-        cmd = [str(MPIEXEC), "-n", str(ranks), *cmd]
-    # (errors="replace": a library may echo a corrupt file's bytes to stderr, as ADIOS2 does)
-    return subprocess.run([*(prefix or []), *cmd], cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
-                          timeout=timeout, check=False)
-
-
-def one_error(r: subprocess.CompletedProcess) -> str:
-    """The run exited 2 with one ``insitu: error:`` line and no traceback; returns the line."""
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "Traceback" not in r.stdout + r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("insitu: error: ")]
-    assert len(lines) == 1, r.stderr
-    return lines[0]
-
-
-def ball(n: int = 12, dtype=np.float32) -> np.ndarray:
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    c = (n - 1) / 2
-    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2).astype(dtype)
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("files")
-    np.save(d / "ball.npy", ball())
-    ball(dtype=np.uint8).tofile(d / "ball_12x12x12_uint8.raw")
-    ball(dtype=np.uint8).tofile(d / "noname.raw")
+    np.save(d / "ball.npy", sphere_field(12))
+    sphere_field(12, dtype=np.uint8).tofile(d / "ball_12x12x12_uint8.raw")
+    sphere_field(12, dtype=np.uint8).tofile(d / "noname.raw")
     open(d / "empty.npy", "wb").close()
     (d / "truncated.npy").write_bytes((d / "ball.npy").read_bytes()[:-100])
     (d / "text.npy").write_text("0 1 2 3\n")
@@ -382,17 +343,6 @@ def test_ranks_launched_with_different_configurations_get_a_config_error_naming_
 
 # ------------------------------------------------------------------------------------------ BP step numbers
 
-def bp_with_steps(path: Path, numbers: list) -> Path:
-    """A BP file whose ADIOS steps carry these ``step`` values (any type) and a ball field."""
-    with adios2.Stream(str(path), "w") as s:
-        for n in numbers:
-            s.begin_step()
-            s.write("U", ball(), [12, 12, 12], [0, 0, 0], [12, 12, 12])
-            s.write("step", n)
-            s.end_step()
-    return path
-
-
 @pytest.mark.parametrize("numbers, message", [
     ([0, -3], r"variable 'step' at ADIOS step index 1 is -3; expected a step number >= 0"),
     ([0.0, 1.5], r"variable 'step' at ADIOS step index 1 is 1\.5; expected an integer step number"),
@@ -442,7 +392,7 @@ def test_steps_that_select_nothing_are_refused_on_two_ranks(tmp_path):
 def test_a_replay_goes_on_after_a_step_without_surface(tmp_path):
     path = tmp_path / "s.bp"
     with adios2.Stream(str(path), "w") as s:
-        for n, field in ((0, np.zeros((12, 12, 12), np.float32)), (1, ball())):    # step 0: uniform, no surface
+        for n, field in ((0, np.zeros((12, 12, 12), np.float32)), (1, sphere_field(12))):   # step 0: no surface
             s.begin_step()
             s.write("U", field, [12, 12, 12], [0, 0, 0], [12, 12, 12])
             s.write("step", n)
@@ -531,7 +481,7 @@ def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from insitu.output.folder import lock_output; "
                                f"lock = lock_output({str(out)!r}, 'insitu replay other.bp'); print('locked', flush=True); "
-                               "sys.stdin.read(); lock.release()"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               "sys.stdin.read(); lock.release()"], env=subprocess_env(),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"

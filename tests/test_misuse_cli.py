@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from conftest import ROOT, insitu, launch, one_error, subprocess_env
 
 from insitu.config import CONFIG_BYTES_MAX, TIMEOUT_S_MAX, load_config
 from insitu.errors import ConfigError
 from insitu.run.demo import check_demo, demo_defaults
 from insitu_sims.gray_scott import GrayScott, GrayScottSettings, memory_bytes, parse_args
-from test_misuse import ROOT, insitu, one_error
 
 
 SIMS = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sims'}"}     # the demo's simulation: this tree's
@@ -90,9 +90,7 @@ def test_the_demo_memory_check_counts_the_step_only_where_it_trains_on_the_host(
 # ------------------------------------------------------------------------------------------ the mini-app
 
 def gray_scott(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, **SIMS, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "insitu_sims.gray_scott", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return launch([sys.executable, "-m", "insitu_sims.gray_scott", *args], cwd=cwd, env={**subprocess_env(), **SIMS})
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,14 +3,13 @@ a flipped bit in its metadata, a raw file whose name gives a type that does not 
 one ``insitu: error:`` line and exit 2 (on every rank), or reads as asked."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY, insitu, launch, one_error, sphere_field
 
 import insitu.input.sources as sources
 from bp_layouts import write_bp
@@ -19,9 +18,7 @@ from insitu.input.bpfile import probe_bp
 from insitu.input.decomposition import block_extent, split_dims
 from insitu.input.sources import BPSource, RawSource, first_uncovered, largest_block
 from insitu.volume import parse_raw_name, read_raw
-from test_misuse import TINY, ball, insitu, one_error
 
-ROOT = Path(__file__).resolve().parents[1]
 HUGE = 100_000          # samples per axis declared: 10^15 samples, more memory than any machine has
 
 
@@ -136,7 +133,7 @@ def test_a_huge_declared_shape_is_refused_on_two_ranks_alike(tmp_path):
 
 def flipped(tmp_path: Path, name: str, where, bit: int) -> Path:
     """A one-step BP5 file with one bit of its mmd.0 flipped at ``where(mmd.0's bytes)``."""
-    path = write_bp(tmp_path / name, [{"U": ball(), "step": 0}])
+    path = write_bp(tmp_path / name, [{"U": sphere_field(12), "step": 0}])
     raw = bytearray((path / "mmd.0").read_bytes())
     raw[where(bytes(raw))] ^= bit
     (path / "mmd.0").write_bytes(raw)
@@ -157,9 +154,7 @@ def test_a_flipped_bit_in_a_block_index_ends_in_one_line_not_a_crash(tmp_path, o
     # bits of the block index before the second record's names: ADIOS2 crashed reading the blocks or
     # the data there (the probe now asks the same in its child process)
     path = flipped(tmp_path, "flip.bp", lambda raw: raw.index(b"MetaArrayMM4", 0x100) + offset, bit)
-    r = subprocess.run([sys.executable, "-c", READ, str(path)], capture_output=True, text=True, errors="replace",
-                       timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = launch([sys.executable, "-c", READ, path])
     assert r.returncode in (0, 2), r.stdout + r.stderr
     if r.returncode == 2:
         assert r.stderr.startswith("insitu: error: ") and len(r.stderr.splitlines()) == 1, r.stderr
@@ -197,7 +192,7 @@ def test_a_raw_name_with_an_unknown_type_is_named_and_overridden_by_dtype(tmp_pa
 
 
 def test_insitu_run_names_the_raw_type_and_takes_dims_and_dtype_over_the_name(tmp_path):
-    ball(dtype=np.uint8).tofile(tmp_path / "odd_12x12x12_uint7.raw")
+    sphere_field(12, dtype=np.uint8).tofile(tmp_path / "odd_12x12x12_uint7.raw")
     r = insitu("run", "odd_12x12x12_uint7.raw", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
     assert "odd_12x12x12_uint7.raw: the type in the file name, 'uint7', is not one insitu reads" in one_error(r)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("step_*"))

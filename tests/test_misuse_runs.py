@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY, bp_with_steps, insitu, launch, one_error, sphere_field
 
 from insitu.output.files import read_csv
-from test_misuse import ROOT, TINY, ball, bp_with_steps, insitu, one_error
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{9}"
 
@@ -46,7 +45,7 @@ def save_keeping_mtime(path: Path, array: np.ndarray) -> None:
 
 def test_resume_keeps_the_same_input_and_refuses_one_overwritten_since(tmp_path):
     field = tmp_path / "ball.npy"
-    np.save(field, ball())
+    np.save(field, sphere_field(12))
     run = ("run", field, "--iso", "3", *TINY, "--out", "out")
     first = insitu(*run, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -64,7 +63,7 @@ def test_resume_keeps_the_same_input_and_refuses_one_overwritten_since(tmp_path)
     assert kept.returncode == 0, kept.stderr
     assert "step 0: complete in out, kept (--resume)" in kept.stdout and "surface PSNR" not in kept.stdout
 
-    save_keeping_mtime(field, ball() + 0.5)                  # other values, same size and time: the field hash
+    save_keeping_mtime(field, sphere_field(12) + 0.5)          # other values, same size and time: the field hash
     line = one_error(insitu(*run, "--resume", cwd=tmp_path))
     assert re.search(r"output\.dir out: --resume would keep step 0, made from other values of its field than the "
                      r"input holds now \(field hash [0-9a-f]{24} kept vs [0-9a-f]{24} now\); give the input it was "
@@ -72,11 +71,11 @@ def test_resume_keeps_the_same_input_and_refuses_one_overwritten_since(tmp_path)
     assert recorded["field_hash"] in line
 
     size = field.stat().st_size
-    np.save(field, ball() + 1.0)                             # same size, written now: its modification time
+    np.save(field, sphere_field(12) + 1.0)                   # same size, written now: its modification time
     line = one_error(insitu(*run, "--resume", cwd=tmp_path))
     assert re.search(changed_file(size, size), line), line
 
-    np.save(field, ball(dtype=np.float64))                   # another size
+    np.save(field, sphere_field(12, dtype=np.float64))      # another size
     line = one_error(insitu(*run, "--resume", cwd=tmp_path))
     assert re.search(changed_file(size, field.stat().st_size), line), line
     assert (step / "metrics.json").stat().st_mtime_ns == stamp      # the kept step was left as it was
@@ -98,7 +97,7 @@ def test_resume_of_a_replay_refuses_a_bp_file_written_again(tmp_path):
 # ------------------------------------------------------------------------------------------ no iso value
 
 def test_run_without_iso_is_refused_with_the_field_range_before_any_work(tmp_path):
-    np.save(tmp_path / "ball.npy", ball())
+    np.save(tmp_path / "ball.npy", sphere_field(12))
     r = insitu("run", tmp_path / "ball.npy", *TINY, "--out", "out", cwd=tmp_path)
     line = one_error(r)
     assert re.fullmatch(r"insitu: error: no iso value given: give --iso V \(or input\.iso in a --config file\), the "
@@ -181,8 +180,7 @@ def test_one_seed_converts_to_torch_without_a_user_warning(tmp_path):
             "from insitu.surface.seeds import extract_seeds, init_gaussians\n"
             "field = np.zeros((12, 12, 12), np.float32); field[6, 6, 6] = 1\n"
             "print(len(init_gaussians(extract_seeds(cut_block(field, 0, 1), [0.5]), 1)))\n")
-    r = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    r = launch([sys.executable, "-W", "error::UserWarning", "-c", code])
     assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
 
 

@@ -3,9 +3,6 @@ refused up front, in one line; a step whose training diverges is stopped with it
 writes no model, ends ``insitu run`` with exit 2 and one line, and the next step of a series starts cold."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,27 +10,19 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, run_mpi
+from conftest import TINY, insitu, run_mpi, uint8_ball
 from insitu.config import Config, load_config
 from insitu.errors import ConfigError, InputError, TrainingDiverged
 from insitu.groundtruth.views import step_views
 from insitu.output.export import StepWriter
 from insitu.output.files import read_csv
-from insitu.parallel.comm import init_comm, shutdown
 from insitu.step.driver import StepDriver
-from insitu.step.pipeline import check_finite, run_step
 from insitu.surface.gaussians import Gaussians
+from insitu.step.pipeline import check_finite, run_step
 from insitu.volume import whole_block
 
-TINY = ["--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100", "--quiet",
-        "--set", "views.supersample=1", "--set", "views.held_out=0"]
+SETTINGS = [*TINY, "--set", "views.held_out=0"]
 DIVERGING = {"lr_scales": 1e30}         # the first step sends every log scale to +-1e30: exp() overflows
-
-
-def ball(n: int = 12) -> np.ndarray:
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    c = (n - 1) / 2
-    return np.clip(250 - 20 * np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2), 0, 255).astype(np.uint8)
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -120,11 +109,9 @@ def test_ranks_agree_when_one_ranks_shard_diverged():
 
 
 def test_insitu_run_that_diverges_exits_2_with_one_line_and_records_the_step(tmp_path):
-    ball().tofile(tmp_path / "ball_12x12x12_uint8.raw")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "insitu", "run", str(tmp_path / "ball_12x12x12_uint8.raw"), "--iso",
-                        "160", *TINY, "--set", "train.lr_scales=1e30", "--out", "out"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
+    uint8_ball().tofile(tmp_path / "ball_12x12x12_uint8.raw")
+    r = insitu("run", tmp_path / "ball_12x12x12_uint8.raw", "--iso", "160", *SETTINGS, "--set", "train.lr_scales=1e30",
+               "--out", "out", cwd=tmp_path, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     line, = r.stderr.splitlines()
@@ -138,13 +125,6 @@ def test_insitu_run_that_diverges_exits_2_with_one_line_and_records_the_step(tmp
 
 
 # ------------------------------------------------------------------------------------------ a series
-
-@pytest.fixture(scope="module")
-def comm():
-    c = init_comm(device="cpu")
-    yield c
-    shutdown(c)
-
 
 def series_config(out: Path) -> Config:
     cfg = load_config(None, {"input.iso": [160.0], "views.count": 8, "views.resolution": 16,
@@ -168,7 +148,7 @@ def test_a_series_records_the_diverged_step_and_trains_the_next_one_cold(comm, t
         return run_step(block, cfg, comm, step=step, warm=warm, iterations=iterations, **kw)
 
     driver = StepDriver(cfg, comm, writer, process=process)
-    block = whole_block(ball().astype(np.float32))
+    block = whole_block(uint8_ball().astype(np.float32))
     driver.trained(driver.train(block, step=0, time=0.0))
     with pytest.raises(TrainingDiverged) as info:
         driver.train(block, step=1, time=1.0)

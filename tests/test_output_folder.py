@@ -17,17 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY, bp_with_steps, insitu, launch, mpiexec, one_error, sphere_field, subprocess_env
 
 from insitu.output.files import read_csv
 from insitu.output.folder import LOCK_NAME, lock_output
-from test_misuse import MPIEXEC, ROOT, TINY, ball, bp_with_steps, insitu, one_error
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("inputs")
-    np.save(d / "ball.npy", ball())
-    np.save(d / "ball2.npy", ball())
+    np.save(d / "ball.npy", sphere_field(12))
+    np.save(d / "ball2.npy", sphere_field(12))
     bp_with_steps(d / "six.bp", [0, 10, 20, 30, 40, 50])
     return d
 
@@ -38,8 +38,7 @@ def run_args(inputs: Path, out, *extra) -> list:
 
 def start(*args, cwd: Path) -> subprocess.Popen:
     """``python -m insitu ARGS`` in the background."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "insitu", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "insitu", *map(str, args)], cwd=cwd, env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -67,12 +66,15 @@ def test_a_run_on_a_folder_another_process_holds_is_refused_naming_its_pid_and_h
 
 def test_a_second_run_while_the_first_writes_is_refused_and_the_first_ones_results_stay_its_own(inputs, tmp_path):
     out = tmp_path / "out"
-    first = start("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--iterations", "300",
-                  "--out", out, cwd=tmp_path)
+    first = start("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--out", out, cwd=tmp_path)
     try:
         wait_for(out / LOCK_NAME, first)
-        second = insitu("replay", inputs / "six.bp", "--var", "U", "--iso", "5", *TINY, "--steps", "0", "10",
-                        "--out", out, cwd=tmp_path)
+        first.send_signal(signal.SIGSTOP)           # the first run holds its lock, still writing, all along the second
+        try:
+            second = insitu("replay", inputs / "six.bp", "--var", "U", "--iso", "5", *TINY, "--steps", "0", "10",
+                            "--out", out, cwd=tmp_path)
+        finally:
+            first.send_signal(signal.SIGCONT)
         assert f"in use by another run (PID {first.pid} on {socket.gethostname()}, insitu replay" in one_error(second)
     finally:
         stdout, stderr = first.communicate(timeout=600)
@@ -192,12 +194,10 @@ def test_a_full_disk_is_one_line_naming_enospc_and_the_file_and_leaves_no_half_s
     disk.mkdir()
     command = [sys.executable, "-m", "insitu", *map(str, run_args(inputs, disk / "out"))]
     if ranks > 1:
-        command = [str(MPIEXEC), "-n", str(ranks), *command]
+        command = [mpiexec(), "-n", str(ranks), *command]
     script = (f"mount -t tmpfs -o size=16k tmpfs {disk} || exit 99\n"
               + " ".join(f"'{c}'" for c in command) + "\necho rc=$?\nls -A " + str(disk / "out") + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = launch(["unshare", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path, timeout=300)
     assert r.returncode != 99, f"cannot mount a tmpfs in a user namespace here: {r.stderr}"
     assert "rc=1" in r.stdout, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "MPI_Abort" not in r.stderr, r.stderr

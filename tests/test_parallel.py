@@ -1,9 +1,6 @@
 """insitu.parallel.comm: single-process set-up and error agreement, multi-rank runs under mpiexec."""
-import os
 import re
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -11,7 +8,7 @@ import torch
 from insitu.errors import ConfigError, RankFailure, RankInputFailure
 from insitu.parallel.comm import init_comm, launcher_local_rank, node_local_rank, shutdown
 
-from conftest import run_mpi
+from conftest import launch, run_mpi, subprocess_env
 
 
 def test_single_process_comm_is_identity():
@@ -131,21 +128,19 @@ def test_phase_failure_while_others_wait_in_torch_collective():
 
 @pytest.mark.mpi
 def test_agree_watchdog_aborts_when_a_rank_hangs():
-    """Rank 0's watchdog aborts the job while rank 1 sleeps for 50 s: the job ends long before.
-    Now and then (5 of 40 runs of this test's job in a loop on the CPU machine, 2026-12-03) the
+    """Rank 0's watchdog aborts the job while rank 1 sleeps for 50 s: the abort ends the sleeping rank too
+    (it never wakes). Now and then (5 of 40 runs of this test's job in a loop on the CPU machine) the
     launcher, MPICH 5.0.2's mpiexec, lets the sleeping rank run on after the abort, and the job then
-    ends only when that rank wakes, 52 s in; so the job must end in time in one of two tries, each
-    with the abort's message."""
+    ends only when that rank wakes; so the abort must end it in one of two tries, each with the abort's
+    message."""
     for _ in range(2):
-        start = time.monotonic()
-        out = run_mpi(2, "phase_worker.py", "hang", timeout=60)
-        seconds = time.monotonic() - start
+        out = run_mpi(2, "phase_worker.py", "hang", timeout=90)
         assert out.returncode != 0
         assert ("insitu: rank 0/2: fatal: phase 'seeds': no answer from the other ranks within 2 s"
                 in out.stdout), out.stdout
-        if seconds < 40:                           # the hanging rank sleeps 50 s: the abort ended it
+        if "rank 1 woke" not in out.stdout:
             break
-    assert seconds < 40, (seconds, out.stdout)
+    assert "rank 1 woke" not in out.stdout, out.stdout
 
 
 @pytest.mark.mpi
@@ -156,10 +151,9 @@ def test_rank_dying_outright_ends_the_job():
 
 @pytest.mark.mpi
 def test_unhandled_exception_outside_a_phase_ends_the_job():
-    start = time.monotonic()
+    """Rank 0 would wait in its collective for good: the job must end within the launcher's timeout."""
     out = run_mpi(2, "phase_worker.py", "stray", timeout=60)
     assert out.returncode != 0
-    assert time.monotonic() - start < 40, out.stdout
     assert "KeyError: 'stray failure'" in out.stdout, out.stdout
     assert "insitu: rank 1/2: fatal: unhandled KeyError; ending the job" in out.stdout, out.stdout
 
@@ -168,7 +162,6 @@ def test_threads_sets_torchs_cpu_threads_in_the_process():
     code = ("import torch; from insitu.parallel.comm import init_comm; n = torch.get_num_threads(); "
             "init_comm(device='cpu', threads=1); a = torch.get_num_threads(); "
             "init_comm(device='cpu'); print(n, a, torch.get_num_threads())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    out = launch([sys.executable, "-c", code], env=subprocess_env(threads=2))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "1", "1"]          # set to 1; 0 (the default) leaves it

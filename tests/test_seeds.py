@@ -1,20 +1,15 @@
 import numpy as np
 import pytest
 import torch
+from conftest import sphere_field
 
 from insitu.input.decomposition import cut_block
 from insitu.surface.seeds import extract_seeds, init_gaussians, normal_to_quat
 from insitu.volume import whole_block
 
 
-def sphere_field(n=24, r=7.0, shape=None):
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
-    c = (n - 1) / 2
-    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
-
-
 def test_sphere_area_and_positions():
-    f = sphere_field()
+    f = sphere_field(24, dtype=np.float64)
     s = extract_seeds(whole_block(f, origin=(1, 2, 3), spacing=(0.5, 0.5, 0.5)), 7.0)
     r = 7.0 * 0.5
     c = np.array([1, 2, 3]) + 0.5 * 11.5
@@ -25,13 +20,13 @@ def test_sphere_area_and_positions():
 
 
 def test_no_surface_gives_no_seeds():
-    s = extract_seeds(whole_block(sphere_field()), 100.0)
+    s = extract_seeds(whole_block(sphere_field(24, dtype=np.float64)), 100.0)
     assert len(s) == 0 and s.total_area == 0.0
 
 
 @pytest.mark.parametrize("size", [2, 4])
 def test_union_of_rank_surfaces_is_the_single_rank_surface(size):
-    f = sphere_field(n=20, r=6.3)
+    f = sphere_field(20, dtype=np.float64)
     whole = extract_seeds(whole_block(f), 6.3)
 
     def triangles(s):
@@ -53,7 +48,7 @@ def test_normal_to_quat_rotates_z_onto_the_normal():
 
 
 def test_budget_and_disc_shape():
-    s = extract_seeds(whole_block(sphere_field()), 7.0)
+    s = extract_seeds(whole_block(sphere_field(24, dtype=np.float64)), 7.0)
     g = init_gaussians(s, 100, opacity=0.6, thickness=0.1, sh_degree=2)
     assert len(g) == 100 and g.shN.shape == (100, 8, 3)
     sc = g.scales
@@ -70,7 +65,7 @@ def test_budget_and_disc_shape():
 def test_fill_samples_the_surface_up_to_the_budget():
     from insitu.surface.seeds import sample_surface
 
-    f = sphere_field()
+    f = sphere_field(24, dtype=np.float64)
     s = extract_seeds(whole_block(f), 7.0)
     more = sample_surface(s, 5 * len(s))
     c = np.full(3, 11.5)
@@ -86,7 +81,7 @@ def test_fill_samples_the_surface_up_to_the_budget():
 def test_fill_on_the_device_samples_the_surface(device):
     from insitu.surface.seeds import normal_to_quat_torch, sample_surface_torch
 
-    s = extract_seeds(whole_block(sphere_field()), 7.0)
+    s = extract_seeds(whole_block(sphere_field(24, dtype=np.float64)), 7.0)
     points, normals = sample_surface_torch(s, 5 * len(s), seed=1, device=device)
     assert points.shape == (5 * len(s), 3) and points.device.type == device
     c = torch.full((3,), 11.5, device=device)
@@ -135,7 +130,7 @@ def test_a_surface_through_samples_on_a_block_boundary_is_seeded_exactly_once(bu
 
 @pytest.mark.parametrize("scale, offset", [(1e24, 0.0), (1e-24, 0.0), (1e60, 0.0), (1e-3, 1e6)])
 def test_any_field_magnitude_gives_the_seeds_of_the_unit_field(scale, offset):
-    f = sphere_field()
+    f = sphere_field(24, dtype=np.float64)
     want = extract_seeds(whole_block(f), 7.0)
     got = extract_seeds(whole_block(offset + scale * f), offset + scale * 7.0)
     assert len(got) == len(want) > 100
@@ -145,7 +140,7 @@ def test_any_field_magnitude_gives_the_seeds_of_the_unit_field(scale, offset):
 
 def test_an_iso_value_equal_to_the_maximum_makes_a_surface_around_it():
     """f reaches its maximum 0 on a ball of radius 4: the iso value 0 is that ball's surface."""
-    f = np.minimum(4.0 - sphere_field(), 0.0)
+    f = np.minimum(4.0 - sphere_field(24, dtype=np.float64), 0.0)
     s = extract_seeds(whole_block(f), 0.0)
     assert len(s) > 50
     radius = np.linalg.norm(s.points - 11.5, axis=1)

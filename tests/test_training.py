@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import sphere_field
 
 from insitu.config import Config, TrainConfig
-from insitu.parallel.comm import init_comm, shutdown
 from insitu.step.pipeline import make_scene
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.appearance import ColorModel
@@ -23,22 +23,9 @@ N = 16          # samples per axis of the test field
 ISO = 5.0       # radius of the sphere (in cells)
 
 
-def sphere_field(n: int = N) -> np.ndarray:
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float32)
-    c = (n - 1) / 2
-    return np.sqrt((x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2)
-
-
-@pytest.fixture(scope="module")
-def comm():
-    c = init_comm(device="cpu")
-    yield c
-    shutdown(c)
-
-
 @pytest.fixture(scope="module")
 def block():
-    return whole_block(sphere_field())
+    return whole_block(sphere_field(N))
 
 
 @pytest.fixture(scope="module")

@@ -12,50 +12,25 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import TINY, insitu, one_error, sphere_field, tiny_config
 
 from bp_layouts import write_bp
-from insitu.config import Config, load_config
+from insitu.config import load_config
 from insitu.errors import ConfigError, InputError, SourceInputError
 from insitu.groundtruth.views import orbit_views
 from insitu.input.sources import BPSource
 from insitu.output.export import StepWriter
 from insitu.output.ply import read_ply
-from insitu.parallel.comm import init_comm, shutdown
 from insitu.run.runner import check_input
 from insitu.step.pipeline import compute_step, write_step
 from insitu.surface.gaussians import Gaussians
 from insitu.volume import Frame, check_geometry, whole_block
-from test_misuse import TINY, insitu, one_error
 
 # the command line's settings: tiny, one view of each held-out set off the orbit, model.ply as trained
 SETTINGS = [*TINY, "--set", "views.held_out=1", "--set", "output.ply_refine=0", "--set", "seeds.color_views=2"]
-
-
-@pytest.fixture(scope="module")
-def comm():
-    c = init_comm(device="cpu")
-    yield c
-    shutdown(c)
-
-
-def sphere(n: int = 12, c: tuple[float, float, float] | None = None) -> np.ndarray:
-    """The distance to a point (default the grid's centre), in cells: iso 4 is a sphere of radius 4."""
-    z, y, x = np.mgrid[0:n, 0:n, 0:n].astype(np.float64)
-    cx, cy, cz = c if c is not None else ((n - 1) / 2,) * 3
-    return np.sqrt((x - cx) ** 2 + (y - cy) ** 2 + (z - cz) ** 2)
-
-
-def tiny_config(**train) -> Config:
-    cfg = Config()
-    cfg.input.iso = [4.0]
-    cfg.views.count, cfg.views.resolution, cfg.views.supersample, cfg.views.held_out = 8, 16, 1, 1
-    cfg.seeds.budget, cfg.seeds.color_views = 100, 2
-    cfg.output.images, cfg.output.ply_refine = 1, 0.0
-    t = cfg.train
-    t.iterations, t.backend, t.progress = 4, "torch", False
-    for k, v in train.items():
-        setattr(t, k, v)
-    return cfg
+# the library's step: as small, the grid's surface a sphere of radius 4 (sphere_field(12) in cells)
+SMALL = dict(iso=4.0, views=8, resolution=16, held_out=1, budget=100, images=1, iterations=4)
+F64 = np.float64
 
 
 def assert_same_model_up_to_the_unit(got: Gaussians, want: Gaussians, origin, scale: float) -> None:
@@ -74,8 +49,8 @@ def assert_same_model_up_to_the_unit(got: Gaussians, want: Gaussians, origin, sc
 def index_units(comm, tmp_path_factory):
     """The step in index units (origin 0, spacing 1), trained and written."""
     out = tmp_path_factory.mktemp("index")
-    result = compute_step(whole_block(sphere()), tiny_config(), comm)
-    write_step(result, StepWriter(out), tiny_config(), comm)
+    result = compute_step(whole_block(sphere_field(12, dtype=F64)), tiny_config(**SMALL), comm)
+    write_step(result, StepWriter(out), tiny_config(**SMALL), comm)
     return result, out / "step_000000"
 
 
@@ -87,9 +62,9 @@ def test_a_grid_in_any_unit_trains_the_model_of_index_units_up_to_the_unit(comm,
     want, want_dir = index_units
     s = spacing[0]
     origin = (shift * s, -0.5 * shift * s, 2.0 * shift * s)
-    cfg = tiny_config()
+    cfg = tiny_config(**SMALL)
     cfg.input.iso = [4.0 * s]                                   # the field in the unit too (metres from the centre)
-    got = compute_step(whole_block(sphere() * s, origin=origin, spacing=spacing), cfg, comm)
+    got = compute_step(whole_block(sphere_field(12, dtype=F64) * s, origin=origin, spacing=spacing), cfg, comm)
     assert got.frame == Frame(origin, s)
     for key in ("psnr_foreground", "ssim_foreground", "psnr", "psnr_foreground_near2", "psnr_foreground_off",
                 "gaussians_initial", "gaussians"):
@@ -109,10 +84,12 @@ def test_a_grid_in_any_unit_trains_the_model_of_index_units_up_to_the_unit(comm,
 
 def test_an_anisotropic_grid_in_metres_trains_the_model_of_its_index_units(comm, index_units):
     """Cells of 1e-4 x 2e-4 x 1e-4 m: the model of cells of 1 x 2 x 1 (the frame's unit: the smallest side)."""
-    want = compute_step(whole_block(sphere(), spacing=(1.0, 2.0, 1.0)), tiny_config(), comm)
-    cfg = tiny_config()
+    want = compute_step(whole_block(sphere_field(12, dtype=F64), spacing=(1.0, 2.0, 1.0)), tiny_config(**SMALL),
+                        comm)
+    cfg = tiny_config(**SMALL)
     cfg.input.iso = [4e-4]
-    got = compute_step(whole_block(sphere() * 1e-4, origin=(0.5, 0.0, -0.5), spacing=(1e-4, 2e-4, 1e-4)), cfg, comm)
+    got = compute_step(whole_block(sphere_field(12, dtype=F64) * 1e-4, origin=(0.5, 0.0, -0.5),
+                                   spacing=(1e-4, 2e-4, 1e-4)), cfg, comm)
     assert got.metrics["psnr_foreground"] == pytest.approx(want.metrics["psnr_foreground"], abs=1e-6)
     assert_same_model_up_to_the_unit(got.frame.gaussians_to_world(got.gaussians), want.gaussians,
                                      (0.5, 0.0, -0.5), 1e-4)
@@ -122,13 +99,15 @@ def test_a_warm_start_follows_its_model_into_the_next_steps_frame(comm):
     """The grid moves 2 cells along x between two steps, the surface staying where it is in the world: the
     previous step's model (densified past the seed budget) is kept as where the grid did not move, not
     dropped as lying 2 cells off the surface (as it would read in the new frame without being moved into it)."""
-    cfg = tiny_config(densify_from=2, densify_every=3, densify_until=7, grad_threshold=0.0, iterations=8)
+    cfg = tiny_config(**{**SMALL, "iterations": 8}, densify_from=2, densify_every=3, densify_until=7,
+                      grad_threshold=0.0)
     cfg.input.iso = [4e-4]
     s = 1e-4
-    first = compute_step(whole_block(sphere(14) * s, spacing=(s,) * 3), cfg, comm)
+    first = compute_step(whole_block(sphere_field(14, dtype=F64) * s, spacing=(s,) * 3), cfg, comm)
     assert first.metrics["gaussians"] > cfg.seeds.budget
-    still = compute_step(whole_block(sphere(14) * s, spacing=(s,) * 3), cfg, comm, warm=first, iterations=1)
-    moved = sphere(14, c=(6.5 - 2.0, 6.5, 6.5)) * s             # the same world sphere, sampled 2 cells further
+    still = compute_step(whole_block(sphere_field(14, dtype=F64) * s, spacing=(s,) * 3), cfg, comm, warm=first,
+                         iterations=1)
+    moved = sphere_field(14, centre=(6.5 - 2.0, 6.5, 6.5), dtype=F64) * s   # the same world sphere, 2 cells further
     second = compute_step(whole_block(moved, origin=(2 * s, 0.0, 0.0), spacing=(s,) * 3), cfg, comm,
                           warm=first, iterations=1)
     assert second.frame == Frame((2 * s, 0.0, 0.0), s) != first.frame
@@ -164,7 +143,7 @@ def test_a_frame_maps_models_and_cameras_to_the_world_as_it_maps_points():
 def test_a_bp_file_in_metres_replays_to_the_model_of_index_units(tmp_path):
     """The field a simulation in SI units writes: a 12^3 distance field in metres (cells of 1e-4 m, an origin
     in metres), iso 4e-4 m, against the same samples in index units, through ``insitu replay``."""
-    field = sphere()
+    field = sphere_field(12, dtype=F64)
     origin = [-0.05, 0.02, 1.5]
     write_bp(tmp_path / "si.bp", [{"V": field * 1e-4}], attributes={"spacing": [1e-4] * 3, "origin": origin})
     write_bp(tmp_path / "index.bp", [{"V": field}])
@@ -233,7 +212,7 @@ def test_insitu_run_refuses_its_spacing_flag_before_any_work(case):
 @pytest.mark.parametrize("case", REFUSED)
 def test_a_bp_files_attribute_is_refused_naming_the_attribute(tmp_path, case):
     given, words = REFUSED[case]
-    path = write_bp(tmp_path / "f.bp", [{"V": sphere()}], attributes=given)
+    path = write_bp(tmp_path / "f.bp", [{"V": sphere_field(12, dtype=F64)}], attributes=given)
     key = next(iter(given))
     if math.isnan(given[key][0]):
         words = r"all finite"
@@ -253,7 +232,7 @@ def test_the_adaptor_refuses_it_before_the_step_is_queued(tmp_path, case):
         return type("R", (), {"gaussians": None, "metrics": {}})()
 
     cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path)}, "parallel": {"device": "cpu"}}
-    u = sphere().astype(np.float32)
+    u = sphere_field(12)
     with Adaptor(None, cfg, process=process) as ad:
         with pytest.raises(InputError, match=rf"{next(iter(given))}: .*{words}"):
             ad.execute(1, 0.0, {"U": u}, (12, 12, 12), (0, 0, 0), **given)
@@ -267,7 +246,7 @@ def test_the_adaptor_refuses_it_before_the_step_is_queued(tmp_path, case):
     (["--set", "input.origin=[1e30,1e30,1e30]"], r"input\.origin: expected the grid's world coordinates within"),
 ], ids=["spacing 1e-300 1 1", "spacing nan", "origin 1e30"])
 def test_insitu_run_says_it_in_one_line_and_exits_2(tmp_path, flags, words):
-    np.save(tmp_path / "ball.npy", sphere().astype(np.float32))
+    np.save(tmp_path / "ball.npy", sphere_field(12))
     r = insitu("run", tmp_path / "ball.npy", "--iso", "4", *TINY, *flags, "--out", "out", cwd=tmp_path)
     assert re.search(words, one_error(r))
     assert not (tmp_path / "out").exists()
@@ -279,7 +258,7 @@ def test_insitu_run_says_it_in_one_line_and_exits_2(tmp_path, flags, words):
     ({}, ["--set", "input.spacing=[1e-300,1,1]"], r"input\.spacing: expected 3 finite values in \[1e-15"),
 ], ids=["attribute spacing", "attribute origin", "input.spacing"])
 def test_insitu_replay_says_it_in_one_line_and_exits_2(tmp_path, attributes, flags, words):
-    write_bp(tmp_path / "f.bp", [{"V": sphere()}], attributes=attributes)
+    write_bp(tmp_path / "f.bp", [{"V": sphere_field(12, dtype=F64)}], attributes=attributes)
     r = insitu("replay", tmp_path / "f.bp", "--var", "V", "--iso", "4", *TINY, *flags, "--out", "out", cwd=tmp_path)
     assert re.search(words, one_error(r))
     assert not (tmp_path / "out" / "step_000000").exists()

@@ -43,8 +43,7 @@ def test_field_checks():
 
 
 def test_real_volume_reads():
-    path = shared_volume("engine_256x256x128_uint8.raw")
-    v = read_raw(path)
+    v = read_raw(shared_volume("engine_256x256x128_uint8.raw"))
     assert v.shape == (128, 256, 256) and v.max() > 180
     assert downsample(v, 4).shape == (32, 64, 64)
 

@@ -13,7 +13,7 @@ MODE replicated: as train (the deferred figures too), with ``parallel.layout: re
              from the first (30 iterations): its metrics in DIR/metrics_P_warm.json; then a step whose
              ``train.batch x P`` exceeds the training views must be an InputError on every rank.
 MODE corner: a small sphere inside rank 0's block only: the other ranks hold no surface and
-             must train (40 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
+             must train (60 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
              Gaussians of every rank (``per_rank``) to DIR/metrics_P.json.
 MODE fail:   two failing steps on the same ranks, one after the other:
              (nan)   rank 1's block holds a NaN;
@@ -42,6 +42,9 @@ from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
 from insitu.step.pipeline import run_step
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/, for conftest's helpers
+from conftest import sphere_field, tiny_config  # noqa: E402
+
 
 def metaballs(n: int = 40) -> np.ndarray:
     """[n, n, n] sum of three Gaussian blobs (the surface at 0.5 crosses the middle planes)."""
@@ -54,24 +57,14 @@ def metaballs(n: int = 40) -> np.ndarray:
 
 def corner_sphere(n: int = 32) -> np.ndarray:
     """[n, n, n] distance field of a sphere of radius 4 around sample (6, 6, 6) (surface at 0)."""
-    z, y, x = np.meshgrid(*(np.arange(n, dtype=np.float64),) * 3, indexing="ij")
-    return (np.sqrt((x - 6) ** 2 + (y - 6) ** 2 + (z - 6) ** 2) - 4.0).astype(np.float32)
+    return (sphere_field(n, centre=(6, 6, 6), dtype=np.float64) - 4.0).astype(np.float32)
 
 
-def tiny_config(iso: float) -> Config:
-    cfg = Config()
-    cfg.input.iso = [iso]
-    cfg.views.count = 24
-    cfg.views.resolution = 48
-    cfg.views.supersample = 1
-    cfg.seeds.budget = 2000
-    cfg.seeds.fill, cfg.seeds.density = True, 0.0
-    cfg.train.iterations = 150
-    cfg.train.batch = 1                 # one view per step (per replica in the replicated layout)
-    cfg.train.backend = "torch"
-    cfg.train.progress = False
-    cfg.train.seed = 3
-    cfg.output.images = 0
+def dist_config(iso: float) -> Config:
+    """The step of these runs: 24 views of 48^2, 2000 seeds filling the surface, 60 iterations of one view per
+    step (per replica in the replicated layout), on the CPU."""
+    cfg = tiny_config(iso=iso, views=24, resolution=48, budget=2000, images=0, iterations=60, seed=3)
+    cfg.seeds.fill = True
     cfg.parallel.device = "cpu"
     return cfg
 
@@ -107,13 +100,15 @@ def train(comm, cfg, field, path: Path, warm=None):
 
 
 def main(mode: str, out: Path | None) -> None:
-    cfg = tiny_config(0.0 if mode == "corner" else 0.5)
+    cfg = dist_config(0.0 if mode == "corner" else 0.5)
     if mode == "fail":
         cfg.parallel.timeout_s = 5.0
         cfg.train.iterations = 5
     comm = init_comm(device="cpu", timeout_s=cfg.parallel.timeout_s)
     P, rank = comm.size, comm.rank
     if mode == "fail":
+        if rank == 0:
+            print(f"parallel.timeout_s {cfg.parallel.timeout_s}", flush=True)
         field = metaballs()
         block = cut_block(field, rank, P)
         if rank == 1:
@@ -124,7 +119,6 @@ def main(mode: str, out: Path | None) -> None:
         block = cut_block(field, rank, P, fields={"c": field} if rank == 0 else {})
         expect_failure("color", comm, cfg, block)
     elif mode == "corner":
-        cfg.train.iterations = 120       # the seeds already draw the small sphere well: 40 only dip them
         train(comm, cfg, corner_sphere(), out / f"metrics_{P}.json")
     else:
         field = metaballs()

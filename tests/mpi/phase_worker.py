@@ -25,6 +25,7 @@ def main(mode):
                                                                               # may be slow to time out
     if mode == "hang" and comm.rank == 1:
         time.sleep(50)
+        print("rank 1 woke", flush=True)        # the abort did not end this rank
     if mode == "die" and comm.rank == 1:
         os._exit(3)
     if mode == "stray":
