@@ -58,19 +58,28 @@ def test_ply_round_trip_is_exact(tmp_path, sh_degree):
 
 
 @pytest.mark.parametrize("sh_degree", [0, 3])
-def test_ply_header_is_the_reference_layout(tmp_path, sh_degree):
+def test_ply_header_is_the_reference_layout_without_normals_with_colours(tmp_path, sh_degree):
     n = 11
     path = write_ply(tmp_path / "model.ply", random_gaussians(n, sh_degree))
     lines, header_bytes = ply_header(path)
     n_rest = 3 * ((sh_degree + 1) ** 2 - 1)
-    reference = (["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+    reference = (["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2"]
                  + [f"f_rest_{i}" for i in range(n_rest)]
                  + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"])
     assert lines[:3] == ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
-    assert lines[3:-1] == [f"property float {p}" for p in reference]
+    assert lines[3:-1] == [f"property float {p}" for p in reference] + [f"property uchar {c}" for c in
+                                                                         ("red", "green", "blue")]
     assert lines[-1] == "end_header"
     assert ply_property_names(sh_degree) == reference
-    assert path.stat().st_size == header_bytes + n * 4 * len(reference)
+    assert path.stat().st_size == header_bytes + n * (4 * len(reference) + 3)
+
+
+def test_ply_sh_degree_leaves_out_the_higher_bands(tmp_path):
+    g = random_gaussians(7, 3)
+    low = read_ply(write_ply(tmp_path / "model.ply", g, sh_degree=1))
+    assert low.sh_degree == 1
+    assert torch.equal(low.shN, g.shN[:, :3]) and torch.equal(low.sh0, g.sh0) and torch.equal(low.quats, g.quats)
+    assert read_ply(write_ply(tmp_path / "same.ply", g, sh_degree=3)).sh_degree == 3
 
 
 def test_ply_values_are_pre_activation_in_reference_order(tmp_path):
@@ -79,10 +88,12 @@ def test_ply_values_are_pre_activation_in_reference_order(tmp_path):
     path = write_ply(tmp_path / "model.ply", g)
     names = ply_property_names(2)
     _, header_bytes = ply_header(path)
-    raw = np.frombuffer(path.read_bytes()[header_bytes:], dtype="<f4").reshape(5, len(names))
+    records = np.frombuffer(path.read_bytes()[header_bytes:], dtype=np.uint8).reshape(5, 4 * len(names) + 3)
+    raw = records[:, : 4 * len(names)].copy().view("<f4")
     col = {name: torch.from_numpy(raw[:, i].copy()) for i, name in enumerate(names)}
     assert torch.equal(torch.stack([col["x"], col["y"], col["z"]], 1), g.means)
-    assert torch.equal(torch.stack([col[f"n{a}"] for a in "xyz"], 1), torch.zeros(5, 3))
+    rgb = np.clip(np.rint((g.sh0[:, 0].double().numpy() * 0.28209479177387814 + 0.5) * 255), 0, 255)
+    assert np.array_equal(records[:, -3:], rgb.astype(np.uint8))     # red green blue: the band-0 colour
     assert torch.equal(torch.stack([col[f"scale_{i}"] for i in range(3)], 1), g.log_scales)
     assert torch.equal(torch.stack([col[f"rot_{i}"] for i in range(4)], 1), g.quats)    # w, x, y, z as stored
     assert torch.equal(col["opacity"], g.opacity_logits)
@@ -102,8 +113,9 @@ def test_plyfile_reads_what_write_ply_writes(tmp_path, sh_degree):
     path = write_ply(tmp_path / "model.ply", g)
     ply = PlyData.read(str(path))
     assert [e.name for e in ply.elements] == ["vertex"] and ply["vertex"].count == 23
-    assert [p.name for p in ply["vertex"].properties] == ply_property_names(sh_degree)
-    assert all(p.val_dtype in ("f4", "float32") for p in ply["vertex"].properties)
+    assert [p.name for p in ply["vertex"].properties] == ply_property_names(sh_degree) + ["red", "green", "blue"]
+    assert all(p.val_dtype in ("f4", "float32") for p in ply["vertex"].properties[:-3])
+    assert all(p.val_dtype in ("u1", "uint8") for p in ply["vertex"].properties[-3:])
     assert_same(g, plyfile_gaussians(path))
 
 
@@ -115,7 +127,8 @@ def test_read_ply_reads_what_plyfile_writes(tmp_path, text):
 
     g = random_gaussians(9, 2, seed=4)
     names = ply_property_names(2)
-    rows = np.frombuffer(read_raw_records(write_ply(tmp_path / "ours.ply", g)), "<f4").reshape(9, -1)
+    rows = np.frombuffer(read_raw_records(write_ply(tmp_path / "ours.ply", g)), np.uint8).reshape(9, -1)
+    rows = rows[:, : 4 * len(names)].copy().view("<f4")
     records = np.empty(9, dtype=[(n, "<f4") for n in names])
     for i, n in enumerate(names):
         records[n] = rows[:, i]
@@ -139,8 +152,8 @@ def test_ply_empty_and_float64_input(tmp_path):
 def test_read_ply_ignores_extra_properties_and_checks_input(tmp_path):
     g = random_gaussians(3, 1)
     names = ply_property_names(1) + ["extra"]
-    rows = np.concatenate([np.frombuffer(read_raw_records(write_ply(tmp_path / "a.ply", g)), "<f4").reshape(3, -1),
-                           np.full((3, 1), 7.0, "<f4")], axis=1)
+    floats = np.frombuffer(read_raw_records(write_ply(tmp_path / "a.ply", g)), np.uint8).reshape(3, -1)
+    rows = np.concatenate([floats[:, :-3].copy().view("<f4"), np.full((3, 1), 7.0, "<f4")], axis=1)
     header = "ply\nformat binary_little_endian 1.0\ncomment made elsewhere\nelement vertex 3\n"
     header += "".join(f"property float {n}\n" for n in names) + "end_header\n"
     (tmp_path / "extra.ply").write_bytes(header.encode() + rows.tobytes())

@@ -1,5 +1,9 @@
 """Gaussians as a ``.ply`` in the reference 3DGS layout (any 3DGS viewer reads it): write, read.
 
+Each vertex also holds ``red green blue`` (uchar, the band-0 colour), so that tools that know plain PLY
+point clouds (VTK: ParaView, pyvista; F3D) show a coloured cloud. The all-zero ``nx ny nz`` of the
+reference layout are left out: VTK-based viewers take them for normals and shade every point black.
+
 ``write_ply(..., comm=comm)`` is collective: every rank writes its own shard into the one file at its
 offset with MPI-IO. Writes are atomic (:func:`insitu.output.files.atomic_path`).
 """
@@ -21,7 +25,7 @@ import torch
 from torch import Tensor
 
 from insitu.output.files import atomic_path, named_error
-from insitu.surface.gaussians import Gaussians, check_gaussians, numpy32
+from insitu.surface.gaussians import SH_C0, Gaussians, check_gaussians, numpy32
 
 
 _PLY_TYPES = {
@@ -31,16 +35,42 @@ _PLY_TYPES = {
 }
 
 
+COLOR_NAMES = ("red", "green", "blue")
+
+
 def ply_property_names(sh_degree: int) -> list[str]:
-    """The vertex properties of a reference 3DGS ``.ply`` with SH degree ``sh_degree``, in order."""
+    """The float vertex properties of a 3DGS ``.ply`` with SH degree ``sh_degree``, in order (the reference
+    layout without its zero normals); :func:`write_ply` adds ``COLOR_NAMES`` (uchar) after them."""
     if sh_degree < 0:
         raise ValueError(f"sh_degree must be >= 0, got {sh_degree}")
     n_rest = 3 * ((sh_degree + 1) ** 2 - 1)
     return (
-        ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+        ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2"]
         + [f"f_rest_{i}" for i in range(n_rest)]
         + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
     )
+
+
+def ply_dtype(sh_degree: int) -> np.dtype:
+    """One vertex record of :func:`write_ply`: the float properties, then ``red green blue`` as uchar."""
+    return np.dtype([(name, "<f4") for name in ply_property_names(sh_degree)] + [(c, "u1") for c in COLOR_NAMES])
+
+
+def band0_rgb8(sh0: np.ndarray) -> np.ndarray:
+    """``sh0: [N, 3]`` DC coefficients -> [N, 3] uint8 colours (``sh0 * SH_C0 + 0.5``, clipped to [0, 1])."""
+    return np.clip(np.rint((sh0.astype(np.float64) * SH_C0 + 0.5) * 255.0), 0, 255).astype(np.uint8)
+
+
+def drop_bands(gaussians: Gaussians, sh_degree: int | None) -> Gaussians:
+    """``gaussians`` with its SH bands above ``sh_degree`` left out (None: as it is); a model of a lower
+    degree is returned as it is."""
+    if sh_degree is None or sh_degree >= gaussians.sh_degree:
+        return gaussians
+    if sh_degree < 0:
+        raise ValueError(f"sh_degree must be >= 0, got {sh_degree}")
+    keep = (sh_degree + 1) ** 2 - 1
+    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
+                     gaussians.sh0, gaussians.shN[:, :keep])
 
 
 _PLY_CHUNK_BYTES = 1 << 26           # records are built and written 64 MiB at a time
@@ -49,34 +79,41 @@ _PLY_CHUNK_BYTES = 1 << 26           # records are built and written 64 MiB at a
 def _ply_header(n: int, sh_degree: int) -> bytes:
     names = ply_property_names(sh_degree)
     header = f"ply\nformat binary_little_endian 1.0\nelement vertex {n}\n"
-    return (header + "".join(f"property float {name}\n" for name in names) + "end_header\n").encode("ascii")
+    return (header + "".join(f"property float {name}\n" for name in names)
+            + "".join(f"property uchar {name}\n" for name in COLOR_NAMES) + "end_header\n").encode("ascii")
 
 
 def _ply_chunks(g: Gaussians) -> Iterator[np.ndarray]:
-    """The vertex records of ``g`` ([rows, properties] little-endian float32), a chunk at a time."""
+    """The vertex records of ``g`` (bytes: [rows, record size] uint8, :func:`ply_dtype`), a chunk at a time."""
     n, k1 = len(g), g.shN.shape[1]
     width = len(ply_property_names(g.sh_degree))
-    rows = max(1, _PLY_CHUNK_BYTES // (4 * width))
-    rest_end = 9 + 3 * k1
+    rows = max(1, _PLY_CHUNK_BYTES // (4 * width + 3))
+    rest_end = 6 + 3 * k1
     for lo in range(0, n, rows):
         hi = min(lo + rows, n)
-        records = np.empty((hi - lo, width), dtype="<f4")
-        records[:, 0:3] = numpy32(g.means[lo:hi])
-        records[:, 3:6] = 0.0
-        records[:, 6:9] = numpy32(g.sh0[lo:hi])[:, 0, :]
-        records[:, 9:rest_end] = numpy32(g.shN[lo:hi]).transpose(0, 2, 1).reshape(hi - lo, 3 * k1)
-        records[:, rest_end] = numpy32(g.opacity_logits[lo:hi])
-        records[:, rest_end + 1 : rest_end + 4] = numpy32(g.log_scales[lo:hi])
-        records[:, rest_end + 4 : rest_end + 8] = numpy32(g.quats[lo:hi])
+        floats = np.empty((hi - lo, width), dtype="<f4")
+        floats[:, 0:3] = numpy32(g.means[lo:hi])
+        sh0 = numpy32(g.sh0[lo:hi])[:, 0, :]
+        floats[:, 3:6] = sh0
+        floats[:, 6:rest_end] = numpy32(g.shN[lo:hi]).transpose(0, 2, 1).reshape(hi - lo, 3 * k1)
+        floats[:, rest_end] = numpy32(g.opacity_logits[lo:hi])
+        floats[:, rest_end + 1 : rest_end + 4] = numpy32(g.log_scales[lo:hi])
+        floats[:, rest_end + 4 : rest_end + 8] = numpy32(g.quats[lo:hi])
+        records = np.empty((hi - lo, 4 * width + 3), dtype=np.uint8)
+        records[:, : 4 * width] = floats.view(np.uint8)
+        records[:, 4 * width :] = band0_rgb8(sh0)
         yield records
 
 
-def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Path:
+def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None, sh_degree: int | None = None) -> Path:
     """Write ``gaussians`` as a binary little-endian ``.ply`` in the reference 3DGS layout, atomically.
 
     Values are pre-activation as stored: opacity logits, log scales, quaternions (w, x, y, z);
-    normals are zero; ``f_rest`` is ``shN: [N, K-1, 3]`` transposed to ``[N, 3, K-1]`` and flattened.
-    The records are built 64 MiB at a time (the shard may stay on the GPU).
+    ``f_rest`` is ``shN: [N, K-1, 3]`` transposed to ``[N, 3, K-1]`` and flattened; no normals; then
+    ``red green blue`` (uchar), the band-0 colour. The records are built 64 MiB at a time (the shard may
+    stay on the GPU).
+
+    sh_degree: the SH bands above this degree are left out (:func:`drop_bands`); None: all of them.
 
     comm: an :class:`insitu.parallel.comm.Comm` over several ranks makes the write collective:
           ``gaussians`` is this rank's shard and the file holds every rank's shard in rank order,
@@ -87,6 +124,7 @@ def write_ply(path: str | Path, gaussians: Gaussians, *, comm: Any = None) -> Pa
           raises :class:`insitu.errors.RankFailure` on every rank and leaves ``path`` untouched.
           Returns ``path`` on every rank.
     """
+    gaussians = drop_bands(gaussians, sh_degree)
     if comm is not None and comm.size > 1:
         return _write_ply_parallel(Path(path), gaussians, comm)
     check_gaussians(gaussians)
@@ -113,7 +151,7 @@ def _write_ply_parallel(path: Path, shard: Gaussians, comm: Any) -> Path:
     if len(degrees) > 1:                                   # the same on every rank: raised on every rank
         raise ValueError(f"write_ply: ranks hold different SH degrees {[d for _, d in shapes]}")
     header = _ply_header(sum(n for n, _ in shapes), degrees[0])
-    record = 4 * len(ply_property_names(degrees[0]))
+    record = ply_dtype(degrees[0]).itemsize
     offset = len(header) + record * sum(n for n, _ in shapes[:comm.rank])
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     tmp = Path(comm.mpi.bcast(str(tmp), root=0))
@@ -203,7 +241,8 @@ def _read_header(f: io.BufferedReader, path: Path) -> list[tuple[str, int, list[
 def read_ply(path: str | Path) -> Gaussians:
     """Read a 3DGS ``.ply`` (as written by :func:`write_ply` or the reference code) into float32 Gaussians.
 
-    Extra vertex properties are ignored; the SH degree follows from the number of ``f_rest_*``.
+    Extra vertex properties (normals, colours) are ignored; the SH degree follows from the number of
+    ``f_rest_*``.
     """
     path = Path(path)
     with open(path, "rb") as f:
@@ -221,12 +260,13 @@ def read_ply(path: str | Path) -> Gaussians:
     if n_rest % 3 or math.isqrt(k) ** 2 != k:
         raise ValueError(f"{path}: {n_rest} f_rest_* properties; expected 3 * (K - 1) with K = 1, 4, 9 or 16")
     degree = math.isqrt(k) - 1
-    missing = [name for name in ply_property_names(degree) if name not in present and name not in ("nx", "ny", "nz")]
+    missing = [name for name in ply_property_names(degree) if name not in present]
     if missing:
         raise ValueError(f"{path}: missing 3DGS vertex properties {missing}")
 
-    table = structured_to_unstructured(v, dtype=np.float32)      # [N, properties], a view when all are float
-    index = {name: i for i, name in enumerate(dtype.names or ())}
+    floats = [name for name in dtype.names or () if dtype[name].kind == "f"]
+    table = structured_to_unstructured(v[floats], dtype=np.float32)     # [N, float properties]
+    index = {name: i for i, name in enumerate(floats)}
 
     def cols(*names: str) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(table[:, [index[name] for name in names]]))
