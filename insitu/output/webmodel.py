@@ -14,8 +14,14 @@ attribute to bytes and keeps the SH bands, which the ground truth's headlight sh
     sh         [N, K-1, 3]  round(sh * 128) + 128 (colour channel innermost)
 
 in this order after a 16-byte header, the whole gzip-compressed: 20 + 9 (K-1) bytes per Gaussian
-before compression. Coordinates are written as they are (the model's world frame, no axis flip);
-the viewer places its camera in that frame (:func:`insitu.output.report.viewer_camera`).
+before compression. The header's flags byte says whether the model is meant to be drawn antialiased
+(``FLAG_ANTIALIASED``).
+
+SPZ's own frame is x right, y up, z back (RUB): :func:`encode_spz` turns the model's frame into it, a
+rotation by 180 degrees about x (y and z negated; the quaternions' y and z too; each SH coefficient
+times the parity of its basis function under that turn), and :func:`read_spz` turns it back, so that
+an SPZ reader that converts from RUB to its own frame (Niantic's library, PlayCanvas splat-transform)
+places the model as ``model.ply`` holds it.
 """
 from __future__ import annotations
 
@@ -32,6 +38,11 @@ from insitu.surface.gaussians import Gaussians, check_gaussians, numpy32
 
 SPZ_MAGIC = 0x5053474E          # "NGSP"
 SPZ_VERSION = 3
+FLAG_ANTIALIASED = 0x1
+# the sign of each SH coefficient (degree 1 to 3, 3DGS order) under the turn about x (y, z -> -y, -z):
+# the parity of its basis polynomial in y and z (band 1: y, z, x; band 2: xy, yz, 3z^2-1, xz, x^2-y^2; band 3:
+# y(3x^2-y^2), xyz, y(5z^2-1), z(5z^2-3), x(5z^2-1), z(x^2-y^2), x(x^2-3y^2))
+RUB_SH_SIGNS = np.array([-1, -1, 1, -1, 1, 1, -1, 1, -1, 1, -1, -1, 1, -1, 1], dtype=np.float32)
 _QUAT_MASK = (1 << 9) - 1
 _COLOR_SCALE = 0.15
 
@@ -48,13 +59,26 @@ def fractional_bits(means: np.ndarray) -> int:
     return int(np.clip(22 - math.ceil(math.log2(max(extent, 1.0))), 0, 20))
 
 
-def encode_spz(gaussians: Gaussians) -> bytes:
-    """``gaussians`` (pre-activation, as stored) -> the bytes of a ``.spz`` file (version 3)."""
-    n = check_gaussians(gaussians)
+def to_rub(gaussians: Gaussians) -> Gaussians:
+    """``gaussians`` turned by 180 degrees about x (SPZ's frame from the model's, and back): positions and
+    quaternions (w, x, y, z) with y and z negated, SH coefficients times ``RUB_SH_SIGNS``."""
     g = gaussians
-    degree = g.sh_degree
+    flip = torch.tensor([1.0, -1.0, -1.0], dtype=g.means.dtype, device=g.means.device)
+    qflip = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=g.quats.dtype, device=g.quats.device)
+    k1 = g.shN.shape[1]
+    signs = torch.as_tensor(RUB_SH_SIGNS[:k1], dtype=g.shN.dtype, device=g.shN.device)[None, :, None]
+    return Gaussians(g.means * flip, g.log_scales, g.quats * qflip, g.opacity_logits, g.sh0, g.shN * signs)
+
+
+def encode_spz(gaussians: Gaussians, *, antialiased: bool = False) -> bytes:
+    """``gaussians`` (pre-activation, as stored, in the model's frame) -> the bytes of a ``.spz`` file
+    (version 3, SPZ's frame, :func:`to_rub`); ``antialiased``: the header's flag, whether the model was
+    trained to be drawn with the antialiased blur."""
+    n = check_gaussians(gaussians)
+    degree = gaussians.sh_degree
     if degree > 3:
         raise ValueError(f"spz holds SH degrees 0 to 3, got {degree}")
+    g = to_rub(gaussians)
     means = numpy32(g.means).astype(np.float64)
     bits = fractional_bits(means)
     fixed = np.clip(np.rint(means * (1 << bits)), -(2**23 - 1), 2**23 - 1).astype("<i4")
@@ -66,7 +90,8 @@ def encode_spz(gaussians: Gaussians) -> bytes:
     q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
     rotations = _pack_quats(q[:, [1, 2, 3, 0]])
     sh = _u8(numpy32(g.shN) * 128.0 + 128.0).reshape(n, -1)
-    header = struct.pack("<IIIBBBB", SPZ_MAGIC, SPZ_VERSION, n, degree, bits, 0, 0)
+    header = struct.pack("<IIIBBBB", SPZ_MAGIC, SPZ_VERSION, n, degree, bits,
+                         FLAG_ANTIALIASED if antialiased else 0, 0)
     body = b"".join(np.ascontiguousarray(a).tobytes() for a in (positions, alphas, colors, scales, rotations, sh))
     return gzip.compress(header + body, compresslevel=6, mtime=0)
 
@@ -99,17 +124,28 @@ def _unpack_quats(comp: np.ndarray) -> np.ndarray:
     return q
 
 
-def write_spz(path: str | Path, gaussians: Gaussians) -> Path:
-    """Write ``gaussians`` as a ``.spz`` file, atomically; returns the path."""
-    return atomic_write(path, encode_spz(gaussians))
+def write_spz(path: str | Path, gaussians: Gaussians, *, antialiased: bool = False) -> Path:
+    """Write ``gaussians`` as a ``.spz`` file (:func:`encode_spz`), atomically; returns the path."""
+    return atomic_write(path, encode_spz(gaussians, antialiased=antialiased))
 
 
-def read_spz(path: str | Path) -> Gaussians:
-    """Read a version-3 ``.spz`` file into float32 Gaussians (quantized values, pre-activation)."""
-    path = Path(path)
+def spz_antialiased(path: str | Path) -> bool:
+    """Whether the ``.spz`` file's header says its model is drawn antialiased."""
+    return bool(_spz_bytes(Path(path))[14] & FLAG_ANTIALIASED)
+
+
+def _spz_bytes(path: Path) -> bytes:
     raw = gzip.decompress(path.read_bytes())
     if len(raw) < 16:
         raise ValueError(f"{path}: too short for an spz header ({len(raw)} bytes)")
+    return raw
+
+
+def read_spz(path: str | Path) -> Gaussians:
+    """Read a version-3 ``.spz`` file into float32 Gaussians (quantized values, pre-activation), turned from
+    SPZ's frame into the model's (:func:`to_rub`)."""
+    path = Path(path)
+    raw = _spz_bytes(path)
     magic, version, n, degree, bits, _, _ = struct.unpack_from("<IIIBBBB", raw)
     if magic != SPZ_MAGIC:
         raise ValueError(f"{path}: not an spz file (magic {magic:#x}, expected {SPZ_MAGIC:#x})")
@@ -131,11 +167,11 @@ def read_spz(path: str | Path) -> Gaussians:
     xyzw = _unpack_quats(rot.view("<u4"))
     a = np.clip(alpha / 255.0, 1e-6, 1 - 1e-6)
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)  # noqa: E731
-    return Gaussians(
+    return to_rub(Gaussians(
         means=t(fixed / float(1 << bits)),
         log_scales=t(scale.reshape(n, 3) / 16.0 - 10.0),
         quats=t(xyzw[:, [3, 0, 1, 2]]),
         opacity_logits=t(np.log(a / (1 - a))),
         sh0=t((color.reshape(n, 1, 3) / 255.0 - 0.5) / _COLOR_SCALE),
         shN=t((sh.reshape(n, k1, 3).astype(np.float64) - 128.0) / 128.0),
-    )
+    ))
