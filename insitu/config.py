@@ -238,15 +238,27 @@ class OutputConfig:
     dir: str = documented("out", "the output folder (--out)")
     images: int = constrained(4, NON_NEGATIVE, doc="held-out views written per step as ground truth and render "
                               "PNGs; 0: none")
-    ply: bool = documented(True, "write each step's model.ply (what standard 3DGS viewers draw)")
+    ply: bool = documented(True, "write each step's model.ply: the model as standard 3DGS viewers draw it (SH "
+                           "colours; also red green blue, the band-0 colour, for VTK tools: ParaView, pyvista, F3D)")
+    spz: bool = documented(True, "write each step's model.spz: model.ply's model compressed (Niantic's SPZ, in "
+                           "its own frame: x right, y up, z back), about 15 times smaller; gathered on rank 0")
+    lit: bool = documented(True, "write each step's model.lit.spz (train.color_model lit): the model as trained, "
+                           "its base colours and its normals (each rotation's local z axis) in the step's frame, "
+                           "which the report's viewer shades with the headlight; not a standard 3DGS model")
+    sh_degree: int | None = constrained(None, NON_NEGATIVE, doc="the SH degree of model.ply and model.spz: the "
+                                        "model's bands above it are left out (0: base colours alone, 14 floats a "
+                                        "Gaussian in model.ply instead of 59 at degree 3); null: the model's own")
+    every: int = constrained(1, POSITIVE, doc="the model files (output.ply, output.spz, output.lit) of the steps "
+                             "whose number is a multiple of this; the other steps write their figures, images and "
+                             "cameras")
     ply_fit_views: int = constrained(32, NON_NEGATIVE, doc="a lit model's SH fit for model.ply: each side of a "
                                      "Gaussian weighted as this many training views saw it; 0: both sides alike")
     ply_refine: float = constrained(0.125, NON_NEGATIVE, doc="model.ply's SH model trained as standard viewers "
                                     "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
                                     "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "
                                     "alone")
-    ply_metrics: bool = documented(True, "ply_psnr, ply_ssim and model.spz: the whole model gathered on rank 0 and "
-                                   "drawn there; false for models larger than one GPU or host")
+    ply_metrics: bool = documented(True, "ply_psnr, ply_ssim and model.lit.spz: the whole model gathered on rank 0 "
+                                   "and drawn there; false for models larger than one GPU or host")
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "
                                 "holds results: refuse it; resume, keep its complete steps and train the others "
                                 "(--resume); overwrite, delete them first (--overwrite)")
@@ -449,6 +461,8 @@ def validate(cfg: Config) -> Config:
                           f"transparent for good); to prune nothing, set train.opacity_reset_every=0 too")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
+    if cfg.output.sh_degree is not None and cfg.output.sh_degree > 3:
+        raise ConfigError(f"output.sh_degree: expected 0..3 or null, got {cfg.output.sh_degree}")
     if not cfg.views.closeup_factors or not all(1 <= f <= CLOSEUP_MAX for f in cfg.views.closeup_factors):
         raise ConfigError(f"views.closeup_factors: expected one or more factors in [1, {CLOSEUP_MAX:g}] (how many "
                           f"times closer than the orbit; closer still, a camera stands within a few cells of the "

@@ -317,6 +317,8 @@ def test_step_writer_and_report(tmp_path):
     m = json.loads((d0 / "metrics.json").read_text())
     assert m["step"] == 0 and m["psnr"] is None and m["history"] == [{"iteration": 10, "psnr": 15.0}]
     assert not (d5 / "model.ply").exists()
+    assert m["bytes_written"] == sum(p.stat().st_size for p in d0.rglob("*") if p.is_file() and p.name != "metrics.json") \
+        and m["web_model_bytes"] == (d0 / "model.spz").stat().st_size
 
     rows = read_csv(out / "metrics.csv")
     assert [(r["step"], r["status"]) for r in rows] == [("0", "trained"), ("5", "trained")]
@@ -329,9 +331,10 @@ def test_step_writer_and_report(tmp_path):
     assert links == ["step_000000/views/view_000.png", "step_000000/views/view_008.png",
                      "step_000005/views/view_001.png"]
     assert all((out / link).is_file() for link in links)
-    # columns: status psnr ssim lpips gaussians timing.train model_bytes web_model_bytes export_seconds new
+    # columns: status psnr ssim lpips gaussians timing.train model_bytes web_model_bytes bytes_written
+    # export_seconds new
     assert re.search("<tr><th><a href='#step_000005'>5</a></th><td>trained</td><td>25</td><td>0.9</td>"
-                     + "<td></td>" * 5 + "<td>[0-9.e-]+</td><td>1</td>", report)
+                     + "<td></td>" * 5 + "<td>[0-9.e-]+</td>" * 2 + "<td>1</td>", report)
     assert "unavailable" in report and "<td>inf</td>" in report
     assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "report.json", "step_000000",
                                                      "step_000005", "viewer"]
@@ -493,7 +496,7 @@ def test_resume_rebuilds_the_kept_steps_rows_from_their_metrics(tmp_path):
     (out / "metrics.csv").unlink()
     (out / "report.html").unlink()
     writer = StepWriter(out, done=[4])
-    assert writer.rows[4] == {"step": 4, "status": "trained", "psnr": 21.5, "gaussians": 30,
+    assert writer.rows[4] == {"step": 4, "status": "trained", "psnr": 21.5, "gaussians": 30, "bytes_written": 0,
                               "export_seconds": writer.rows[4]["export_seconds"]}
     writer.publish()
     assert [(r["step"], r["status"], r["psnr"]) for r in read_csv(out / "metrics.csv")] == [("4", "trained", "21.5")]

@@ -2,8 +2,11 @@
 
 Layout of an output directory::
 
-    OUT/step_000120/model.ply       merged Gaussians, reference 3DGS layout (any 3DGS viewer reads it)
-    OUT/step_000120/model.spz       its compressed web copy (insitu.output.webmodel), which the report's viewer reads
+    OUT/step_000120/model.ply       the model as standard 3DGS viewers draw it, reference 3DGS layout plus red green
+                                    blue (any 3DGS viewer reads it, VTK tools see a coloured cloud)
+    OUT/step_000120/model.spz       the same model compressed (insitu.output.webmodel; SPZ's frame)
+    OUT/step_000120/model.lit.spz   a lit model as trained, in the step's frame (base colours, normals as rotations):
+                                    the report's viewer shades it; not a standard 3DGS model
     OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
     OUT/step_000120/views/*.png     held-out views, ground truth | render
     OUT/step_000120/metrics.json
@@ -35,15 +38,16 @@ import numpy as np
 import yaml
 from torch import Tensor
 
-from insitu.config import RUN_KEYS, Config, config_differences, config_value, load_config
+from insitu.config import RUN_KEYS, Config, OutputConfig, config_differences, config_value, load_config
 from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
 from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans,
                                   step_dir, step_name)
-from insitu.output.ply import write_ply
+from insitu.output.ply import drop_bands, write_ply
 from insitu.output.report import cameras_json, write_report
 from insitu.output.webmodel import write_spz
-from insitu.surface.gaussians import Gaussians
+from insitu.surface.gaussians import Gaussians, gather_gaussians
+from insitu.training.appearance import drawn_otherwise, refits_ply
 from insitu.volume import Frame
 
 __all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
@@ -250,7 +254,9 @@ class StepWriter:
     per step with its ``status`` (trained, skipped, failed) and, unless trained, the ``reason``;
     the report lists this writer's trained steps. The folder is created by the first write.
 
-    ply:    write ``model.ply`` (``output.ply``).
+    output: the ``output`` section of the run's configuration (:class:`insitu.config.OutputConfig`; default
+            its defaults): which model files a step writes (``ply``, ``spz``, ``lit``), at which SH degree
+            (``sh_degree``) and for which steps (``every``).
     done:   steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
             ``resume``): their rows of ``metrics.csv`` are rebuilt from their ``metrics.json`` (a run
             killed while writing the CSV leaves it behind the step folders), and the report lists them
@@ -263,10 +269,11 @@ class StepWriter:
     step's, so that a resumed run can tell whether it was made from the same values.
     """
 
-    def __init__(self, out_root: str | Path, *, ply: bool = True, done: Collection[int] = (),
+    def __init__(self, out_root: str | Path, *, output: OutputConfig | None = None, done: Collection[int] = (),
                  provenance: Mapping[str, Any] | None = None) -> None:
         self.out_root = Path(out_root)
-        self.ply = ply
+        self.output = output if output is not None else OutputConfig()
+        self._standard: dict[int, Gaussians] = {}      # step -> the merged model for model.spz (write_model's)
         self.provenance = plain(dict(provenance)) if provenance is not None else None
         self._lock = threading.Lock()           # rows come from a training thread and the caller's
         self.rows: dict[int, dict[str, Any]] = {}
@@ -304,18 +311,31 @@ class StepWriter:
     def csv_path(self) -> Path:
         return self.out_root / "metrics.csv"
 
+    def writes_models(self, step: int) -> bool:
+        """Whether step ``step`` writes model files: its number a multiple of ``output.every``."""
+        return int(step) % self.output.every == 0
+
     def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path | None:
-        """Write the step's ``model.ply`` into its folder in the making; returns the file's path
-        (None with ``ply=False``). Collective when ``comm`` spans several ranks; :meth:`write`
-        on rank 0 completes the step.
+        """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it
+        (world units): ``model.ply`` into its folder in the making (``output.ply``; returns its path, else
+        None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0, which :meth:`write`
+        writes. Nothing when the step writes no model files (:meth:`writes_models`). Collective when ``comm``
+        spans several ranks; :meth:`write` on rank 0 completes the step.
 
         gaussians: this rank's shard (any device); the file holds every rank's shard in rank
                    order (:func:`write_ply` with ``comm``).
         comm:      an :class:`insitu.parallel.comm.Comm`, or None for one process.
         """
-        if not self.ply:
+        out = self.output
+        if not self.writes_models(step) or not (out.ply or out.spz):
             return None
         several = comm is not None and comm.size > 1
+        if out.spz:
+            merged = gather_gaussians(gaussians.to("cpu"), comm.mpi if several else None)
+            if merged is not None:
+                self._standard[int(step)] = drop_bands(merged, out.sh_degree)
+        if not out.ply:
+            return None
         if several:
             with comm.phase("export: step folder"):
                 folder = str(self._folder(step)) if comm.rank == 0 else None
@@ -323,7 +343,7 @@ class StepWriter:
         else:
             folder = self._folder(step)
         try:
-            return write_ply(folder / "model.ply", gaussians, comm=comm if several else None)
+            return write_ply(folder / "model.ply", gaussians, comm=comm if several else None, sh_degree=out.sh_degree)
         except BaseException:                   # disk full...: no step folder in the making stays behind
             if not several or comm.rank == 0:
                 shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
@@ -356,20 +376,23 @@ class StepWriter:
     ) -> Path:
         """Write one step; returns its folder.
 
-        gaussians: the merged model, for model.spz (and model.ply unless :meth:`write_model` wrote it);
-                   None: no web copy (model.ply only from :meth:`write_model`); ``ply=False``: neither;
+        gaussians: the merged model as trained (None: none on this rank): a lit one (metrics ``color_model``
+                   ``lit``) as ``model.lit.spz`` (``output.lit``), in the frame; an SH one as model.ply and
+                   model.spz when :meth:`write_model` did not write them (world units);
         views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
         cameras:   the step's views (:class:`insitu.groundtruth.views.Views`), as cameras.json for the report's viewer.
         frame:     the coordinates that ``gaussians`` and ``cameras`` are in (:class:`insitu.volume.Frame`;
-                   default world units). model.ply is written in world units; model.spz and cameras.json,
-                   which the report's viewer reads, stay in the frame (a grid in metres would not survive
-                   spz's fixed-point positions and byte scales, nor the viewer's float16), and
+                   default world units). model.ply and model.spz are written in world units; model.lit.spz
+                   and cameras.json, which the report's viewer reads, stay in the frame (a grid in metres would
+                   not survive spz's fixed-point positions and byte scales, nor the viewer's float16), and
                    cameras.json records it (``frame``: world = origin + scale * x).
 
-        With a model, its web copy ``model.spz`` is written too, and ``model_bytes``, ``web_model_bytes``
-        and ``export_seconds`` (writing the model, web copy, images and cameras) join the metrics.
+        model.spz's header says the model is drawn antialiased when it is the model trained so (not refit as
+        standard viewers draw it). ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
+        written), ``bytes_written`` (every file of the step folder but metrics.json) and ``export_seconds``
+        (writing the models, images and cameras) join the metrics.
         """
         for name, _, _ in views:
             if not isinstance(name, str) or not _VIEW_NAME.match(name):
@@ -379,25 +402,21 @@ class StepWriter:
         d = self._folder(step)
         metrics = dict(metrics)
         try:
-            if gaussians is not None and self.ply:
-                if not (d / "model.ply").exists():      # not written by write_model already
-                    write_ply(d / "model.ply", frame.gaussians_to_world(gaussians) if frame else gaussians)
-                write_spz(d / "model.spz", gaussians)
-                metrics["model_bytes"] = (d / "model.ply").stat().st_size
-                metrics["web_model_bytes"] = (d / "model.spz").stat().st_size
+            self._write_models(step, d, gaussians, metrics, config, frame)
             if views:
                 (d / "views").mkdir(exist_ok=True)
             for name, gt, pred in views:
                 write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
             if cameras is not None:
                 write_json(d / "cameras.json", cameras_json(cameras, frame))
+            if config is not None:
+                cfg = config.to_dict() if hasattr(config, "to_dict") else config
+                atomic_write(d / "config.yaml", yaml.safe_dump(plain(cfg), sort_keys=False))
+            metrics["bytes_written"] = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
             metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
             hashed = {FIELD_HASH: self.field_hashes[int(step)]} if int(step) in self.field_hashes else {}
             write_json(d / "metrics.json", {"step": int(step), **plain(metrics), **hashed,
                                             **({"provenance": self.provenance} if self.provenance is not None else {})})
-            if config is not None:
-                cfg = config.to_dict() if hasattr(config, "to_dict") else config
-                atomic_write(d / "config.yaml", yaml.safe_dump(plain(cfg), sort_keys=False))
             d.chmod(0o755)
             if final.exists():                      # the same step again (overwrite): the old one goes
                 old = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.old")
@@ -409,10 +428,34 @@ class StepWriter:
             raise
         finally:
             self._pending.pop(int(step), None)
+            self._standard.pop(int(step), None)
         # a figure that is not a number (no held-out view saw the surface) is absent, as in metrics.json
         row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in flatten_metrics(metrics).items()}
         self._row({int(step): {"status": "trained", **row}})
         return final
+
+    def _write_models(self, step: int, d: Path, gaussians: Gaussians | None, metrics: dict, config: Any,
+                      frame: Frame | None) -> None:
+        """The model files of :meth:`write` into the step's folder ``d``; their sizes into ``metrics``."""
+        out = self.output
+        if not self.writes_models(step):
+            return
+        lit = metrics.get("color_model") == "lit"
+        standard = self._standard.pop(int(step), None)
+        if gaussians is not None and not lit and not (d / "model.ply").exists() and standard is None:
+            world = frame.gaussians_to_world(gaussians) if frame else gaussians    # no write_model: this model
+            if out.ply:
+                write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
+            if out.spz:
+                standard = drop_bands(world, out.sh_degree)
+        if standard is not None:
+            write_spz(d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics))
+        if gaussians is not None and lit and out.lit:
+            write_spz(d / "model.lit.spz", gaussians, antialiased=bool(metrics.get("antialiased", False)))
+        for key, name in (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"),
+                          ("lit_model_bytes", "model.lit.spz")):
+            if (d / name).is_file():
+                metrics[key] = (d / name).stat().st_size
 
     def record(self, step: int, status: str, reason: str) -> None:
         """A step that was not trained: ``status`` "skipped" or "failed", and why (one row of metrics.csv)."""
@@ -439,3 +482,13 @@ class StepWriter:
             write_report(self.out_root, steps=self.trained)
 
 
+def _drawn_antialiased(config: Any, metrics: Mapping[str, Any]) -> bool:
+    """Whether the standard model (model.ply's, model.spz's) is drawn with the antialiased blur: it is the
+    model trained with ``train.antialiased``, unless it was refit as standard viewers draw it (classic blur;
+    :func:`insitu.training.appearance.refits_ply`). Without the configuration, the metrics' ``antialiased``."""
+    trained = bool(metrics.get("antialiased", False))
+    if not isinstance(config, Config):
+        return trained
+    t = config.train
+    refit = refits_ply(config) and round(config.output.ply_refine * int(metrics.get("iterations") or 0)) > 0
+    return t.antialiased and not (refit and drawn_otherwise(t.color_model, t.eps2d, t.antialiased))

@@ -297,7 +297,7 @@ class Adaptor:
         if any(e for e, _ in gathered):
             raise ConfigError(_report("unusable configuration", [e for e, _ in gathered]))
         self._done = set(gathered[0][1])     # complete in the output folder (output.existing: resume)
-        self._writer = StepWriter(cfg.output.dir, ply=cfg.output.ply, done=self._done, provenance=self._provenance)
+        self._writer = StepWriter(cfg.output.dir, output=cfg.output, done=self._done, provenance=self._provenance)
         if self.rank == 0 and self._done:
             self._writer.publish()           # metrics.csv and the report of the kept steps, rebuilt
         self._driver = StepDriver(cfg, self._work, self._writer, process=process)

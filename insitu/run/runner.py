@@ -342,7 +342,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         lock, done = claimed if claimed is not None else (None, None)
         done = comm.mpi.bcast(done, root=0)
         compile_ahead(cfg, comm)                # the GPU kernels compile while the input is read
-        writer = StepWriter(out, ply=cfg.output.ply, done=done, provenance=provenance)
+        writer = StepWriter(out, output=cfg.output, done=done, provenance=provenance)
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
         kept = comm.mpi.bcast({s: writer.kept_field_hash(s) for s in done} if comm.rank == 0 else None, root=0)
