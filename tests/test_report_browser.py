@@ -251,7 +251,7 @@ def test_viewer_shades_a_lit_model_with_the_headlight(browser, synthetic):
     from insitu.training.appearance import lit_colors
     out, base, views = synthetic
     dt = browser
-    g, quats = open_step(dt, base, out, 1, "step_000005")
+    g, quats = open_step(dt, base, out, 1, "step_000005", "model.lit.spz")
     assert dt.eval("insituReport.data.steps[1].lighting.shininess") == 32
     flat = g.sh[:, 0] * 0.28209479177387814 + 0.5
     for view_id in (0, 6):
@@ -293,15 +293,15 @@ def ground_truth(out: Path, step_dir: str, name: str) -> np.ndarray:
     return image[:, :w]
 
 
-def open_step(dt: DevTools, base: str, out: Path, index: int, step_dir: str):
+def open_step(dt: DevTools, base: str, out: Path, index: int, step_dir: str, name: str = "model.spz"):
     """Open the report, move its slider to timestep ``index`` (``step_dir``), and return that step's model
-    as the viewer decodes it (``read_spz``) with its rotations normalised."""
+    ``name`` as the viewer decodes it (``read_spz``) with its rotations normalised."""
     from insitu.output.webmodel import read_spz
 
     dt.send("Page.navigate", url=base + "report.html")
     dt.wait_for("window.insituViewer && window.insituViewer.ready === true")
-    select_step(dt, index, f"{step_dir}/model.spz")
-    g = read_spz(out / step_dir / "model.spz")
+    select_step(dt, index, f"{step_dir}/{name}")
+    g = read_spz(out / step_dir / name)
     return g, g.quats / g.quats.norm(dim=1, keepdim=True)
 
 

@@ -203,10 +203,12 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         **{key: _number(metrics.get(key)) for key in SURFACE_FIGURES},
         "gaussians": _number(metrics.get("gaussians")), "iterations": _number(metrics.get("iterations")),
         "history": history, "stages": {name: _number(metrics.get(key)) for name, key in stages.items()},
-        "model": link("model.spz"), "ply": link("model.ply"), "cameras": link("cameras.json"),
+        # the viewer's model: a lit one as trained (the step's frame) where there is one, else model.spz (world units)
+        "model": link("model.lit.spz") or link("model.spz"), "model_world": link("model.lit.spz") is None,
+        "ply": link("model.ply"), "cameras": link("cameras.json"),
         "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
         "background": background,
-        "lighting": HEADLIGHT.as_dict() if metrics.get("color_model") == "lit" else None,
+        "lighting": HEADLIGHT.as_dict() if link("model.lit.spz") else None,
         "eps2d": _number(metrics.get("eps2d", STANDARD_EPS2D)),      # the blur the model was trained with
         "antialiased": bool(metrics.get("antialiased", False)),      # ... and whether it kept each splat's integral
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
@@ -298,7 +300,7 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
     parts += _table(data["steps"], rows)
     for s in data["steps"]:
         parts.append(f"<section id='{e(s['dir'])}'><h2>Step {s['step']}</h2><p>")
-        for name in ("model.ply", "model.spz", "metrics.json", "config.yaml", "cameras.json"):
+        for name in ("model.ply", "model.spz", "model.lit.spz", "metrics.json", "config.yaml", "cameras.json"):
             if (out / s["dir"] / name).is_file():
                 parts.append(f"<a href='{quote(s['dir'])}/{quote(name)}'>{e(name)}</a> ")
         parts.append("</p>")
@@ -319,7 +321,7 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
 
 
 TOP_FILES = ("report.html", "report.json", "metrics.csv")        # what the server serves at the top
-STEP_FILES = ("model.ply", "model.spz", "cameras.json", "metrics.json", "config.yaml")    # ... in a step folder
+STEP_FILES = ("model.ply", "model.spz", "model.lit.spz", "cameras.json", "metrics.json", "config.yaml")  # a step's
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")         # no dotfiles, no separators, no NUL
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
                  ".css": "text/css", ".json": "application/json", ".csv": "text/csv; charset=utf-8",

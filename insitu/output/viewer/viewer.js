@@ -1,4 +1,4 @@
-// The report's 3D view: the selected step's model.spz, rendered by Spark (three.js).
+// The report's 3D view: the selected step's model.lit.spz or model.spz, rendered by Spark (three.js).
 // report.js owns the page state (the selected step); this module follows it through the
 // "insitu-step" event. Cameras come converted from the project's convention by
 // insitu.output.report.viewer_camera (position, look-at target, up, vertical fov, aspect).
@@ -188,6 +188,17 @@ function loadMesh(url, lighting) {
   return entry;
 }
 
+// SPZ files hold SPZ's frame (x right, y up, z back): the mesh turns them back by 180 degrees about x into the
+// model's; model.spz (report data "model_world") is in world units: the mesh takes it into the step's frame
+// (cameras.json's "frame": world = origin + scale * x), where the cameras are.
+function placeModel(mesh, frame) {
+  const s = frame ? frame.scale : 1;
+  const o = frame ? frame.origin : [0, 0, 0];
+  mesh.quaternion.set(1, 0, 0, 0);
+  mesh.scale.setScalar(1 / s);
+  mesh.position.set(-o[0] / s, -o[1] / s, -o[2] / s);
+}
+
 function fillCameras(cams) {
   const keep = cameraSelect.value;
   cameraSelect.textContent = "";
@@ -211,7 +222,7 @@ async function show(index) {
   const step = report.data.steps[index];
   if (!step) return;
   if (!step.model) {
-    say(`step ${step.step}: no model.spz in this folder`);
+    say(`step ${step.step}: no model.spz or model.lit.spz in this folder`);
     return;
   }
   say(shown ? "" : `loading step ${step.step}...`);
@@ -219,6 +230,7 @@ async function show(index) {
   const cams = step.cameras ? await loadCameras(step.cameras).catch(() => null) : null;
   await entry.ready;
   if (mine !== token) return;                       // a later step was asked for meanwhile
+  placeModel(entry.mesh, step.model_world && cams ? cams.frame : null);
   const firstCamera = current.cameras === null;
   current.index = index;
   if (cams) {
