@@ -56,8 +56,8 @@ def test_compute_step_writes_nothing_and_write_step_writes_its_result(comm, tmp_
     assert len(result.cameras) == tiny_config().views.count                  # the orbit, for the report's viewer
     write_step(result, StepWriter(tmp_path / "out"), tiny_config(), comm)
     d = tmp_path / "out" / "step_000004"
-    assert sorted(p.name for p in d.iterdir()) == ["cameras.json", "config.yaml", "metrics.json", "model.ply",
-                                                  "model.spz", "views"]
+    assert sorted(p.name for p in d.iterdir()) == ["cameras.json", "config.yaml", "metrics.json", "model.lit.spz",
+                                                  "model.ply", "model.spz", "views"]
     assert len(read_ply(d / "model.ply")) == len(result.gaussians)
     assert json.loads((d / "metrics.json").read_text())["time"] == 2.0
     assert result.model is None and result.images == []          # written: only the shard stays
