@@ -132,7 +132,7 @@
   function chart(box, spec) {
     const series = spec.series.filter((s) => s.values.some((v) => v != null && Number.isFinite(v)));
     if (!series.length || !spec.xs.length) return;
-    const yRange = spec.yRange || fit(series.flatMap((s) => s.values), spec.y);
+    const yRange = fit(series.flatMap((s) => s.values), spec.y);
     const xRange = fitX(spec.xs, spec.bars);
     const format = spec.format || compact;
     const xTicks = [...new Set(spec.xs)].sort((a, b) => a - b);
