@@ -372,6 +372,9 @@ tables below work without it.</p>
 """
 
 
+_FIRST = " class='first'"                   # a group's first column: a rule before it
+
+
 def _table(steps: list[dict[str, Any]], rows: dict[int, dict[str, str]]) -> list[str]:
     """The metrics table: a row per step of metrics.csv (or step folder), the columns grouped under
     human headings (:data:`TABLE_COLUMNS`), each heading's metrics.csv name as its tooltip."""
@@ -391,14 +394,14 @@ def _table(steps: list[dict[str, Any]], rows: dict[int, dict[str, str]]) -> list
              "<div class='table'><table id='metrics'><thead><tr><th rowspan='2' class='step'>step</th>"
              + "".join(f"<th colspan='{len(columns)}' class='group'>{e(group)}</th>" for group, columns in groups)
              + "</tr><tr>"
-             + "".join(f"<th class='{'first' if i == 0 else ''}' title='{e(key)}'>{e(heading)}</th>"
+             + "".join(f"<th{_FIRST if i == 0 else ''} title='{e(key)}'>{e(heading)}</th>"
                        for _, columns in groups for i, (key, heading, _) in enumerate(columns))
              + "</tr></thead><tbody>"]
     for step in sorted(set(rows) | set(dirs)):
         row = rows.get(step, {})
         label = f"<a href='#{e(dirs[step])}'>{step}</a>" if step in dirs else str(step)
         parts.append(f"<tr><th class='step'>{label}</th>"
-                     + "".join(f"<td class='{'first' if i == 0 else ''}'>{e(_fmt(row.get(key) or '', kind))}</td>"
+                     + "".join(f"<td{_FIRST if i == 0 else ''}>{e(_fmt(row.get(key) or '', kind))}</td>"
                                for _, columns in groups for i, (key, _, kind) in enumerate(columns)) + "</tr>")
     parts.append("</tbody></table></div>")
     return parts
