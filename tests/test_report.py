@@ -1,8 +1,10 @@
 """The report (insitu.output.report), its web models (insitu.output.webmodel) and ``insitu view``, without a browser."""
+import html
 import json
 import math
 import threading
 import urllib.request
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -169,16 +171,17 @@ def test_report_holds_every_step_with_its_model_cameras_and_figures(tmp_path):
     assert s["psnr_foreground_near3"] is None                      # not measured: empty
     # a lit model's step carries the headlight the viewer shades it with; an SH model's none
     assert data["steps"][0]["lighting"] == HEADLIGHT.as_dict() and s["lighting"] is None
-    assert s["stages"] == {"seeds": 0.1, "ground truth": 0.2, "training": 3.0, "export": m["export_seconds"]}
+    assert s["stages"] == {"seeds": 0.1, "ground truth": 0.2, "training": 3.0, "model.ply fit": None,
+                           "writing": m["export_seconds"], "final evaluation, other": None}
     assert s["images"] == [{"name": "view_000", "src": "step_000300/views/view_000.png"}]
     page = (out / "report.html").read_text()
     inline = page.split("<script id='insitu-data' type='application/json'>")[1].split("</script>")[0]
     assert json.loads(inline) == data
-    for asset in ("viewer/report.js", "viewer/viewer.js", "viewer/report.css",
+    for asset in ("viewer/report.js", "viewer/viewer.js", "viewer/report.css", "viewer/vendor/uplot/uPlot.iife.min.js",
                   "viewer/vendor/spark/spark.module.min.js", "viewer/vendor/three/three.module.min.js"):
         assert asset in page or asset.startswith("viewer/vendor"), asset
         assert (out / asset).is_file(), asset
-    for licence in ("viewer/vendor/spark/LICENSE", "viewer/vendor/three/LICENSE"):
+    for licence in ("viewer/vendor/spark/LICENSE", "viewer/vendor/three/LICENSE", "viewer/vendor/uplot/LICENSE"):
         assert "MIT" in (out / licence).read_text() or "Permission is hereby granted" in (out / licence).read_text()
     assert "insitu view" in page                                   # what to do when opened as a file
     assert not (out / "viewer" / "vendor" / "update.sh").exists()
@@ -230,3 +233,142 @@ def test_demo_defaults_fit_the_device():
     from insitu.config import TrainConfig
     assert cfg.train.lr_means == demo_defaults(gpu=False)["train.lr_means"] > TrainConfig().lr_means
     assert gpu["train.lr_means"] == TrainConfig().lr_means      # the CPU demo's faster means are not the GPU's
+
+
+# ---------------------------------------------------------------------------------------------- the page's figures
+
+
+def step_metrics(step: int, k: int, *, iterations: int = 300, bytes_written: bool = True) -> dict:
+    """metrics.json of the ``k``-th step of a made-up run: evaluations every 100 iterations before the last (as
+    training leaves them), final figures above the last evaluation, slow training, bytes written."""
+    final = 31.17 + 0.5 * k
+    m = {"step": step, "time": step * 0.5, "psnr_foreground": final, "ssim_foreground": 0.93 - 0.01 * k,
+         "psnr_foreground_near2": final - 2.0, "ssim_foreground_near2": 0.85, "psnr_near2": final + 4.0,
+         "psnr_foreground_near3": final - 3.0, "ssim_foreground_near3": 0.8 + 0.01 * k,
+         "psnr_foreground_off": final - 1.0, "ssim_foreground_off": 0.9, "ply_psnr_foreground": final - 1.5,
+         "psnr": final + 6.0, "ssim": 0.97, "lpips": None, "iterations": iterations, "gaussians_initial": 4000,
+         "gaussians": 5000 + 1000 * k, "color_model": "lit", "seeds_seconds": 0.5, "ground_truth_seconds": 2.0 + k,
+         "train_seconds": 100.0 + 10 * k, "ply_fit_seconds": 3.0, "total_seconds": 110.0 + 11 * k,
+         "model_write_seconds": 0.25, "export_seconds": 0.75, "model_bytes": 3_200_000, "web_model_bytes": 223_000,
+         "history": [{"iteration": i, "psnr": 20.0 + i / 50, "ssim": 0.5 + i / 1000, "psnr_foreground": 15.0 + i / 20,
+                      "ssim_foreground": 0.6 + i / 1000, "gaussians": 4000, "seconds": i / 10}
+                     for i in range(0, iterations, 100)]}
+    if bytes_written:
+        m["bytes_written"] = 3_500_000 + 10_000 * k
+    return m
+
+
+def made_up_run(out, metrics: dict[int, dict], others: dict[int, dict] = {}):
+    """An output folder of step folders holding only ``metrics.json`` (step -> metrics), metrics.csv with their
+    rows and ``others`` (step -> a row of a step without a folder), and the report written from them."""
+    from insitu.output.files import flatten_metrics, write_csv
+    from insitu.output.folder import step_name
+    from insitu.output.report import write_report
+
+    for step, m in metrics.items():
+        (out / step_name(step)).mkdir(parents=True)
+        (out / step_name(step) / "metrics.json").write_text(json.dumps(m))
+    rows = {step: {"step": step, "status": "trained", **flatten_metrics(m)} for step, m in metrics.items()}
+    rows.update({step: {"step": step, **row} for step, row in others.items()})
+    write_csv(out / "metrics.csv", [rows[s] for s in sorted(rows)])
+    return write_report(out, steps=sorted(metrics))
+
+
+def test_training_curve_ends_at_the_final_figures():
+    from insitu.output.report import training_curve
+
+    m = step_metrics(0, 0)                                      # evaluations at 0, 100, 200; 300 iterations
+    curve = training_curve(m)
+    assert [r["iteration"] for r in curve] == [0, 100, 200, 300]
+    assert curve[-1] == {"iteration": 300, "psnr": m["psnr"], "ssim": m["ssim"], "psnr_foreground": 31.17,
+                         "ssim_foreground": m["ssim_foreground"]}
+    assert curve[:3] == [{k: h[k] for k in curve[0]} for h in m["history"]]
+    short = step_metrics(0, 0, iterations=200)                  # a warm step: one evaluation, before training
+    short["history"] = short["history"][:1]
+    assert [(r["iteration"], r["psnr_foreground"]) for r in training_curve(short)] == [(0, 15.0), (200, 31.17)]
+    reached = step_metrics(0, 0)                                # stopped at its target: evaluated there
+    reached["iterations"] = 100
+    assert [(r["iteration"], r["psnr_foreground"]) for r in training_curve(reached)] == [(0, 15.0), (100, 31.17)]
+    for key in ("iterations", "psnr_foreground"):               # nothing to end at: the evaluations as they are
+        m = step_metrics(0, 0)
+        del m[key]
+        if key == "psnr_foreground":
+            for k in ("psnr", "ssim", "ssim_foreground"):
+                del m[k]
+        assert [r["iteration"] for r in training_curve(m)] == [0, 100, 200]
+
+
+def test_stage_seconds_make_up_the_step():
+    from insitu.output.report import REST_STAGE, stage_seconds
+
+    m = step_metrics(0, 1)
+    stages = stage_seconds(m)
+    assert stages["writing"] == 1.0 and stages["training"] == 110.0 and stages["model.ply fit"] == 3.0
+    assert stages[REST_STAGE] == pytest.approx(121.0 - 0.5 - 3.0 - 110.0 - 3.0)
+    assert sum(stages.values()) == pytest.approx(m["total_seconds"] + 1.0)     # the bar: the step, written
+    assert stage_seconds({"train_seconds": 2.0}) == {"seeds": None, "ground truth": None, "training": 2.0,
+                                                     "model.ply fit": None, "writing": None, REST_STAGE: None}
+
+
+class _Table(HTMLParser):
+    """The metrics table of a report page: its header rows and body rows, each a list of (text, attributes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.inside, self.cell = [], False, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table" and dict(attrs).get("id") == "metrics":
+            self.inside = True
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = ["", dict(attrs)]
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[0] += data
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+        elif self.inside and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(tuple(self.cell))
+            self.cell = None
+
+
+def test_metrics_table_has_grouped_human_headings(tmp_path):
+    from insitu.output.report import FILE_NOTES, TABLE_COLUMNS, VIEWER_MODELS, VIEWER_NOTE
+
+    out = tmp_path / "out"
+    metrics = {0: step_metrics(0, 0), 5: step_metrics(5, 1)}
+    metrics[5]["frobnications"] = 7                             # a figure the table does not know yet
+    page = made_up_run(out, metrics, {10: {"status": "skipped", "reason": "no surface at iso 0.3"}}).read_text()
+    table = _Table()
+    table.feed(page)
+    groups, headings, *body = table.rows
+    assert [g for g, _ in groups] == ["step", "Step", "Surface PSNR (dB)", "Surface SSIM", "Whole image PSNR (dB)",
+                                      "Whole image", "Gaussians", "Training", "Seconds", "Files", "Other"]
+    assert sum(int(a["colspan"]) for _, a in groups[1:]) == len(headings)
+    raw = [a["title"] for _, a in headings]                     # each heading's metrics.csv column, as its tooltip
+    shown = [text for text, _ in headings]
+    assert "lpips" not in raw                                   # empty in every row: left out
+    assert raw[-1] == shown[-1] == "frobnications"              # an unknown column: under Other, by its name
+    known = {key: heading for _, columns in TABLE_COLUMNS for key, heading, _ in columns}
+    assert all(known[k] == t for k, t in zip(raw[:-1], shown[:-1])), list(zip(raw, shown))
+    assert not set(shown[:-1]) & {k for k in raw if "_" in k}   # no raw names for the known columns
+    # the surface's PSNR per set of views under one group: orbit, close-ups 2x and 3x, off the orbit
+    start = sum(int(a["colspan"]) for _, a in groups[1:3])
+    assert shown[start:start + 4] == ["orbit", "close-ups 2x", "close-ups 3x", "off the orbit"]
+    assert [r[0][0] for r in body] == ["0", "5", "10"]           # the skipped step too, with why
+    cells = {step: dict(zip(raw, (t for t, _ in row[1:]))) for step, row in zip((0, 5, 10), body)}
+    assert cells[10]["status"] == "skipped" and cells[10]["reason"] == "no surface at iso 0.3"
+    assert cells[0]["psnr_foreground"] == "31.17" and cells[5]["psnr_foreground"] == "31.67"
+    assert cells[0]["ssim_foreground"] == "0.9300" and cells[0]["bytes_written"] == "3.5 MB"
+    assert cells[0]["model_bytes"] == "3.2 MB" and cells[0]["web_model_bytes"] == "223 kB"
+    assert cells[0]["train_seconds"] == "100" and cells[5]["frobnications"] == "7" and cells[0]["frobnications"] == ""
+    # what each file holds, said once; the step's links carry it too
+    for name, note in FILE_NOTES.items():
+        assert f"<dt>{html.escape(name)}</dt><dd>{html.escape(note)}" in page, name
+    assert html.escape(VIEWER_NOTE) in page and all(name in FILE_NOTES for name in VIEWER_MODELS)
+    assert page.count(f"title='{html.escape(FILE_NOTES['metrics.json'])}'>metrics.json</a>") == 2

@@ -1,8 +1,9 @@
-"""The report's 3D viewer in a real browser: headless Chromium (software WebGL) driven over the
-Chrome DevTools protocol. The CPU demo's output is served with ``insitu view``; the viewer's
-camera is set to a held-out view, the canvas is screenshot and compared with that view's ground
-truth, and the timestep slider must switch the model. Another test compares the canvas with the
-project's rasterizer on the same model.
+"""The report in a real browser: headless Chromium (software WebGL) driven over the Chrome DevTools
+protocol. The CPU demo's output is served with ``insitu view``; the viewer's camera is set to a
+held-out view, the canvas is screenshot and compared with that view's ground truth, and the timestep
+slider must switch the model. Other tests compare the canvas with the project's rasterizer on the same
+model, and screenshot the plots of made-up runs' reports (opened as files): nothing drawn outside its
+axes, the axes fitted to the data, the training curves ending at the final figures, a point per step.
 
 Skipped, with the reason, only when no Chromium is installed (``.ci/run`` installs the Debian
 package ``chromium``) or websocket-client is missing (the ``test`` extra has it).
@@ -331,7 +332,12 @@ def test_viewer_renders_held_out_views_and_the_slider_switches_steps(browser, se
     steps = data["steps"]
     assert len(steps) == 2 and all(s["model"] for s in steps), steps
     assert dt.eval("insituViewer.state().url") == steps[-1]["model"]          # opens on the newest step
-    assert dt.eval("document.querySelectorAll('#plots svg').length") == 5
+    names = {c["name"]: c for c in charts(dt)}
+    assert set(TRAINING + SERIES) <= set(names), list(names)
+    for k, s in enumerate(steps):                     # each training curve ends at its step's final figure
+        assert last_point(names["training-psnr"], k) == [s["iterations"], s["psnr_foreground"]], k
+    for chart in names.values():
+        check_chart(dt, chart)
 
     results = {}
     for index in (1, 0):
@@ -355,3 +361,160 @@ def test_viewer_renders_held_out_views_and_the_slider_switches_steps(browser, se
     # the two steps' surfaces differ: the same camera shows different images
     (_, a), (_, b) = results[(1, 0)], results[(0, 0)]
     assert psnr(a, b) < min(results[(1, 0)][0], results[(0, 0)][0]), summary
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+TRAINING = ["training-psnr", "training-ssim"]
+SERIES = ["series-psnr", "series-ssim", "series-gaussians", "series-iterations", "series-seconds"]
+BARS = {"series-seconds"}                       # stacked from 0
+ZERO = BARS | {"series-bytes"}                  # y from 0
+
+CHARTS = """insituReport.charts.map(({name, plot: u}) => {
+  const norm = (c) => { const x = document.createElement('canvas').getContext('2d'); x.fillStyle = c; return x.fillStyle; };
+  const r = u.ctx.canvas.getBoundingClientRect(), root = u.root.getBoundingClientRect(), dpr = devicePixelRatio;
+  return {name, canvas: [r.x + scrollX, r.y + scrollY, r.width, r.height],
+          root: [root.x + scrollX, root.y + scrollY, root.width, root.height],
+          plot: [u.bbox.left / dpr, u.bbox.top / dpr, u.bbox.width / dpr, u.bbox.height / dpr],
+          x: [u.scales.x.min, u.scales.x.max], y: [u.scales.y.min, u.scales.y.max], data: u.data,
+          colors: u.series.slice(1).map((s, i) => norm(s.stroke(u, i + 1))),
+          pos: u.data.slice(1).map((ys) => ys.map((y, j) => y == null ? null :
+                                                   [u.valToPos(u.data[0][j], 'x'), u.valToPos(y, 'y')]))};
+})"""
+
+
+def charts(dt: DevTools) -> list[dict]:
+    """Every chart of the page (report.js's insituReport.charts): its name, the page rectangles of its canvas
+    and its whole box, its plot area inside the canvas (CSS px), its scales' ranges, its data ([xs, *series]),
+    its series' colours (#rrggbb) and where each point lies in the plot area."""
+    return dt.eval(CHARTS)
+
+
+def last_point(chart: dict, k: int) -> list[float]:
+    """The last drawn point (x, y) of series ``k``."""
+    xs, ys = chart["data"][0], chart["data"][k + 1]
+    return [[x, y] for x, y in zip(xs, ys) if y is not None][-1]
+
+
+def screenshot(dt: DevTools, rect) -> np.ndarray:
+    shot = dt.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                   clip={"x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1})
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")).astype(np.int32)
+
+
+def near(image: np.ndarray, color: str, tolerance: float) -> np.ndarray:
+    rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
+    return np.linalg.norm(image - rgb, axis=-1) < tolerance
+
+
+def check_chart(dt: DevTools, chart: dict) -> np.ndarray:
+    """Screenshot ``chart``'s canvas: no pixel of a series' colour outside the plot area (1 px of
+    antialiasing aside), and each point's colour where its series puts it (lines) or in each part of a bar
+    (stacked bars) taller than 3 px. Checks that the axes fit the data: every value inside, and the range
+    no wider than a quarter beyond the data's span (2% of a lone value's). Returns the screenshot."""
+    name, image = chart["name"], screenshot(dt, chart["canvas"])
+    left, top, width, height = chart["plot"]
+    assert image.shape[:2] == (round(chart["canvas"][3]), round(chart["canvas"][2])), (name, image.shape)
+    assert 0 <= left and left + width <= image.shape[1] and 0 <= top and top + height <= image.shape[0], name
+    outside = np.ones(image.shape[:2], bool)
+    outside[max(0, int(top) - 1):int(np.ceil(top + height)) + 1, max(0, int(left) - 1):int(np.ceil(left + width)) + 1] = False
+    for color in chart["colors"]:
+        spilled = near(image, color, 40) & outside
+        assert not spilled.any(), (f"{name}: drawn outside the axes", color, np.argwhere(spilled)[:5].tolist())
+
+    xs = chart["data"][0]
+    ys = [y for series in chart["data"][1:] for y in series if y is not None]
+    (x0, x1), (y0, y1) = chart["x"], chart["y"]
+    assert x0 <= min(xs) and x1 >= max(xs) and y0 <= min(ys) and y1 >= max(ys), (name, chart["x"], chart["y"])
+    gap = min(np.diff(sorted(set(xs)))) if len(set(xs)) > 1 else 1
+    assert x1 - x0 <= max(xs) - min(xs) + 2 * gap, (name, chart["x"], xs)
+    lo, hi = (0.0, max(ys)) if name in ZERO else (min(ys), max(ys))
+    assert y1 - y0 <= (1.25 * (hi - lo) if hi > lo else 0.04 * abs(hi)), (name, chart["y"], lo, hi)
+
+    def color_at(x: float, y: float, color: str) -> bool:
+        i, j = int(round(top + y)), int(round(left + x))
+        return bool(near(image[i - 1:i + 2, j - 1:j + 2], color, 60).any())
+
+    for k, (color, points) in enumerate(zip(chart["colors"], chart["pos"])):
+        for j, point in enumerate(points):
+            if point is None:
+                continue
+            if name not in BARS:                      # its colour, or that of a series drawn over it there
+                over = [c for c, other in zip(chart["colors"], chart["pos"])
+                        if other[j] is not None and np.hypot(*np.subtract(other[j], point)) < 4]
+                assert any(color_at(*point, c) for c in over), (name, k, j, point, color)
+            else:                                     # the part between the next series' top and this one's
+                below = chart["pos"][k + 1][j][1] if k + 1 < len(chart["pos"]) else height
+                if below - point[1] > 3:
+                    assert color_at(point[0], (point[1] + below) / 2, color), (name, k, j, point, color)
+    return image
+
+
+def open_file(dt: DevTools, page: Path) -> list[dict]:
+    dt.send("Page.navigate", url=page.as_uri())
+    dt.wait_for("window.insituReport && insituReport.charts && insituReport.charts.length > 0", timeout=60)
+    return charts(dt)
+
+
+@pytest.fixture(scope="module")
+def made_up(tmp_path_factory):
+    """Two made-up runs' report pages (tests/test_report.made_up_run): four steps, the first of 300
+    iterations, the others of 200 with one evaluation (warm steps), bytes written recorded; and one step
+    without bytes written."""
+    from test_report import made_up_run, step_metrics
+
+    root = tmp_path_factory.mktemp("made_up")
+    steps = {}
+    for k, step in enumerate((0, 40, 80, 120)):
+        m = step_metrics(step, k, iterations=300 if k == 0 else 200)
+        m["history"] = m["history"][:3 if k == 0 else 1]
+        steps[step] = m
+    return made_up_run(root / "four", steps), made_up_run(root / "one", {7: step_metrics(7, 0, bytes_written=False)})
+
+
+def test_plots_stay_inside_their_axes_and_show_every_step(browser, made_up):
+    dt = browser
+    page = made_up[0]
+    found = {c["name"]: c for c in open_file(dt, page)}
+    assert list(found) == TRAINING + SERIES + ["series-bytes"], list(found)
+    boxes = [c["root"] for c in found.values()]
+    for a, b in ((a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]):      # charts side by side, not over
+        assert a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0] or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1], (a, b)
+    for chart in found.values():
+        check_chart(dt, chart)
+    steps = dt.eval("insituReport.data.steps")
+    for name, key in (("training-psnr", "psnr_foreground"), ("training-ssim", "ssim_foreground")):
+        for k, s in enumerate(steps):                 # ends at the final figure, after the last evaluation
+            assert last_point(found[name], k) == [s["iterations"], s[key]], (name, k)
+    assert found["training-psnr"]["data"][0] == [0, 100, 200, 300]
+    assert [len([y for y in ys if y is not None]) for ys in found["training-psnr"]["data"][1:]] == [4, 2, 2, 2]
+    for name in SERIES + ["series-bytes"]:            # one point per step, in every series
+        chart = found[name]
+        assert chart["data"][0] == [0, 40, 80, 120], name
+        assert all(y is not None for ys in chart["data"][1:] for y in ys), name
+    assert len(found["series-psnr"]["data"]) == 1 + 5             # orbit, close-ups 2x and 3x, off the orbit, model.ply
+    assert found["series-bytes"]["data"][1] == [s["bytes_written"] for s in steps]
+    seconds = found["series-seconds"]["data"]                      # stacked: the top is the step's seconds
+    assert seconds[1] == pytest.approx([s["stages"]["writing"] + 110.0 + 11 * k for k, s in enumerate(steps)])
+
+
+def test_plots_of_one_step_fit_its_figures(browser, made_up):
+    """A run of one step: its axes around its single values (no SSIM axis from -0.5 to 1.5), its training
+    curve from the first evaluation to the final figure; no bytes plot where none were recorded."""
+    dt = browser
+    found = {c["name"]: c for c in open_file(dt, made_up[1])}
+    assert list(found) == TRAINING + SERIES, list(found)
+    for chart in found.values():
+        check_chart(dt, chart)
+    ssim = found["series-ssim"]                       # orbit 0.93 ... 3x closer 0.8
+    assert ssim["data"][:2] == [[7], [0.93]] and 0.75 < ssim["y"][0] < 0.8 and 0.93 < ssim["y"][1] <= 1, ssim["y"]
+    iterations = found["series-iterations"]           # a lone value
+    assert iterations["data"] == [[7], [300]] and 290 < iterations["y"][0] < 300 < iterations["y"][1] < 310
+    # the screenshot check sees a bar that spills over the x axis, as the page's hand-drawn bars once did
+    # (uPlot clips what it draws to the plot area: paint one past it)
+    dt.eval("""(() => { const u = insituReport.charts.find((c) => c.name === 'series-seconds').plot;
+                        u.ctx.fillStyle = u.series[1].stroke(u, 1);
+                        u.ctx.fillRect(u.bbox.left + 10, u.bbox.top + u.bbox.height - 20, 12, 40); })()""")
+    with pytest.raises(AssertionError, match="series-seconds: drawn outside the axes"):
+        check_chart(dt, found["series-seconds"])
+    assert found["training-psnr"]["data"][0][-1] == 300 and last_point(found["training-psnr"], 0) == [300, 31.17]

@@ -2,10 +2,13 @@
 
 The page shows, for every ``step_XXXXXX`` folder, its model in a 3D viewer (orbit, zoom, and the
 step's orbit cameras), a timestep slider with a play button that switches between the steps'
-models, the held-out images (ground truth | render) and plots: held-out PSNR/SSIM over the
-iterations of each step, PSNR/SSIM per timestep and the time per stage per timestep. It is
-rewritten after every step; served, the page polls ``report.json`` and shows new steps as a
-running simulation writes them.
+models, the held-out images (ground truth | render), plots (uPlot, vendored like the viewer): the
+surface's held-out PSNR/SSIM over the iterations of each step, ending at the step's final figures
+(:func:`training_curve`), and over the timesteps its PSNR/SSIM on the orbit and the close-up sets, the
+Gaussians, the iterations, the seconds per stage (:func:`stage_seconds`) and the bytes written where
+recorded; then the metrics table under grouped headings (:data:`TABLE_COLUMNS`) and what each file of a
+step folder holds (:data:`FILE_NOTES`). It is rewritten after every step; served, the page polls
+``report.json`` and shows new steps as a running simulation writes them.
 
 The viewer is Spark (``@sparkjsdev/spark``, on three.js), vendored as built in ``insitu/output/viewer/vendor``
 and copied next to the report (``OUT/viewer/``), so the page needs no network. It reads each
@@ -59,16 +62,84 @@ VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
 _SKIP_ASSETS = {"update.sh"}
 
 
-def _fmt(value: str) -> str:
+# ---------------------------------------------------------------------------------------------
+# What the page says: the step folder's files, and the metrics table's headings
+
+
+# the files of a step folder that the page's 3D view loads: the first that is there
+VIEWER_MODELS = ("model.lit.spz", "model.spz")
+VIEWER_NOTE = ("the 3D view above draws this file where there is no model.lit.spz: its colours as they are")
+LIT_NOTE = ("the 3D view above draws this file: the base colours shaded by a light that the light sliders change")
+# What each file of a step folder holds, in the order the page lists them; a file not named here is not
+# linked. The wording says what a file is for, so that it holds while the formats change.
+FILE_NOTES = {
+    "model.ply": "the model for standard 3D Gaussian splatting viewers and tools (the 3DGS .ply layout)",
+    "model.spz": "the model.ply's model in the compressed SPZ format (its own axes: x right, y up, z back), "
+                 "which web splat viewers read",
+    "model.lit.spz": "the lit model as trained (a base colour and a normal per Gaussian, in the step's frame): "
+                     "not plain 3DGS, for viewers that relight it, as this page does",
+    "views/*.png": "held-out views: ground truth | render",
+    "cameras.json": "the step's orbit cameras (the 3D view's camera list)",
+    "metrics.json": "every figure of the step, with its evaluations during training",
+    "config.yaml": "the configuration the step ran with",
+}
+
+# The metrics table: (group, ((metrics.csv column, heading, kind), ...)); kind: "dB", "ratio", "bytes" or ""
+# (as written). Columns empty in every row are left out; a column named nowhere here is shown under
+# "Other" with its own name, so that a new figure is never hidden.
+TABLE_COLUMNS = (
+    ("Step", (("time", "simulation time", ""), ("status", "status", ""), ("reason", "reason", ""))),
+    ("Surface PSNR (dB)", (("psnr_foreground", "orbit", "dB"), ("psnr_foreground_near2", "close-ups 2x", "dB"),
+                           ("psnr_foreground_near3", "close-ups 3x", "dB"), ("psnr_foreground_off", "off the orbit", "dB"),
+                           ("ply_psnr_foreground", "model.ply", "dB"),
+                           ("psnr_foreground_initial", "before training", "dB"))),
+    ("Surface SSIM", (("ssim_foreground", "orbit", "ratio"), ("ssim_foreground_near2", "close-ups 2x", "ratio"),
+                      ("ssim_foreground_near3", "close-ups 3x", "ratio"), ("ssim_foreground_off", "off the orbit", "ratio"),
+                      ("ply_ssim_foreground", "model.ply", "ratio"))),
+    ("Whole image PSNR (dB)", (("psnr", "orbit", "dB"), ("psnr_near2", "close-ups 2x", "dB"),
+                               ("psnr_near3", "close-ups 3x", "dB"), ("psnr_off", "off the orbit", "dB"),
+                               ("ply_psnr", "model.ply", "dB"), ("psnr_initial", "before training", "dB"),
+                               ("psnr_white", "white background", "dB"))),
+    ("Whole image", (("ssim", "SSIM", "ratio"), ("ply_ssim", "model.ply SSIM", "ratio"), ("lpips", "LPIPS", "ratio"))),
+    ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""))),
+    ("Training", (("iterations", "iterations", ""), ("target_reached_at", "target met at", ""),
+                  ("sh_degree", "SH degree", ""), ("color_model", "colours", ""), ("eps2d", "blur (px\u00b2)", ""),
+                  ("antialiased", "antialiased", ""))),
+    ("Seconds", (("seeds_seconds", "seeds", ""), ("color_init_seconds", "of which seed colours", ""),
+                 ("ground_truth_seconds", "ground truth", ""), ("scene_seconds", "of which ray casting", ""),
+                 ("train_seconds", "training", ""), ("evaluation_seconds", "of which evaluation", ""),
+                 ("initial_evaluation_seconds", "of which the first", ""), ("ply_fit_seconds", "model.ply fit", ""),
+                 ("model_write_seconds", "writing model.ply", ""), ("export_seconds", "writing the rest", ""),
+                 ("total_seconds", "total before writing", ""))),
+    ("Files", (("model_bytes", "model.ply", "bytes"), ("web_model_bytes", "model.spz", "bytes"),
+               ("lit_model_bytes", "model.lit.spz", "bytes"), ("bytes_written", "written", "bytes"))),
+    ("Run", (("ranks", "ranks", ""), ("device", "device", ""), ("test_views", "held-out views", ""))),
+)
+
+
+def _fmt(value: str, kind: str = "") -> str:
+    """A metrics.csv cell as the table shows it (``kind``: see :data:`TABLE_COLUMNS`)."""
     try:
         x = float(value)
     except ValueError:
         return value
     if math.isnan(x):                   # a figure no view gave (metrics.csv writes it empty)
         return "n/a"
+    if not math.isfinite(x):
+        return value
+    if kind == "dB":
+        return f"{x:.2f}"
+    if kind == "ratio":
+        return f"{x:.4f}"
+    if kind == "bytes":
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if abs(x) >= size:
+                return f"{x / size:.3g} {unit}"
+        return f"{x:.0f} B"
     if x.is_integer() and "." not in value and "e" not in value.lower():
         return value
-    return f"{x:.4g}" if math.isfinite(x) else value
+    return f"{x:.4g}"
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,10 +245,47 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-# the surface's figures the page leads with (the foreground of the held-out orbit views and of each
-# set off the orbit; report.js); every other figure is in the table (metrics.csv)
-SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "psnr_foreground_near3",
-                   "psnr_foreground_off")
+# the figures each step carries into the page (report.js: the step's line and the plots over the timesteps);
+# every figure is in the table (metrics.csv)
+SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "ssim_foreground_near2",
+                   "psnr_foreground_near3", "ssim_foreground_near3", "psnr_foreground_off", "ssim_foreground_off",
+                   "ply_psnr_foreground", "ply_ssim_foreground")
+BYTES_WRITTEN = "bytes_written"         # the bytes a step wrote, where metrics.json records them (plotted if so)
+HISTORY_FIGURES = ("psnr", "ssim", "psnr_foreground", "ssim_foreground")
+
+# A step's seconds as the report stacks them: name -> metrics.json keys summed. What the phases before
+# writing leave of total_seconds (the final evaluation, mostly) is its own part, so that a bar is the step.
+STAGES = {"seeds": ("seeds_seconds",), "ground truth": ("ground_truth_seconds",), "training": ("train_seconds",),
+          "model.ply fit": ("ply_fit_seconds",), "writing": ("model_write_seconds", "export_seconds")}
+REST_STAGE = "final evaluation, other"
+
+
+def training_curve(metrics: Mapping[str, Any]) -> list[dict[str, float | None]]:
+    """The held-out figures over a step's iterations: its evaluations (``history``), ending at the step's
+    final figures at its last iteration. The evaluations during training stop before the last iteration
+    (the final one is the step's figure), so without it the curve would end short of the figure the page
+    states; an evaluation at that same iteration is replaced by the final one."""
+    rows = [{k: _number(h.get(k)) for k in ("iteration", *HISTORY_FIGURES)}
+            for h in metrics.get("history") or [] if isinstance(h, Mapping)]
+    rows = [r for r in rows if r["iteration"] is not None]
+    last = _number(metrics.get("iterations"))
+    final = {k: _number(metrics.get(k)) for k in HISTORY_FIGURES}
+    if last is None or all(v is None for v in final.values()):
+        return rows
+    rows = [r for r in rows if r["iteration"] < last]
+    return rows + [{"iteration": last, **final}]
+
+
+def stage_seconds(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """A step's seconds per stage (:data:`STAGES`, then :data:`REST_STAGE`); None where none was recorded."""
+    out: dict[str, float | None] = {}
+    for name, keys in STAGES.items():
+        values = [v for k in keys if (v := _number(metrics.get(k))) is not None]
+        out[name] = sum(values) if values else None
+    total = _number(metrics.get("total_seconds"))
+    before = sum(v for name, v in out.items() if v is not None and name != "writing")
+    out[REST_STAGE] = max(0.0, total - before) if total is not None else None
+    return out
 
 
 def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
@@ -185,6 +293,8 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     with contextlib.suppress(FileNotFoundError, ValueError):
         metrics = json.loads((d / "metrics.json").read_text())
+    if not isinstance(metrics, dict):
+        metrics = {}
     background = [0.0, 0.0, 0.0]
     with contextlib.suppress(FileNotFoundError, yaml.YAMLError, KeyError, TypeError, ValueError):
         background = [float(c) for c in yaml.safe_load((d / "config.yaml").read_text())["views"]["background"]][:3]
@@ -193,20 +303,18 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
     def link(name: str) -> str | None:
         return f"{rel}/{quote(name)}" if (d / name).is_file() else None
 
-    history = [{k: _number(h.get(k)) for k in ("iteration", "psnr", "ssim", "psnr_foreground", "ssim_foreground")}
-               for h in metrics.get("history") or [] if isinstance(h, Mapping)]
-    stages = {"seeds": "seeds_seconds", "ground truth": "ground_truth_seconds", "training": "train_seconds",
-              "export": "export_seconds"}
     return {
         "step": step, "dir": d.name, "time": _number(metrics.get("time")),
         "psnr": _number(metrics.get("psnr")), "ssim": _number(metrics.get("ssim")),
         **{key: _number(metrics.get(key)) for key in SURFACE_FIGURES},
-        "gaussians": _number(metrics.get("gaussians")), "iterations": _number(metrics.get("iterations")),
-        "history": history, "stages": {name: _number(metrics.get(key)) for name, key in stages.items()},
+        "gaussians": _number(metrics.get("gaussians")), "gaussians_initial": _number(metrics.get("gaussians_initial")),
+        "iterations": _number(metrics.get("iterations")),
+        "history": training_curve(metrics), "stages": stage_seconds(metrics),
         # the viewer's model: a lit one as trained (the step's frame) where there is one, else model.spz (world units)
         "model": link("model.lit.spz") or link("model.spz"), "model_world": link("model.lit.spz") is None,
         "ply": link("model.ply"), "cameras": link("cameras.json"),
         "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
+        "bytes_written": _number(metrics.get(BYTES_WRITTEN)),
         "background": background,
         "lighting": HEADLIGHT.as_dict() if link("model.lit.spz") else None,
         "eps2d": _number(metrics.get("eps2d", STANDARD_EPS2D)),      # the blur the model was trained with
@@ -270,17 +378,47 @@ tables below work without it.</p>
 """
 
 
+_FIRST = " class='first'"                   # a group's first column: a rule before it
+
+
 def _table(steps: list[dict[str, Any]], rows: dict[int, dict[str, str]]) -> list[str]:
+    """The metrics table: a row per step of metrics.csv (or step folder), the columns grouped under
+    human headings (:data:`TABLE_COLUMNS`), each heading's metrics.csv name as its tooltip."""
     e = html.escape
-    columns = [k for k in dict.fromkeys(k for r in rows.values() for k in r) if k != "step"]
-    parts = ["<h2>Metrics</h2><p><a href='metrics.csv'>metrics.csv</a>, <a href='report.json'>report.json</a></p>",
-             "<div class='table'><table><tr><th>step</th>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "</tr>"]
-    for s in steps:
-        row = rows.get(s["step"], {})
-        parts.append(f"<tr><th><a href='#{e(s['dir'])}'>{s['step']}</a></th>"
-                     + "".join(f"<td>{e(_fmt(row.get(c) or ''))}</td>" for c in columns) + "</tr>")
-    parts.append("</table></div>")
+    known = {key for _, columns in TABLE_COLUMNS for key, _, _ in columns}
+    raw = [k for k in dict.fromkeys(k for r in rows.values() for k in r) if k != "step"]
+
+    def filled(key: str) -> bool:
+        return any(r.get(key) not in (None, "") for r in rows.values())
+
+    groups = [(group, [c for c in columns if filled(c[0])]) for group, columns in TABLE_COLUMNS]
+    groups.append(("Other", [(k, k, "") for k in raw if k not in known and filled(k)]))
+    groups = [(group, columns) for group, columns in groups if columns]
+    dirs = {s["step"]: s["dir"] for s in steps}
+    parts = ["<h2>Metrics</h2><p><a href='metrics.csv'>metrics.csv</a> (one row per step, these columns under "
+             "the names their headings show when pointed at), <a href='report.json'>report.json</a></p>",
+             "<div class='table'><table id='metrics'><thead><tr><th rowspan='2' class='step'>step</th>"
+             + "".join(f"<th colspan='{len(columns)}' class='group'>{e(group)}</th>" for group, columns in groups)
+             + "</tr><tr>"
+             + "".join(f"<th{_FIRST if i == 0 else ''} title='{e(key)}'>{e(heading)}</th>"
+                       for _, columns in groups for i, (key, heading, _) in enumerate(columns))
+             + "</tr></thead><tbody>"]
+    for step in sorted(set(rows) | set(dirs)):
+        row = rows.get(step, {})
+        label = f"<a href='#{e(dirs[step])}'>{step}</a>" if step in dirs else str(step)
+        parts.append(f"<tr><th class='step'>{label}</th>"
+                     + "".join(f"<td{_FIRST if i == 0 else ''}>{e(_fmt(row.get(key) or '', kind))}</td>"
+                               for _, columns in groups for i, (key, _, kind) in enumerate(columns)) + "</tr>")
+    parts.append("</tbody></table></div>")
     return parts
+
+
+def _files() -> list[str]:
+    """What each file of a step folder holds (:data:`FILE_NOTES`)."""
+    e = html.escape
+    items = "".join(f"<dt>{e(name)}</dt><dd>{e(note)}" + (f"; {e(VIEWER_NOTE)}" if name == "model.spz" else f"; {e(LIT_NOTE)}" if name == "model.lit.spz" else "")
+                    + "</dd>" for name, note in FILE_NOTES.items())
+    return [f"<h2>Files of a step folder</h2><dl id='files'>{items}</dl>"]
 
 
 def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collection[int] | None = None) -> Path:
@@ -294,15 +432,18 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
     rows = {}
     for r in read_csv(out / "metrics.csv"):
         with contextlib.suppress(KeyError, ValueError):
-            rows[int(r["step"])] = r
+            step = int(r["step"])
+            if steps is None or step in steps or r.get("status") not in (None, "", "trained"):
+                rows[step] = r                  # a skipped or failed step's row says why
     e = html.escape
     parts = [_HEAD.format(title=e(title), out=e(str(out)))]
     parts += _table(data["steps"], rows)
+    parts += _files()
     for s in data["steps"]:
-        parts.append(f"<section id='{e(s['dir'])}'><h2>Step {s['step']}</h2><p>")
-        for name in ("model.ply", "model.spz", "model.lit.spz", "metrics.json", "config.yaml", "cameras.json"):
+        parts.append(f"<section id='{e(s['dir'])}'><h2>Step {s['step']}</h2><p class='files'>")
+        for name, note in FILE_NOTES.items():
             if (out / s["dir"] / name).is_file():
-                parts.append(f"<a href='{quote(s['dir'])}/{quote(name)}'>{e(name)}</a> ")
+                parts.append(f"<a href='{quote(s['dir'])}/{quote(name)}' title='{e(note)}'>{e(name)}</a> ")
         parts.append("</p>")
         for image in s["images"]:
             parts.append(f"<a href='{image['src']}'><img src='{image['src']}' alt='{e(image['name'])}' "
@@ -310,7 +451,8 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
         parts.append("</section>")
     payload = json.dumps(plain(data), allow_nan=False).replace("</", "<\\/")
     parts.append(f"<script id='insitu-data' type='application/json'>{payload}</script>")
-    parts.append("<script src='viewer/report.js'></script>\n<script type='module' src='viewer/viewer.js'></script>")
+    parts.append("<script src='viewer/vendor/uplot/uPlot.iife.min.js'></script>\n<script src='viewer/report.js'></script>\n"
+                 "<script type='module' src='viewer/viewer.js'></script>")
     parts.append("</body></html>\n")
     write_json(out / "report.json", data)
     return atomic_write(out / "report.html", "\n".join(parts))

@@ -1,5 +1,5 @@
 // The report page without its 3D view: timestep slider and play button, held-out images and
-// plots (inline SVG). A classic script, so it also works when the page is opened as a file.
+// plots (uPlot). A classic script, so it also works when the page is opened as a file.
 // Served over HTTP it polls report.json and shows new steps of a running simulation.
 (function () {
   "use strict";
@@ -74,119 +74,164 @@
     timer = setInterval(() => setStep((report.index + 1) % report.data.steps.length), 1500);
   });
 
-  // ------------------------------------------------------------------------------- plots (SVG)
-  const NS = "http://www.w3.org/2000/svg";
-  const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                  "#bcbd22", "#17becf"];
+  // ------------------------------------------------------------------------------- plots (uPlot)
+  // Drawn by uPlot (vendor/uplot, a classic script: window.uPlot). Every axis is fitted to its data
+  // (fit), x included, so that each point and bar lies inside its axes; report.charts lists the charts
+  // ({name, plot}: the uPlot instance) for the browser test.
+  // no greys: the browser test tells a series from the axes, grid and text by its colour
+  const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                  "#bcbd22", "#e7ba52"];
+  const WIDTH = 440, HEIGHT = 250;
+  const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 25000,
+                         50000, 1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9];
+  report.charts = [];
 
-  function el(name, attrs, parent, text) {
-    const e = document.createElementNS(NS, name);
-    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
-    if (text != null) e.textContent = text;
-    if (parent) parent.appendChild(e);
-    return e;
+  // [lo, hi] around the finite values: 6% of their span beyond each end (a value alone: 2% of it), from 0
+  // where `zero` (bars, counts of bytes), never above `upper` where every value is below it (SSIM's 1).
+  function fit(values, { zero = false, upper = null } = {}) {
+    const v = values.filter((x) => x != null && Number.isFinite(x));
+    if (!v.length) return null;
+    let lo = Math.min(...v), hi = Math.max(...v);
+    if (zero) lo = Math.min(lo, 0);
+    const pad = hi > lo ? 0.06 * (hi - lo) : (Math.abs(hi) * 0.02 || 1);
+    const range = [zero && lo === 0 ? 0 : lo - pad, hi + pad];
+    if (upper != null && hi <= upper) range[1] = Math.min(range[1], upper);
+    return range;
   }
 
-  function ticks(lo, hi, n = 5) {
-    const span = hi - lo || 1;
-    const step = Math.pow(10, Math.floor(Math.log10(span / n)));
-    const k = [1, 2, 5, 10].find((m) => span / (m * step) <= n) * step;
-    const out = [];
-    for (let t = Math.ceil(lo / k) * k; t <= hi + 1e-9 * span; t += k) out.push(Number(t.toPrecision(10)));
-    return out;
+  // x: the steps or iterations, whole numbers; a bar needs half the gap between bars beside it
+  function fitX(xs, bars) {
+    const v = [...new Set(xs)].sort((a, b) => a - b);
+    if (v.length === 1) return [v[0] - 1, v[0] + 1];
+    const gap = Math.min(...v.slice(1).map((x, k) => x - v[k]));
+    const pad = bars ? 0.6 * gap : 0.03 * (v[v.length - 1] - v[0]);
+    return [v[0] - pad, v[v.length - 1] + pad];
   }
 
-  function frame(title, xs, ys, xlabel, ylabel) {
-    const W = 360, H = 230, L = 48, R = 10, T = 24, B = 36;
-    const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "plot" });
-    el("text", { x: W / 2, y: 15, "text-anchor": "middle", class: "title" }, svg, title);
-    let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
-    let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
-    if (x0 === x1) { x0 -= 1; x1 += 1; }
-    if (y0 === y1) { y0 -= 1; y1 += 1; }
-    const pad = 0.05 * (y1 - y0);
-    y0 -= pad; y1 += pad;
-    const sx = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
-    const sy = (y) => H - B - (y - y0) / (y1 - y0) * (H - T - B);
-    for (const t of ticks(x0, x1)) {
-      el("line", { x1: sx(t), x2: sx(t), y1: H - B, y2: H - B + 4, class: "axis" }, svg);
-      el("text", { x: sx(t), y: H - B + 15, "text-anchor": "middle" }, svg, String(t));
+  function compact(x) {
+    if (x == null || !Number.isFinite(x)) return "";
+    const a = Math.abs(x);
+    for (const [unit, size] of [["G", 1e9], ["M", 1e6], ["k", 1e3]]) {
+      if (a >= size) return `${Number((x / size).toPrecision(3))}${unit}`;
     }
-    for (const t of ticks(y0, y1)) {
-      el("line", { x1: L, x2: W - R, y1: sy(t), y2: sy(t), class: "grid" }, svg);
-      el("text", { x: L - 5, y: sy(t) + 4, "text-anchor": "end" }, svg, String(t));
-    }
-    el("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "axes" }, svg);
-    el("text", { x: L + (W - L - R) / 2, y: H - 4, "text-anchor": "middle" }, svg, xlabel);
-    el("text", { x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle",
-                 transform: `rotate(-90 12 ${T + (H - T - B) / 2})` }, svg, ylabel);
-    return { svg, sx, sy, W, L, R, T };
+    return String(Number(x.toPrecision(4)));
   }
 
-  // series: [{name, points: [[x, y], ...]}]
-  function lineChart(title, series, xlabel, ylabel) {
-    const all = series.flatMap((s) => s.points).filter((p) => p[1] != null && isFinite(p[1]));
-    if (!all.length) return null;
-    const f = frame(title, all.map((p) => p[0]), all.map((p) => p[1]), xlabel, ylabel);
-    series.forEach((s, i) => {
-      const pts = s.points.filter((p) => p[1] != null && isFinite(p[1]));
-      const color = COLORS[i % COLORS.length];
-      el("polyline", { points: pts.map((p) => `${f.sx(p[0])},${f.sy(p[1])}`).join(" "), stroke: color,
-                       fill: "none", "stroke-width": 1.5 }, f.svg);
-      for (const p of pts) el("circle", { cx: f.sx(p[0]), cy: f.sy(p[1]), r: 2, fill: color }, f.svg);
-      if (series.length <= 10) {
-        el("text", { x: f.W - f.R - 4, y: f.T + 12 + 12 * i, "text-anchor": "end", fill: color }, f.svg, s.name);
-      }
-    });
-    return f.svg;
+  // a y axis as wide as its longest value
+  function axisSize(u, values, index, cycle) {
+    const axis = u.axes[index];
+    if (cycle > 1) return axis._size;
+    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+    u.ctx.font = axis.font[0];
+    return Math.ceil(axis.ticks.size + axis.gap + u.ctx.measureText(longest).width / (window.devicePixelRatio || 1)) + 2;
   }
 
-  // bars: [{x, parts: [values...]}], one stacked bar per x; names: the parts' names
-  function stackedBars(title, bars, names, xlabel, ylabel) {
-    if (!bars.length) return null;
-    const totals = bars.map((b) => b.parts.reduce((a, v) => a + (v || 0), 0));
-    const xs = bars.map((b) => b.x);
-    const f = frame(title, xs.length > 1 ? xs : [xs[0] - 1, xs[0] + 1], [0, ...totals], xlabel, ylabel);
-    const gap = xs.length > 1 ? Math.min(...xs.slice(1).map((x, i) => x - xs[i])) : 2;
-    const width = Math.max(2, Math.abs(f.sx(gap) - f.sx(0)) * 0.6);
-    bars.forEach((b) => {
-      let base = 0;
-      b.parts.forEach((v, j) => {
-        if (!v) return;
-        el("rect", { x: f.sx(b.x) - width / 2, y: f.sy(base + v), width, height: f.sy(base) - f.sy(base + v),
-                     fill: COLORS[j % COLORS.length] }, f.svg);
-        base += v;
-      });
-    });
-    names.forEach((n, j) => el("text", { x: f.W - f.R - 4, y: f.T + 12 + 12 * j, "text-anchor": "end",
-                                         fill: COLORS[j % COLORS.length] }, f.svg, n));
-    return f.svg;
+  // spec: {name, title, xlabel, ylabel, xs, series: [{label, values, color, shown (the legend's values, if
+  //        not values)}], y: fit's options, bars, integerX, ticksAtX (a tick at each x, if few), format (the
+  //        legend's values)}
+  function chart(box, spec) {
+    const series = spec.series.filter((s) => s.values.some((v) => v != null && Number.isFinite(v)));
+    if (!series.length || !spec.xs.length) return;
+    const yRange = fit(series.flatMap((s) => s.values), spec.y);
+    const xRange = fitX(spec.xs, spec.bars);
+    const format = spec.format || compact;
+    const xTicks = [...new Set(spec.xs)].sort((a, b) => a - b);
+    const div = document.createElement("div");
+    div.className = "chart";
+    div.dataset.name = spec.name;
+    box.appendChild(div);
+    const opts = {
+      title: spec.title, width: WIDTH, height: HEIGHT,
+      scales: { x: { time: false, range: () => xRange }, y: { range: () => yRange } },
+      cursor: { drag: { x: false, y: false, setScale: false } },
+      legend: { show: series.length <= 12 },
+      axes: [
+        { label: spec.xlabel, incrs: spec.integerX ? INTEGER_STEPS : undefined, stroke: "#333", size: 30, labelSize: 20,
+          splits: spec.ticksAtX && xTicks.length <= 8 ? () => xTicks : undefined,
+          grid: { stroke: "#e8e8e8", width: 1 }, ticks: { stroke: "#999", width: 1, size: 4 },
+          values: (u, splits) => splits.map(compact) },
+        { label: spec.ylabel, stroke: "#333", size: axisSize, labelSize: 20, grid: { stroke: "#e8e8e8", width: 1 },
+          ticks: { stroke: "#999", width: 1, size: 4 }, values: (u, splits) => splits.map(compact) },
+      ],
+      series: [{ label: spec.xlabel, value: (u, v) => (v == null ? "--" : compact(v)) },
+               ...series.map((s) => ({
+                 label: s.label, stroke: s.color, width: spec.bars ? 0 : 1.5, spanGaps: true,
+                 fill: spec.bars ? s.color : undefined,
+                 paths: spec.bars ? uPlot.paths.bars({ size: [0.7, 48] }) : undefined,
+                 points: spec.bars ? { show: false } : { show: true, size: 6, fill: s.color, stroke: s.color },
+                 value: s.shown ? (u, v, si, i) => (i == null ? "--" : format(s.shown[i])) :
+                   (u, v) => (v == null ? "--" : format(v)),
+               }))],
+    };
+    const plot = new uPlot(opts, [spec.xs, ...series.map((s) => s.values)], div);
+    report.charts.push({ name: spec.name, plot });
   }
+
+  const finite = (v) => v != null && Number.isFinite(v);
 
   function plots(steps) {
     const box = $("plots");
+    for (const c of report.charts) c.plot.destroy();
+    report.charts = [];
     box.textContent = "";
-    const perStep = (key) => steps.map((s) => ({ name: `step ${s.step}`,
-                                                  points: s.history.map((h) => [h.iteration, h[key]]) }));
-    const stageNames = steps.length ? Object.keys(steps[0].stages) : [];
-    const fg = steps.some((s) => s.psnr_foreground != null);   // older folders: the whole image's only
-    const [p, q, what] = fg ? ["psnr_foreground", "ssim_foreground", "surface"] : ["psnr", "ssim", "held-out"];
-    const perTimestep = (series) => series.map(([name, key]) => ({ name, points: steps.map((s) => [s.step, s[key]]) }))
-      .filter((s) => s.points.some((pt) => pt[1] != null));
-    const charts = [
-      lineChart(`${what} PSNR during training`, perStep(p), "iteration", "PSNR (dB)"),
-      lineChart(`${what} SSIM during training`, perStep(q), "iteration", "SSIM"),
-      lineChart(`${what} PSNR per timestep`, perTimestep(fg ? [["orbit", p], ["2x closer", "psnr_foreground_near2"],
-                                                               ["3x closer", "psnr_foreground_near3"],
-                                                               ["off the orbit", "psnr_foreground_off"],
-                                                               ["whole image", "psnr"]] : [["", p]]),
-                "timestep", "PSNR (dB)"),
-      lineChart(`${what} SSIM per timestep`, perTimestep(fg ? [["orbit", q], ["whole image", "ssim"]] : [["", q]]),
-                "timestep", "SSIM"),
-      stackedBars("time per stage", steps.map((s) => ({ x: s.step, parts: stageNames.map((n) => s.stages[n]) })),
-                  stageNames, "timestep", "seconds"),
-    ];
-    for (const c of charts) if (c) box.appendChild(c);
+    if (!steps.length || typeof uPlot === "undefined") return;
+    const heading = (text) => {
+      const h = document.createElement("h2");
+      h.textContent = text;
+      box.appendChild(h);
+      const charts = document.createElement("div");
+      charts.className = "charts";
+      box.appendChild(charts);
+      return charts;
+    };
+    const fg = steps.some((s) => finite(s.psnr_foreground));   // older folders: the whole image's only
+    const [p, q, what] = fg ? ["psnr_foreground", "ssim_foreground", "Surface"] : ["psnr", "ssim", "Held-out"];
+    const db = (v) => v.toFixed(2), ratio = (v) => v.toFixed(4);
+    const ssimRange = { upper: 1 };
+
+    // during training: a line per step over its iterations, ending at the step's final figure
+    const during = heading("During training");
+    const iterations = [...new Set(steps.flatMap((s) => s.history.map((h) => h.iteration)))].sort((a, b) => a - b);
+    const colour = (k) => (steps.length <= COLORS.length ? COLORS[k] :
+      `hsl(210, 70%, ${Math.round(75 - 50 * k / (steps.length - 1))}%)`);       // older steps lighter
+    const curves = (key) => steps.map((s, k) => {
+      const at = new Map(s.history.map((h) => [h.iteration, h[key]]));
+      return { label: `step ${s.step}`, color: colour(k), values: iterations.map((it) => (at.has(it) ? at.get(it) : null)) };
+    });
+    chart(during, { name: "training-psnr", title: `${what} PSNR during training`, xlabel: "iteration",
+                    ylabel: "PSNR (dB)", xs: iterations, integerX: true, series: curves(p), format: db });
+    chart(during, { name: "training-ssim", title: `${what} SSIM during training`, xlabel: "iteration",
+                    ylabel: "SSIM", xs: iterations, integerX: true, series: curves(q), y: ssimRange, format: ratio });
+
+    // over the timesteps: a point per step
+    const series = heading("Over the timesteps");
+    const xs = steps.map((s) => s.step);
+    const per = (pairs) => pairs.map(([label, key], k) => ({ label, color: COLORS[k], values: steps.map((s) => s[key]) }));
+    const views = (prefix) => per(fg ? [["orbit", `${prefix}_foreground`], ["close-ups 2x", `${prefix}_foreground_near2`],
+                                        ["close-ups 3x", `${prefix}_foreground_near3`],
+                                        ["off the orbit", `${prefix}_foreground_off`],
+                                        ["model.ply", `ply_${prefix}_foreground`]]
+                                     : [["held-out", prefix]]);
+    const common = { xlabel: "timestep", xs, integerX: true, ticksAtX: true };
+    chart(series, { ...common, name: "series-psnr", title: `${what} PSNR per timestep`, ylabel: "PSNR (dB)",
+                    series: views("psnr"), format: db });
+    chart(series, { ...common, name: "series-ssim", title: `${what} SSIM per timestep`, ylabel: "SSIM",
+                    series: views("ssim"), y: ssimRange, format: ratio });
+    chart(series, { ...common, name: "series-gaussians", title: "Gaussians per timestep", ylabel: "Gaussians",
+                    series: per([["initial", "gaussians_initial"], ["trained", "gaussians"]]) });
+    chart(series, { ...common, name: "series-iterations", title: "Iterations per timestep", ylabel: "iterations",
+                    series: per([["iterations", "iterations"]]) });
+    // seconds: one stacked bar per step, a part per stage (its own seconds in the legend); drawn from the top
+    // part down, each bar from 0 to the sum of the parts below it and its own
+    const stages = Object.keys(steps[0].stages);
+    const sums = steps.map((s) => { let t = 0; return stages.map((n) => (t += s.stages[n] || 0)); });
+    const bars = stages.map((n, j) => ({ label: n, color: COLORS[j % COLORS.length], shown: steps.map((s) => s.stages[n]),
+                                         values: sums.map((c) => c[j]) }))
+      .filter((b) => b.shown.some(finite)).reverse();
+    chart(series, { ...common, name: "series-seconds", title: "Seconds per timestep, by stage", ylabel: "seconds",
+                    series: bars, bars: true, y: { zero: true }, format: (v) => (finite(v) ? v.toFixed(2) : "--") });
+    chart(series, { ...common, name: "series-bytes", title: "Bytes written per timestep", ylabel: "bytes",
+                    series: per([["written", "bytes_written"]]), y: { zero: true } });
   }
 
   setSteps(report.data);
