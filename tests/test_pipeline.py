@@ -102,7 +102,8 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
     (``train.eps2d`` 0.3) that is the composite's own figure, with the lit colour model that of the SH
     colours fitted to it (a standard PLY holds SH only)."""
     from conftest import plyfile_gaussians
-    from insitu.step.pipeline import make_scene, model_quality
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step.evaluation import model_quality
 
     cfg = tiny_config(color_model=color_model, eps2d=0.3, antialiased=False)
     block = whole_block(sphere_field())
@@ -170,7 +171,9 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
     """Every iteration draws one background per view (the same on every rank: a seeded generator);
     the ground truth the loss sees is the premultiplied GT band on that background."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
+    import insitu.step.loop as loop
+    from insitu.groundtruth.scene import make_scene
     from insitu.training.trainer import Trainer
 
     seen = []
@@ -181,18 +184,19 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
         return step(self, render, gt, **kw)
 
     backgrounds = []
-    render_bands = pipeline.render_bands
+    render_bands = loop.render_bands
 
     def spy_render(*args, background, **kw):
         backgrounds.append(background.clone())
         return render_bands(*args, background=background, **kw)
 
     monkeypatch.setattr(Trainer, "step", spy)
-    monkeypatch.setattr(pipeline, "render_bands", spy_render)
+    monkeypatch.setattr(loop, "render_bands", spy_render)
+    monkeypatch.setattr(evaluation, "render_bands", spy_render)
     cfg = tiny_config(iterations=4, batch=2)
     block = whole_block(sphere_field())
     run_step(block, cfg, comm)
-    scene = pipeline.make_scene(block, cfg, comm)
+    scene = make_scene(block, cfg, comm)
     train = backgrounds[1:1 + 4]                  # the evaluation at iteration 0 renders the held-out views first
     assert all(b.shape == (2, 3) for b in train)
     assert len({tuple(b.flatten().tolist()) for b in train}) == 4
@@ -212,27 +216,29 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
 def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(comm, monkeypatch):
     """Evaluations render and score the held-out views in groups; one view per group gives the same
     figures and images, the model file's figures too."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
+    from insitu.groundtruth.scene import make_scene, view_groups
+    from insitu.surface.seeds import extract_seeds, init_gaussians
     from insitu.training.trainer import to_params
 
     cfg = tiny_config()
     cfg.views.count, cfg.views.test_every = 24, 3                     # 8 held-out views
     block = whole_block(sphere_field())
-    scene = pipeline.make_scene(block, cfg, comm)
-    seeds = pipeline.extract_seeds(block, cfg.input.iso)
-    g = pipeline.init_gaussians(seeds, 300, color=(0.8, 0.5, 0.3), sh_degree=1, seed=0)
+    scene = make_scene(block, cfg, comm)
+    seeds = extract_seeds(block, cfg.input.iso)
+    g = init_gaussians(seeds, 300, color=(0.8, 0.5, 0.3), sh_degree=1, seed=0)
     params = to_params(g)
-    grouped = pipeline.view_groups(scene.views.test_ids.tolist(), 32, 32)
+    grouped = view_groups(scene.views.test_ids.tolist(), 32, 32)
     assert len(grouped) == 1 and len(grouped[0]) == 8
-    assert pipeline.view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
-    assert pipeline.view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
-    assert pipeline.view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
+    assert view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
+    assert view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
+    assert view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
     sh1 = ColorModel("sh", 1)
-    together, images = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
-    model = pipeline.model_quality(g, scene, comm, backend="torch")
-    monkeypatch.setattr(pipeline, "view_groups", lambda ids, w, h: [[i] for i in ids])
-    alone, images_alone = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
-    model_alone = pipeline.model_quality(g, scene, comm, backend="torch")
+    together, images = evaluation.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
+    model = evaluation.model_quality(g, scene, comm, backend="torch")
+    monkeypatch.setattr(evaluation, "view_groups", lambda ids, w, h: [[i] for i in ids])
+    alone, images_alone = evaluation.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
+    model_alone = evaluation.model_quality(g, scene, comm, backend="torch")
     for a, b in ((together, alone), (model, model_alone)):
         assert a.views == b.views == 8
         for k in ("psnr", "ssim", "psnr_foreground", "psnr_white", "ssim_foreground"):
@@ -254,7 +260,7 @@ def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts()
 
     script = """
 import sys, threading
-import insitu.step.pipeline as p
+import insitu.step.evaluation as p
 assert "insitu.step.metrics" not in sys.modules and "torchmetrics" not in sys.modules
 import torch
 p.preload_evaluation(torch.device("cpu"))
@@ -320,7 +326,7 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
 def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
     """train.pixel_loss l2 (the default): each step is given the alpha of the same views' ground-truth band,
     the squared error's foreground; under the L1 pixel term, none."""
-    import insitu.step.pipeline as pipeline
+    from insitu.groundtruth.scene import make_scene
     from insitu.training.trainer import Trainer
 
     seen = []
@@ -336,7 +342,7 @@ def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(
     cfg.output.ply_refine = 0                                         # the training's steps alone
     r = run_step(block, cfg, comm)
     assert np.isfinite(r.metrics["psnr"])
-    scene = pipeline.make_scene(block, cfg, comm)
+    scene = make_scene(block, cfg, comm)
     first = next(iter(ViewSampler(scene, cfg.train)))[0]
     assert len(seen) == 3 and all(a is not None and a.shape == (2, 32, 32, 1) for a in seen)
     torch.testing.assert_close(seen[0], scene.gt[first][..., 3:].float())
@@ -353,7 +359,7 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     (the held-out figures, the close-ups), and metrics.json; model.ply's SH model is trained (output.ply_refine
     steps) and its figures drawn with the blur standard 3DGS viewers add (0.3); a smaller blur gives sharper
     images, so the figures differ."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import STANDARD_EPS2D, rasterize
 
@@ -366,7 +372,7 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
         return recorded
 
     monkeypatch.setattr(training, "rasterize", spy("training"))
-    monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
+    monkeypatch.setattr(evaluation, "rasterize", spy("pipeline"))
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, eps2d=0.05)
     cfg.output.ply_refine = 1.0                                                   # as many steps as training's
@@ -383,7 +389,7 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
     metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
     so an antialiased model refits it even at the viewers' blur; the figures differ from a classic run."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import rasterize
     from insitu.training.appearance import drawn_otherwise
@@ -397,7 +403,7 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
         return recorded
 
     monkeypatch.setattr(training, "rasterize", spy("training"))
-    monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
+    monkeypatch.setattr(evaluation, "rasterize", spy("pipeline"))
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=True, color_model="sh", sh_degree=1)
     cfg.output.ply_refine = 1.0
@@ -442,11 +448,11 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
 def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path, monkeypatch):
     """One rank whose block owns only part of the grid (a gap): InputError naming the box, no seeds
     extracted, nothing written."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.seeding as seeding
 
     block = whole_block(sphere_field())
     block.owned_hi = (15, 15, 12)
-    monkeypatch.setattr(pipeline, "extract_seeds", lambda *a, **k: pytest.fail("seeds extracted"))
+    monkeypatch.setattr(seeding, "extract_seeds", lambda *a, **k: pytest.fail("seeds extracted"))
     out = tmp_path / "out"
     with pytest.raises(InputError, match=r"leave a gap: they hold 2700 of the 3375 cells .* e\.g\. cells "
                                          r"\[0, 15\) x \[0, 15\) x \[12, 15\) is held by no rank"):
@@ -474,7 +480,7 @@ def test_warm_start_from_the_previous_step(comm):
 
 
 def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
-    from insitu.step.pipeline import warm_shard
+    from insitu.step.seeding import warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
@@ -501,7 +507,7 @@ def test_a_density_seeded_warm_start_refills_to_the_cold_starts_density():
     a sparse fifth of them is kept: new ones are drawn as a cold start draws them, wherever the kept
     ones are sparser than that (before, they were the marching-cubes vertices alone, and none within a
     cell of a kept Gaussian)."""
-    from insitu.step.pipeline import warm_shard
+    from insitu.step.seeding import warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
@@ -552,7 +558,8 @@ def test_seed_colours_come_from_the_ground_truth(comm):
 def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     """warm_shard's new seeds (a second blob appears) get the cold start's colours from the ground
     truth; the Gaussians it kept keep their trained colours."""
-    from insitu.step.pipeline import init_colors, make_scene, warm_shard
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step.seeding import init_colors, warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config(color_model="sh")
@@ -579,7 +586,7 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
 def test_a_lit_warm_start_shades_its_new_seeds_from_the_field_and_keeps_the_trained_ones():
     """lit_seeds with ``only``: the new seeds get the field's normal and mapped colour, the kept
     Gaussians keep their trained rotation and base colour."""
-    from insitu.step.pipeline import lit_seeds
+    from insitu.step.seeding import lit_seeds
     from insitu.surface.seeds import extract_seeds, init_gaussians
     from insitu.training.appearance import quat_normals
 
@@ -622,7 +629,7 @@ def test_a_surface_on_the_boundary_between_two_blocks_is_seeded_and_trained(comm
 def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_initial_model(comm, monkeypatch):
     """While torchmetrics still imports, the initial model's held-out views are drawn before training
     and scored after it (training does not wait): the same figures, to the kept images' float16."""
-    import insitu.step.pipeline as p
+    import insitu.step.loop as p
 
     want = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
     drawn = []
@@ -639,19 +646,20 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
 def test_scene_casts_the_cameras_it_is_given(comm):
     """make_scene(views=...) casts those cameras: the step's own cameras give the step's scene, and some of them
     turned a quarter about their optical axes give their images turned."""
-    import insitu.step.pipeline as pipeline
     from dataclasses import replace
+
+    from insitu.groundtruth.scene import make_scene
 
     cfg = tiny_config()
     block = whole_block(sphere_field())
-    scene = pipeline.make_scene(block, cfg, comm)
-    again = pipeline.make_scene(block, cfg, comm, views=scene.views)
+    scene = make_scene(block, cfg, comm)
+    again = make_scene(block, cfg, comm, views=scene.views)
     assert torch.equal(again.views.viewmats, scene.views.viewmats) and torch.equal(again.gt, scene.gt)
     some = torch.arange(0, len(scene.views), 3)
     turn = torch.tensor([[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
     picked = scene.views.subset(some)
     subset = replace(picked, viewmats=turn @ picked.viewmats)
-    turned = pipeline.make_scene(block, cfg, comm, views=subset)
+    turned = make_scene(block, cfg, comm, views=subset)
     assert turned.gt.shape == (len(some), *scene.gt.shape[1:])
     # a quarter turn about the optical axis of a square image: the same picture, turned
     torch.testing.assert_close(turned.gt.float(), torch.rot90(scene.gt[some].float(), -1, (1, 2)), atol=2e-3, rtol=0)

@@ -333,7 +333,7 @@ def _adam(cfg: Config, sh_degree: int, device: torch.device) -> None:
 
 def _colours_and_adam(cfg: Config, sh_degree: int, refit: bool, device: torch.device) -> None:
     """The colours' kernels and Adam's of the step's model (``sh_degree``: its trained SH degree), and with
-    ``refit`` those of model.ply's SH model trained after it (:func:`insitu.step.pipeline.refine_for_viewers`):
+    ``refit`` those of model.ply's SH model trained after it (:func:`insitu.step.plyfit.refine_for_viewers`):
     SH colours with gradients at ``train.sh_degree`` and an SH trainer's Adam step."""
     tc = cfg.train
     _sh_colours(tc.sh_degree, tc.color_model == "sh" or refit, device)

@@ -125,11 +125,11 @@ def main(mode: str, out: Path | None) -> None:
         if mode == "replicated":
             cfg.parallel.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
-        import insitu.step.pipeline as pipeline      # again, rank 1 alone still importing the metrics: every
-        importing = pipeline.importing_metrics  # rank draws the initial figures now and scores them later
-        pipeline.importing_metrics = lambda: comm.rank == 1
+        import insitu.step.loop as loop      # again, rank 1 alone still importing the metrics: every
+        importing = loop.importing_metrics  # rank draws the initial figures now and scores them later
+        loop.importing_metrics = lambda: comm.rank == 1
         train(comm, cfg, field, out / f"metrics_{P}_deferred.json")
-        pipeline.importing_metrics = importing
+        loop.importing_metrics = importing
         if mode == "replicated":                # a warm start goes on from each rank's shard
             train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
             too_many = replace(cfg, train=replace(cfg.train, batch=len(result.cameras.train_ids)))
