@@ -33,6 +33,8 @@ from insitu.training.trainer import Trainer, render_bands, training_blur
 if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
     from insitu.step.metrics import Quality
 
+Grouping = Callable[[list[int], int, int], list[list[int]]]     # (view ids, width, height) -> groups of them
+
 
 _PRELOAD: list[threading.Thread] = []
 
@@ -86,10 +88,10 @@ def preload_evaluation(device: torch.device | None = None) -> None:
 @torch.no_grad()
 def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
              ids: list[int] | None = None, drawn: list[Tensor] | None = None, eps2d: float = STANDARD_EPS2D,
-             antialiased: bool = False):
+             antialiased: bool = False, groups: Grouping = view_groups):
     """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
     composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
-    (:func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
+    (``groups``: :func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
     first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again.
     ``eps2d``, ``antialiased``: the rasterizer's blur the model was trained with (px^2), and whether it keeps
     each splat's integral (:func:`insitu.render.rendering.rasterize`)."""
@@ -98,7 +100,7 @@ def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: s
     acc = QualityAccumulator() if comm.rank == 0 else None
     images = []
     for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids,
-                                                drawn=drawn, eps2d=eps2d, antialiased=antialiased):
+                                                drawn=drawn, eps2d=eps2d, antialiased=antialiased, groups=groups):
         if comm.rank == 0:
             acc.add_rgba(full_pred, full_gt, scene.background)
             on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
@@ -113,15 +115,16 @@ def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend:
                ids: list[int] | None = None, gt: bool = True,
                drawn: list[Tensor] | None = None,
                eps2d: float = STANDARD_EPS2D,
-               antialiased: bool = False) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+               antialiased: bool = False,
+               groups: Grouping = view_groups) -> Iterator[tuple[list[int], Tensor, Tensor]]:
     """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
-    (:func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
+    (``groups``: :func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
     rank 0 (gathered from the bands; ``gt`` False: None); collective. ``drawn``: rank 0's ``pred`` of
     every group, drawn before (any list on the other ranks): only the ground truth is gathered."""
     black = torch.zeros_like(scene.background)
     views = scene.views
-    groups = view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height)
-    for n, group in enumerate(groups):
+    for n, group in enumerate(groups(views.test_ids.tolist() if ids is None else list(ids), views.width,
+                                     views.height)):
         chosen = torch.tensor(group, device=comm.device)
         with torch.no_grad():
             if drawn is None:
@@ -154,10 +157,12 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
 
 
 @torch.no_grad()
-def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None):
+def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None,
+                  groups: Grouping = view_groups):
     """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
     rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the views
-    ``ids`` of the scene (default: the held-out views) on ``scene.background``.
+    ``ids`` of the scene (default: the held-out views) on ``scene.background``, in groups of views
+    (``groups``: :func:`view_groups`).
 
     model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.surface.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
@@ -170,7 +175,7 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, 
         g = model.to(comm.device)
         colors = torch.cat([g.sh0, g.shN], dim=1)
     views = scene.views
-    for group in view_groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+    for group in groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
         chosen = torch.tensor(group, device=comm.device)
         full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:

@@ -5,15 +5,18 @@ layout nothing of the volume or of the Gaussians moves between ranks during trai
 do (sort-last compositing; :mod:`insitu.step.layouts`). Failures on one rank are agreed at phase
 boundaries, so every rank ends with the same clear error instead of waiting in a collective.
 
-:func:`compute_step` reads as the step's phases, each a function of its own: :func:`check_input`,
-:func:`insitu.step.compilation.compile_ahead` (the step's GPU kernels, on background threads),
-:func:`seed_shard`, :func:`insitu.groundtruth.scene.make_scene`, :func:`init_colors`, :func:`make_trainer`, :func:`train`,
-:func:`evaluate_trainer`, the layout's shards, :func:`model_figures` and :func:`step_metrics`; a
-:class:`PhaseClock` times them.
+:func:`compute_step` reads as the step's phases, each a function of its own module: the input checked
+(:func:`check_input`), the step's GPU kernels compiled on background threads (:mod:`insitu.step.compilation`),
+the seeds (:mod:`insitu.step.seeding`), the views and their ground truth (:func:`insitu.groundtruth.scene.make_scene`),
+the seeds' colours, the trainer (:func:`make_trainer`) and its training loop (:mod:`insitu.step.loop`), the held-out
+figures (:mod:`insitu.step.evaluation`), ``model.ply``'s fit for viewers (:mod:`insitu.step.plyfit`) and
+metrics.json's record (:func:`step_metrics`); a :class:`insitu.step.clock.PhaseClock` times them. What it calls
+that a caller may replace comes in a :class:`Collaborators`.
 """
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -28,8 +31,9 @@ from insitu.groundtruth.views import Views, pixel_size
 from insitu.input.decomposition import Decomposition
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
-from insitu.step.compilation import compile_ahead
-from insitu.step.evaluation import closer_figures, evaluate_trainer, model_figures, preload_evaluation
+from insitu.step.compilation import Ahead, compile_ahead
+from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
+                                    preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import ply_shard
@@ -74,6 +78,124 @@ class StepResult:
     frame: Frame = field(default_factory=Frame)
 
 
+@dataclass(frozen=True)
+class Collaborators:
+    """What :func:`compute_step` calls that a caller may replace (to watch the step, or to time it); by default
+    the real ones (:data:`REAL`).
+
+    compile_ahead:      ``(cfg, comm) -> Ahead``, the step's kernels compiling (:func:`insitu.step.compilation.compile_ahead`).
+    make_scene:         the step's views and their ground truth (:func:`insitu.groundtruth.scene.make_scene`).
+    preload_evaluation: ``(device)``, the metrics' import started (:func:`insitu.step.evaluation.preload_evaluation`).
+    importing_metrics:  ``() -> bool``, whether that import still runs (:func:`insitu.step.evaluation.importing_metrics`).
+    trainer:            the trainer's class (:class:`insitu.training.trainer.Trainer`, or one that extends it).
+    """
+
+    compile_ahead: Callable[[Config, object], Ahead] = compile_ahead
+    make_scene: Callable[..., Scene] = make_scene
+    preload_evaluation: Callable[[torch.device], None] = preload_evaluation
+    importing_metrics: Callable[[], bool] = importing_metrics
+    trainer: type[Trainer] = Trainer
+
+
+REAL = Collaborators()
+
+
+def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
+                 warm: StepResult | None = None, iterations: int | None = None,
+                 using: Collaborators = REAL) -> StepResult:
+    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``.
+    Writes nothing: the outputs travel in the result (:func:`write_step`).
+
+    warm: the previous step's result on this rank: its shard, refit to this step's surface, is
+          trained on from the SH degree it had reached, instead of fresh seeds.
+    iterations: training iterations (default ``cfg.train.iterations``).
+    The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from
+    0), whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
+    """
+    if warm is not None and not isinstance(warm, StepResult):
+        raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
+    clock = PhaseClock(comm.device)
+    torch.manual_seed(cfg.train.seed + comm.rank)
+    show = cfg.train.progress and comm.rank == 0
+    iters = iterations if iterations is not None else cfg.train.iterations
+    block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
+    decomposition = check_input(block, cfg, comm)
+    frame = Frame.of(block)
+    block, warm = frame.inside(block), in_frame(warm, frame)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    ahead = using.compile_ahead(cfg, comm)          # (started at the run's start, if it was)
+    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None)
+    n0 = comm.mpi.allreduce(len(seeding.shard))
+    note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
+
+    def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
+        ahead.wait("ray caster")
+        using.preload_evaluation(comm.device)       # the metrics import beside the ray casting only
+
+    scene = using.make_scene(block, cfg, comm, progress=show, decomposition=decomposition,
+                             targets=seeding.targets, ready=cast_ready)
+    clock.lap("scene")
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    seconds = clock.lap("colors")
+    if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
+        note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
+    trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
+                                  warm=warm, trainer_class=using.trainer)
+    del shard, seeding                              # the trainer holds its own copy
+    clock.lap("setup")                              # the layout's set-up counts as ground-truth time
+    ahead.wait()
+    log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
+                importing=using.importing_metrics)
+    clock.lap("train")
+    q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
+                                 keep_images=cfg.output.images)
+    closer = closer_figures(trainer, scene, layout, cfg)
+    clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
+    trained = trainer.gaussians()
+    gaussians, total = layout.shard(trained)
+    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] \
+        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) else gaussians
+    clock.lap("ply fit")
+    merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
+    metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
+                           closer=closer)
+    orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
+    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
+                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame)
+
+
+def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
+    """The previous step's result ``warm`` with its shard in this step's ``frame`` (the grid may have moved or its
+    cells changed since); None for a cold start."""
+    if warm is None or warm.frame == frame:
+        return warm
+    return replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame)
+
+
+def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
+             warm: StepResult | None = None, iterations: int | None = None,
+             using: Collaborators = REAL) -> StepResult:
+    """:func:`compute_step`, then :func:`write_step` with ``writer`` (when given); collective over ``comm``."""
+    result = compute_step(block, cfg, comm, step=step, time=time, warm=warm, iterations=iterations, using=using)
+    if writer is not None:
+        write_step(result, writer, cfg, comm)
+    return result
+
+
+def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
+    """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
+    offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`)."""
+    t_write = _time.perf_counter()
+    shard = result.ply if result.ply is not None else result.gaussians
+    writer.write_model(result.step, result.frame.gaussians_to_world(shard), comm)
+    result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
+    with comm.phase("export"):                  # a failed write (disk full...) ends every rank
+        if comm.rank == 0:
+            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
+                         frame=result.frame)
+    result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
+
+
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
     """The field's global range, after checking that every iso value makes a surface: a sample equal
     to an iso value counts as above it, so an iso value in ``(min, max]`` does."""
@@ -107,25 +229,27 @@ def check_input(block: Block, cfg: Config, comm) -> Decomposition:
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
-                 iterations: int, warm: StepResult | None) -> tuple[Trainer, Scene]:
+                 iterations: int, warm: StepResult | None,
+                 trainer_class: type[Trainer] = Trainer) -> tuple[Trainer, Scene]:
     """The trainer of the model this rank trains in ``layout``, and the scene it trains on; collective.
 
     shard: this rank's coloured shard (:func:`init_colors`); ``share``: its part of the surface area.
     The learning rates scale with the whole domain's extent; the means stay within the layout's
-    bounds plus two cells; training goes on at the SH degree ``warm`` reached.
+    bounds plus two cells; training goes on at the SH degree ``warm`` reached. ``trainer_class``: the
+    trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends it).
     """
     model, scene = layout.prepare(shard, scene)
     device, tc = layout.comm.device, cfg.train
     lo, hi = layout.bounds
     margin = 2.0 * float(min(block.spacing))
     glo, ghi = block.global_box
-    trainer = Trainer(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
-                      box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
-                           torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
-                      max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
-                      total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
-                      replicas=layout.replicas,
-                      pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
+    trainer = trainer_class(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
+                            box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
+                                 torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
+                            max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
+                            total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
+                            replicas=layout.replicas,
+                            pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
     return trainer, scene
 
 
@@ -163,91 +287,3 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
                                                            op=MPI.MAX)
     metrics["total_seconds"] = round(clock.total(), 3)
     return metrics
-
-
-def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
-             warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
-    """:func:`compute_step`, then :func:`write_step` with ``writer`` (when given); collective over ``comm``."""
-    result = compute_step(block, cfg, comm, step=step, time=time, warm=warm, iterations=iterations)
-    if writer is not None:
-        write_step(result, writer, cfg, comm)
-    return result
-
-
-def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
-    """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
-    offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`)."""
-    t_write = _time.perf_counter()
-    shard = result.ply if result.ply is not None else result.gaussians
-    writer.write_model(result.step, result.frame.gaussians_to_world(shard), comm)
-    result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
-    with comm.phase("export"):                  # a failed write (disk full...) ends every rank
-        if comm.rank == 0:
-            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
-                         frame=result.frame)
-    result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
-
-
-def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
-                 warm: StepResult | None = None, iterations: int | None = None) -> StepResult:
-    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``.
-    Writes nothing: the outputs travel in the result (:func:`write_step`).
-
-    warm: the previous step's result on this rank: its shard, refit to this step's surface, is
-          trained on from the SH degree it had reached, instead of fresh seeds.
-    iterations: training iterations (default ``cfg.train.iterations``).
-    The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from
-    0), whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
-    """
-    if warm is not None and not isinstance(warm, StepResult):
-        raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
-    clock = PhaseClock(comm.device)
-    torch.manual_seed(cfg.train.seed + comm.rank)
-    show = cfg.train.progress and comm.rank == 0
-    iters = iterations if iterations is not None else cfg.train.iterations
-    block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
-    decomposition = check_input(block, cfg, comm)
-    frame = Frame.of(block)
-    block = frame.inside(block)
-    if warm is not None and warm.frame != frame:     # the grid moved or its cells changed since
-        warm = replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame)
-    layout = choose_layout(cfg, comm, block, decomposition)
-    ahead = compile_ahead(cfg, comm)                # (started at the run's start, if it was)
-    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None)
-    n0 = comm.mpi.allreduce(len(seeding.shard))
-    seconds = clock.lap("seeds", sync=False)
-    note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({seconds:.1f} s)", show)
-
-    def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
-        ahead.wait("ray caster")
-        preload_evaluation(comm.device)             # the metrics import beside the ray casting only
-
-    scene = make_scene(block, cfg, comm, progress=show, decomposition=decomposition, targets=seeding.targets,
-                       ready=cast_ready)
-    clock.lap("scene")
-    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
-    seconds = clock.lap("colors")
-    if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
-        note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
-    trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
-                                  warm=warm)
-    del shard, seeding                              # the trainer holds its own copy
-    clock.lap("setup")                              # the layout's set-up counts as ground-truth time
-    ahead.wait()
-    log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show)
-    clock.lap("train")
-    q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
-                                 keep_images=cfg.output.images)
-    closer = closer_figures(trainer, scene, layout, cfg)
-    clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
-    trained = trainer.gaussians()
-    gaussians, total = layout.shard(trained)
-    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] \
-        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) else gaussians
-    clock.lap("ply fit")
-    merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
-    metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer)
-    orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
-    return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame)

@@ -15,9 +15,10 @@ from insitu.config import Config
 from insitu.groundtruth.scene import Scene
 from insitu.render.rendering import STANDARD_EPS2D
 from insitu.step.layouts import Layout
-from insitu.step.loop import check_finite, train_iterations
+from insitu.step.loop import check_finite, train_iteration
 from insitu.surface.gaussians import Gaussians
 from insitu.training.appearance import ColorModel, refits_ply
+from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer, footprint_sides, training_blur
 
 
@@ -69,7 +70,8 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),
                      device=trainer.device, total_iterations=steps, sh_degree_start=fitted.sh_degree,
                      replicas=layout.replicas, pixel_size=trainer.pixel_size)
-    for _ in train_iterations(viewer, scene, layout, plain, steps):
-        pass
+    draws = ViewSampler(scene, replace(tc, batch=viewer.images_per_step))
+    for _, (ids, bg) in zip(range(steps), draws):
+        train_iteration(viewer, scene, *layout.batch(ids, bg), plain, layout.train_comm)
     return viewer.gaussians()
 

@@ -40,7 +40,7 @@ from insitu.config import Config
 from insitu.errors import InputError, RankFailure
 from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import run_step
+from insitu.step.pipeline import REAL, Collaborators, run_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/, for conftest's helpers
 from conftest import sphere_field, tiny_config  # noqa: E402
@@ -82,11 +82,11 @@ def expect_failure(case: str, comm, cfg, block) -> None:
     raise AssertionError(f"[{case}] run_step did not fail")
 
 
-def train(comm, cfg, field, path: Path, warm=None):
+def train(comm, cfg, field, path: Path, warm=None, using: Collaborators = REAL):
     """run_step on comm with this rank's block (warm-started from ``warm``, the previous result on this
     rank, when given); rank 0 writes the metrics to ``path``. Returns the result."""
     block = cut_block(field, comm.rank, comm.size)
-    result = run_step(block, cfg, comm, warm=warm, iterations=30 if warm is not None else None)
+    result = run_step(block, cfg, comm, warm=warm, iterations=30 if warm is not None else None, using=using)
     m = result.metrics
     per_rank = comm.allgather_object(len(result.gaussians))
     if not math.isfinite(m["psnr"]) or sum(per_rank) != m["gaussians"]:
@@ -125,11 +125,10 @@ def main(mode: str, out: Path | None) -> None:
         if mode == "replicated":
             cfg.parallel.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
-        import insitu.step.loop as loop      # again, rank 1 alone still importing the metrics: every
-        importing = loop.importing_metrics  # rank draws the initial figures now and scores them later
-        loop.importing_metrics = lambda: comm.rank == 1
-        train(comm, cfg, field, out / f"metrics_{P}_deferred.json")
-        loop.importing_metrics = importing
+        # again, rank 1 alone still importing the metrics: every rank draws the initial figures now and
+        # scores them later
+        train(comm, cfg, field, out / f"metrics_{P}_deferred.json",
+              using=Collaborators(importing_metrics=lambda: comm.rank == 1))
         if mode == "replicated":                # a warm start goes on from each rank's shard
             train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
             too_many = replace(cfg, train=replace(cfg.train, batch=len(result.cameras.train_ids)))
