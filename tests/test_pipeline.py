@@ -295,7 +295,8 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
     """compute_step starts compiling its kernels, seeds, and casts its ground truth; once the scene's views are set
     and its field prepared (make_scene's ``ready``: before the first view is cast, test_groundtruth.py) it waits
     for the ray caster's kernel (compiled on another thread meanwhile), then starts the metrics' import: the import
-    competes neither with the seeding nor with that compilation. Every kernel is waited for before training."""
+    competes neither with the seeding nor with that compilation. Every kernel, of the shapes of the objects the
+    step built, is waited for before training."""
     from insitu.groundtruth.scene import make_scene
     from insitu.step.compilation import Ahead
     from insitu.step.pipeline import Collaborators
@@ -315,10 +316,15 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
         events.append("scene")
         return make_scene(*args, ready=lambda: events.append("ready") or ready(), **kw)
 
-    using = Collaborators(compile_ahead=lambda cfg, comm: events.append("compile") or Recorded(), make_scene=scene,
-                          preload_evaluation=lambda device: events.append("import"), trainer=Watched)
+    def compile_ahead(cfg, comm, shapes=None):
+        events.append(("compile", shapes is not None))
+        return Recorded()
+
+    using = Collaborators(compile_ahead=compile_ahead, make_scene=scene, trainer=Watched,
+                          preload_evaluation=lambda device: events.append("import"))
     compute_step(whole_block(sphere_field()), tiny_config(iterations=1), comm, using=using)
-    assert events == ["compile", "scene", "ready", ("wait", ("ray caster",)), "import", ("wait", ()), "step"]
+    assert events == [("compile", False), "scene", "ready", ("wait", ("ray caster",)), "import",
+                      ("compile", True), ("wait", ()), "step"]
 
 
 def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm):
@@ -451,7 +457,7 @@ def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_compute
     with pytest.raises(InputError, match=r"leave a gap: they hold 2700 of the 3375 cells .* e\.g\. cells "
                                          r"\[0, 15\) x \[0, 15\) x \[12, 15\) is held by no rank"):
         run_step(block, tiny_config(), comm, writer=StepWriter(out),
-                 using=Collaborators(compile_ahead=lambda cfg, comm: pytest.fail("the step started")))
+                 using=Collaborators(compile_ahead=lambda *args: pytest.fail("the step started")))
     assert files_under(out) == []
 
 

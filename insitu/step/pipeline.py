@@ -31,7 +31,7 @@ from insitu.groundtruth.views import Views, pixel_size
 from insitu.input.decomposition import Decomposition
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
-from insitu.step.compilation import Ahead, compile_ahead
+from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
                                     preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
@@ -83,14 +83,15 @@ class Collaborators:
     """What :func:`compute_step` calls that a caller may replace (to watch the step, or to time it); by default
     the real ones (:data:`REAL`).
 
-    compile_ahead:      ``(cfg, comm) -> Ahead``, the step's kernels compiling (:func:`insitu.step.compilation.compile_ahead`).
+    compile_ahead:      ``(cfg, comm, shapes=None) -> Ahead``, the step's kernels compiling
+                        (:meth:`insitu.step.compilation.Compiler.compile_ahead`).
     make_scene:         the step's views and their ground truth (:func:`insitu.groundtruth.scene.make_scene`).
     preload_evaluation: ``(device)``, the metrics' import started (:func:`insitu.step.evaluation.preload_evaluation`).
     importing_metrics:  ``() -> bool``, whether that import still runs (:func:`insitu.step.evaluation.importing_metrics`).
     trainer:            the trainer's class (:class:`insitu.training.trainer.Trainer`, or one that extends it).
     """
 
-    compile_ahead: Callable[[Config, object], Ahead] = compile_ahead
+    compile_ahead: Callable[..., Ahead] = compile_ahead
     make_scene: Callable[..., Scene] = make_scene
     preload_evaluation: Callable[[torch.device], None] = preload_evaluation
     importing_metrics: Callable[[], bool] = importing_metrics
@@ -123,7 +124,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     frame = Frame.of(block)
     block, warm = frame.inside(block), in_frame(warm, frame)
     layout = choose_layout(cfg, comm, block, decomposition)
-    ahead = using.compile_ahead(cfg, comm)          # (started at the run's start, if it was)
+    ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
@@ -143,7 +144,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                                   warm=warm, trainer_class=using.trainer)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
-    ahead.wait()
+    using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
                 importing=using.importing_metrics)
     clock.lap("train")
