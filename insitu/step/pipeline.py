@@ -36,10 +36,9 @@ from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_
                                     preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
-from insitu.step.plyfit import ply_shard
+from insitu.step.plyfit import model_ply
 from insitu.step.seeding import init_colors, seed_shard
 from insitu.surface.gaussians import Gaussians
-from insitu.training.appearance import drawn_otherwise
 from insitu.training.trainer import Trainer
 from insitu.volume import Block, Frame, check_field, check_geometry, readable_block
 
@@ -56,8 +55,8 @@ class StepResult:
     sh_degree: the SH degree training had reached (a warm start goes on from it).
     step, time: the simulation's step number and time.
     model:     the merged model on rank 0 (``output.ply_metrics``), else None: for the web copy.
-    ply:       this rank's shard of ``model.ply`` (:func:`ply_shard`; the shard itself for a model that viewers
-               draw as trained: SH colours and their blur).
+    ply:       this rank's shard of ``model.ply`` (:func:`insitu.step.plyfit.model_ply`: the shard itself for a
+               model that viewers draw as trained: SH colours and their blur).
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
@@ -87,7 +86,8 @@ class Collaborators:
                         (:meth:`insitu.step.compilation.Compiler.compile_ahead`).
     make_scene:         the step's views and their ground truth (:func:`insitu.groundtruth.scene.make_scene`).
     preload_evaluation: ``(device)``, the metrics' import started (:func:`insitu.step.evaluation.preload_evaluation`).
-    importing_metrics:  ``() -> bool``, whether that import still runs (:func:`insitu.step.evaluation.importing_metrics`).
+    importing_metrics:  ``() -> bool``, whether that import still runs
+                        (:func:`insitu.step.evaluation.importing_metrics`).
     trainer:            the trainer's class (:class:`insitu.training.trainer.Trainer`, or one that extends it).
     """
 
@@ -104,14 +104,14 @@ REAL = Collaborators()
 def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
                  warm: StepResult | None = None, iterations: int | None = None,
                  using: Collaborators = REAL) -> StepResult:
-    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``.
-    Writes nothing: the outputs travel in the result (:func:`write_step`).
+    """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``. Writes nothing: the
+    outputs travel in the result (:func:`write_step`).
 
-    warm: the previous step's result on this rank: its shard, refit to this step's surface, is
-          trained on from the SH degree it had reached, instead of fresh seeds.
-    iterations: training iterations (default ``cfg.train.iterations``).
-    The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from
-    0), whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
+    warm: the previous step's result on this rank: its shard, refit to this step's surface, is trained on from
+          the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``.
+    using: what the step calls that a caller may replace (:class:`Collaborators`).
+    The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from 0),
+    whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
     """
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
@@ -154,8 +154,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    ply = layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0] \
-        if drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) else gaussians
+    ply = model_ply(trained, gaussians, trainer, scene, layout, cfg)
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,

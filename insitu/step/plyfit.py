@@ -1,9 +1,10 @@
-"""``model.ply`` of a model that viewers draw otherwise than training did: its SH colours fitted, then trained as viewers draw.
+"""``model.ply`` of a model that viewers draw otherwise than training did: SH colours, trained as viewers draw.
 
-Standard 3DGS viewers draw a ``.ply`` with SH colours and a blur of 0.3 px^2, without the antialiased mode. A
-lit model's colours become SH colours fitted to its lit colour over the directions the views saw each side
-of a Gaussian from (:func:`ply_shard`), and that SH model then trains for ``output.ply_refine`` of the
-step's iterations as a viewer draws it (:func:`refine_for_viewers`); the trained model itself is unchanged.
+Standard 3DGS viewers draw a ``.ply`` with SH colours and a blur of 0.3 px^2, without the antialiased mode; a model
+trained so is written as it is (:func:`model_ply`). Otherwise a lit model's colours become SH colours fitted to
+its lit colour over the directions the views saw each side of a Gaussian from (:func:`ply_shard`; an SH model
+keeps its own), and that SH model then trains for ``output.ply_refine`` of the step's iterations as a viewer draws
+it (:func:`refine_for_viewers`); the trained model itself is unchanged.
 """
 from __future__ import annotations
 
@@ -17,9 +18,19 @@ from insitu.render.rendering import STANDARD_EPS2D
 from insitu.step.layouts import Layout
 from insitu.step.loop import check_finite, train_iteration
 from insitu.surface.gaussians import Gaussians
-from insitu.training.appearance import ColorModel, refits_ply
+from insitu.training.appearance import ColorModel, drawn_otherwise, refits_ply
 from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer, footprint_sides, training_blur
+
+
+def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Scene, layout: Layout,
+              cfg: Config) -> Gaussians:
+    """This rank's shard of ``model.ply``: its ``shard`` of the ``trained`` model (:meth:`Trainer.gaussians`) for a
+    model that viewers draw as trained (SH colours and their blur: :func:`insitu.training.appearance.drawn_otherwise`),
+    else its shard of :func:`ply_shard`; collective over every rank of ``layout``."""
+    if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
+        return shard
+    return layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0]
 
 
 def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
