@@ -16,7 +16,7 @@ from insitu.output.export import StepWriter
 from insitu.output.files import read_csv
 from insitu.output.ply import read_ply
 from insitu.output.webmodel import read_spz
-from insitu.step.pipeline import compute_step, run_step, write_step
+from insitu.step.pipeline import Collaborators, compute_step, run_step, write_step
 from insitu.training.appearance import ColorModel
 from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer
@@ -173,7 +173,6 @@ def test_training_composites_render_and_ground_truth_on_the_same_random_backgrou
     """Every iteration draws one background per view (the same on every rank: a seeded generator); the loss
     compares the render and the premultiplied GT band, both over that background."""
     from insitu.groundtruth.scene import make_scene
-    from insitu.step.pipeline import Collaborators
 
     seen = []
 
@@ -299,7 +298,6 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
     step built, is waited for before training."""
     from insitu.groundtruth.scene import make_scene
     from insitu.step.compilation import Ahead
-    from insitu.step.pipeline import Collaborators
 
     events = []
 
@@ -331,7 +329,6 @@ def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(
     """train.pixel_loss l2 (the default): each step is given the alpha of the same views' ground-truth band,
     the squared error's foreground; under the L1 pixel term, none."""
     from insitu.groundtruth.scene import make_scene
-    from insitu.step.pipeline import Collaborators
 
     seen = []
 
@@ -449,7 +446,6 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
 def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path):
     """One rank whose block owns only part of the grid (a gap): InputError naming the box, before the step's
     first work (its kernels' compilation, before the seeds), nothing written."""
-    from insitu.step.pipeline import Collaborators
 
     block = whole_block(sphere_field())
     block.owned_hi = (15, 15, 12)
@@ -631,7 +627,6 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
     """While torchmetrics still imports, the initial model's held-out views are drawn before training and scored
     after it (training does not wait; its figure is shown after training's progress): the same figures, to the
     kept images' float16."""
-    from insitu.step.pipeline import Collaborators
 
     cfg = tiny_config(progress=True)
     want = compute_step(whole_block(sphere_field()), cfg, comm,
