@@ -51,11 +51,13 @@ from insitu.groundtruth.views import HELD_OUT, Views, pixel_size  # noqa: E402
 from insitu.output.files import write_png  # noqa: E402
 from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
 from insitu.render.compositing import foreground  # noqa: E402
+from insitu.step.clock import PhaseClock  # noqa: E402
 from insitu.step.layouts import choose_layout  # noqa: E402
-from insitu.step.pipeline import (PhaseClock, check_input, init_colors, make_trainer, seed_shard, train,  # noqa: E402
-                                  training_blur)
+from insitu.step.loop import train  # noqa: E402
+from insitu.step.pipeline import check_input, make_trainer  # noqa: E402
+from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
 from insitu.training.appearance import BlockSamples, quat_normals  # noqa: E402
-from insitu.training.trainer import render_bands  # noqa: E402
+from insitu.training.trainer import render_bands, training_blur  # noqa: E402
 from insitu.volume import iso_distance, unit_field, whole_block  # noqa: E402
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)

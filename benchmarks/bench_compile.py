@@ -159,11 +159,11 @@ def evict_page_cache(package: str) -> dict:
 def record_timeline() -> list[dict]:
     """Record, in the list returned as they come: each phase of a step as it ends, each wait for
     compiled groups, and each of the package's background threads (start and end)."""
-    from insitu.step import compilation, pipeline
+    from insitu.step import clock, compilation
 
     events: list[dict] = []
     now = lambda: round(time.perf_counter() - T0, 3)        # noqa: E731
-    lap, wait, start = pipeline.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start
+    lap, wait, start = clock.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start
 
     def timed_lap(self, name, **k):
         seconds = lap(self, name, **k)
@@ -190,7 +190,7 @@ def record_timeline() -> list[dict]:
             self.run = traced
         start(self)
 
-    pipeline.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start = timed_lap, timed_wait, traced_start
+    clock.PhaseClock.lap, compilation.Ahead.wait, threading.Thread.start = timed_lap, timed_wait, traced_start
     return events
 
 

@@ -108,7 +108,7 @@ def pipeline(args) -> None:
     from insitu.config import load_config
     from insitu.input.decomposition import cut_block
     from insitu.parallel.comm import init_comm, shutdown
-    from insitu.step.pipeline import make_scene
+    from insitu.groundtruth.scene import make_scene
 
     comm = init_comm(device="auto")
     iso = args.iso if args.iso is not None else [40.0]

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402
 from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
-from insitu.step import pipeline  # noqa: E402
+from insitu.step import evaluation, loop, pipeline  # noqa: E402
 from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
 from insitu.training.sampling import ViewSampler  # noqa: E402
 from insitu.volume import read_raw, whole_block  # noqa: E402
 
@@ -54,7 +55,7 @@ def timed(comm, trainer, scene, cfg, draws, n: int) -> float:
     """ms per iteration over ``n`` iterations."""
     t = sync(comm)
     for _, (ids, bg) in zip(range(n), draws):
-        pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
+        loop.train_iteration(trainer, scene, ids, bg, cfg, comm)
     return (sync(comm) - t) * 1e3 / n
 
 
@@ -84,9 +85,9 @@ def main() -> None:
     t0 = time.perf_counter()
     decomposition = pipeline.check_input(block, cfg, comm)      # as pipeline.compute_step sets a step up
     layout = choose_layout(cfg, comm, block, decomposition)
-    seeding = pipeline.seed_shard(block, cfg, comm, None)
+    seeding = seed_shard(block, cfg, comm, None)
     scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                            iterations=tc.iterations, warm=None)
     setup_s = sync(comm) - t0
@@ -101,7 +102,7 @@ def main() -> None:
     image_quality(tiny, tiny.flip(1))               # torchmetrics' first use in the process, on a tiny image
     out["metrics_first_s"] = round(sync(comm) - t, 3)
     t = sync(comm)
-    pipeline.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
+    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
     out["evaluate_first_s"] = round(sync(comm) - t, 3)
     out["first_ms"] = round(timed(comm, trainer, scene, cfg, draws, 1), 1)
     chunks = []
@@ -111,7 +112,7 @@ def main() -> None:
     out["chunks"] = chunks
 
     t = sync(comm)
-    pipeline.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
+    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
     out["evaluate_s"] = round(sync(comm) - t, 3)
 
     steady = dataclasses.replace(tc, densify_from=10**9, opacity_reset_every=0)

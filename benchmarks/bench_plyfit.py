@@ -28,8 +28,10 @@ from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (bench
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402
 from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
-from insitu.step import pipeline  # noqa: E402
+from insitu.step import evaluation, loop, pipeline, plyfit  # noqa: E402
+from insitu.step.clock import PhaseClock  # noqa: E402
 from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 
 VARIED = ("output.ply_refine", "output.ply_fit_views", "train.batch")
@@ -67,17 +69,17 @@ def main() -> None:
     block = whole_block(volume)
     decomposition = pipeline.check_input(block, cfg, comm)
     layout = choose_layout(cfg, comm, block, decomposition)
-    clock = pipeline.PhaseClock(comm.device)
-    seeding = pipeline.seed_shard(block, cfg, comm, None)
+    clock = PhaseClock(comm.device)
+    seeding = seed_shard(block, cfg, comm, None)
     scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                            iterations=cfg.train.iterations, warm=None)
     clock.lap("setup")                          # (run 92's train_seconds include the seeds and the ground truth)
-    pipeline.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
+    loop.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
                    gaussians=len(shard), show=False)
     clock.lap("train")
-    q, _ = pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
+    q, _ = evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
     trained = trainer.gaussians()
     gaussians, _ = layout.shard(trained)
     rows = {}
@@ -86,11 +88,11 @@ def main() -> None:
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         t = time.perf_counter()
-        ply = layout.shard(pipeline.ply_shard(trained, trainer, scene, layout, vcfg))[0]
+        ply = layout.shard(plyfit.ply_shard(trained, trainer, scene, layout, vcfg))[0]
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         seconds = time.perf_counter() - t
-        _, qm = pipeline.model_figures(gaussians, ply, scene, layout, vcfg)
+        _, qm = evaluation.model_figures(gaussians, ply, scene, layout, vcfg)
         if i > 0:
             rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3),
                           "ply_psnr_foreground": qm.psnr_foreground, "ply_ssim_foreground": qm.ssim_foreground,

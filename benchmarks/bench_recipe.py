@@ -26,7 +26,8 @@ import torch
 from insitu.config import load_config
 from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import evaluate, make_scene
+from insitu.groundtruth.scene import make_scene
+from insitu.step.evaluation import evaluate
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.appearance import ColorModel
 from insitu.volume import read_raw

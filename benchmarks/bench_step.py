@@ -24,7 +24,7 @@ import torch
 from insitu.config import load_config
 from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import make_scene
+from insitu.groundtruth.scene import make_scene
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.trainer import Trainer, render_bands
 from insitu.volume import read_raw

@@ -44,8 +44,9 @@ from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (bench
 from insitu.config import load_config  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402
 from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
-from insitu.step import pipeline  # noqa: E402
+from insitu.step import evaluation, loop, pipeline  # noqa: E402
 from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
 from insitu.training.sampling import ViewSampler  # noqa: E402
 from insitu.volume import whole_block  # noqa: E402
 
@@ -115,24 +116,24 @@ def main() -> None:
     decomposition = pipeline.check_input(block, cfg, comm)
     layout = choose_layout(cfg, comm, block, decomposition)
     with count.phase("seeds"):
-        seeding = pipeline.seed_shard(block, cfg, comm, None)
+        seeding = seed_shard(block, cfg, comm, None)
     with count.phase("ground_truth"):
         scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-    shard = pipeline.init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
     trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
                                            iterations=cfg.train.iterations, warm=None)
     draws = iter(ViewSampler(scene, dataclasses.replace(cfg.train, batch=trainer.images_per_step)))
-    pipeline.train_iteration(trainer, scene, *next(draws), cfg, comm)       # first use: kernels load
+    loop.train_iteration(trainer, scene, *next(draws), cfg, comm)       # first use: kernels load
     with count.phase("train_first"):
         for _, (ids, bg) in zip(range(args.counted), draws):
-            pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
+            loop.train_iteration(trainer, scene, ids, bg, cfg, comm)
     trainer.cfg = dataclasses.replace(cfg.train, densify_from=10**9, opacity_reset_every=0)
     with count.phase("train_steady"):
         for _, (ids, bg) in zip(range(args.counted), draws):
-            pipeline.train_iteration(trainer, scene, ids, bg, cfg, comm)
-    pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)   # imports, first use
+            loop.train_iteration(trainer, scene, ids, bg, cfg, comm)
+    evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)   # imports, first use
     with count.phase("evaluation"):
-        pipeline.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
+        evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
     out = {"device": torch.cuda.get_device_name(comm.device), "resolution": args.resolution,
            "views": len(scene.views), "gaussians": len(trainer), "iterations": args.counted,
            "phases": count.summary()}

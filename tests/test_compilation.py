@@ -9,9 +9,9 @@ from conftest import sphere_field
 
 from insitu.config import Config, from_dict
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step import compilation
-from insitu.step.compilation import Ahead, compile_ahead, kernel_groups, spawn_compiler, start, waiter
-from insitu.step.pipeline import compute_step
+from insitu.step.compilation import Ahead, Compiler, KernelShapes, compile_ahead, kernel_groups
+from insitu.step.layouts import training_ranks
+from insitu.step.pipeline import Collaborators, compute_step
 from insitu.volume import whole_block
 
 
@@ -31,18 +31,15 @@ def small_config(color_model: str = "lit", **views) -> Config:
 @pytest.mark.parametrize("color_model, eps2d, antialiased, refine, refit", [
     ("lit", 0.05, True, 0.125, True), ("lit", 0.05, True, 0, False), ("sh", 0.05, False, 0.125, True),
     ("sh", 0.3, False, 0.125, False), ("sh", 0.3, True, 0.125, True)])
-def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(monkeypatch, color_model, eps2d, antialiased,
-                                                                       refine, refit):
+def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(color_model, eps2d, antialiased, refine, refit):
     """When model.ply's SH model is trained after the step (output.ply_refine, a model that viewers draw
     otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step."""
     calls = []
-    monkeypatch.setattr(compilation, "_sh_colours", lambda degree, train, device: calls.append(("sh", degree, train)))
-    monkeypatch.setattr(compilation, "_adam", lambda cfg, degree, device: calls.append(
-        ("adam", cfg.train.color_model, degree)))
     cfg = small_config(color_model)
     cfg.train.eps2d, cfg.train.antialiased, cfg.output.ply_refine, cfg.train.sh_degree = eps2d, antialiased, refine, 3
-    key, job = kernel_groups(cfg)["colours and adam"]
-    job(torch.device("cpu"))
+    key, job = kernel_groups(cfg, KernelShapes.planned(cfg))["colours and adam"]
+    job(torch.device("cpu"), sh_colours=lambda degree, train, device: calls.append(("sh", degree, train)),
+        adam=lambda cfg, degree, device: calls.append(("adam", cfg.train.color_model, degree)))
     trains_sh = color_model == "sh" or refit
     expected = [("sh", 3, trains_sh), ("adam", color_model, 0 if color_model == "lit" else 3)]
     if refit and color_model == "lit":
@@ -69,7 +66,7 @@ def test_every_group_runs_the_steps_own_functions_on_a_tiny_input(color_model, s
     cfg = small_config(color_model, colormap="gray")
     cfg.input.color_var = "c"
     cfg.input.iso = [4.0, 6.0]
-    groups = kernel_groups(cfg, train_size=size, train_rank=rank)
+    groups = kernel_groups(cfg, KernelShapes.planned(cfg, size, rank))
     assert set(groups) == {"ray caster", "loss", "colours and adam"}
     for name, (key, job) in groups.items():
         job(torch.device("cpu"))
@@ -77,14 +74,38 @@ def test_every_group_runs_the_steps_own_functions_on_a_tiny_input(color_model, s
 
 def test_the_keys_follow_what_sets_the_specialisations():
     a, b = small_config(), small_config(resolution=64)
-    ka = {n: k for n, (k, _) in kernel_groups(a).items()}
-    kb = {n: k for n, (k, _) in kernel_groups(b).items()}
+    ka = {n: k for n, (k, _) in kernel_groups(a, KernelShapes.planned(a)).items()}
+    kb = {n: k for n, (k, _) in kernel_groups(b, KernelShapes.planned(b)).items()}
     assert ka["ray caster"] != kb["ray caster"] and ka["loss"] != kb["loss"]
     assert ka["colours and adam"] == kb["colours and adam"]
-    two = {n: k for n, (k, _) in kernel_groups(a, train_size=2, train_rank=1).items()}
+    two = {n: k for n, (k, _) in kernel_groups(a, KernelShapes.planned(a, 2, 1)).items()}
     assert two["loss"] != ka["loss"]
-    sh = {n: k for n, (k, _) in kernel_groups(small_config("sh")).items()}
+    sh = {n: k for n, (k, _) in kernel_groups(small_config("sh"), KernelShapes.planned(small_config("sh"))).items()}
     assert sh["colours and adam"] != ka["colours and adam"]
+
+
+@pytest.mark.parametrize("color_model", ["lit", "sh"])
+def test_the_planned_shapes_are_those_of_the_objects_a_step_builds(color_model):
+    """The shapes compiled for at a run's start and a step's (before it has seeds or views) are those of the
+    objects the step trains with, on which it waits for its kernels before training; a warm start's too."""
+    asked = []
+
+    def recorded(cfg, comm, shapes=None):
+        asked.append(shapes)
+        return Ahead()
+
+    cfg = small_config(color_model)
+    cfg.train.iterations, cfg.train.sh_degree, cfg.views.resolution = 2, 2, 24
+    comm = init_comm(device="cpu")
+    try:
+        first = compute_step(whole_block(sphere_field()), cfg, comm, using=Collaborators(compile_ahead=recorded))
+        compute_step(whole_block(sphere_field() - 0.5), cfg, comm, warm=first,
+                     using=Collaborators(compile_ahead=recorded))
+        planned = KernelShapes.planned(cfg, *training_ranks(cfg, comm))
+    finally:
+        shutdown(comm)
+    assert asked == [None, planned, None, planned]
+    assert planned == KernelShapes(24, 24, (0, 24), 1, 0 if color_model == "lit" else 2)
 
 
 def test_a_group_runs_on_its_own_thread_and_its_failure_is_left_to_the_first_launch():
@@ -96,8 +117,9 @@ def test_a_group_runs_on_its_own_thread_and_its_failure_is_left_to_the_first_lau
     def broken(device):
         raise RuntimeError("no compiler here")
 
-    ahead = Ahead({"fine": start("fine", fine, torch.device("cpu")),
-                   "broken": start("broken", broken, torch.device("cpu"))})
+    compiler = Compiler()
+    ahead = Ahead({"fine": compiler.start("fine", fine, torch.device("cpu")),
+                   "broken": compiler.start("broken", broken, torch.device("cpu"))})
     ahead.wait()                                            # no exception: the failure is ignored here
     assert seen == [("insitu-compile-fine", torch.device("cpu"))]
     assert isinstance(ahead.futures["broken"].exception(), RuntimeError)
@@ -111,12 +133,13 @@ def test_a_process_that_ends_waits_for_the_compilations_still_running():
         seen.append("finished")
 
     seen = []
-    future = start("slow", slow, torch.device("cpu"))
+    compiler = Compiler()
+    future = compiler.start("slow", slow, torch.device("cpu"))
     assert not future.done()
-    compilation.wait_at_exit()
+    compiler.wait_at_exit()
     assert future.done() and seen == ["finished"]
-    late = start("late", lambda device: threading.Event().wait(5.0), torch.device("cpu"))
-    compilation.wait_at_exit(seconds=0.2)                   # bounded: it gives up on a hung compilation
+    late = compiler.start("late", lambda device: threading.Event().wait(5.0), torch.device("cpu"))
+    compiler.wait_at_exit(seconds=0.2)                      # bounded: it gives up on a hung compilation
     assert not late.done()
 
 
@@ -136,24 +159,28 @@ def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(
     when one failed or is unknown; nothing starts without groups, with parallel.compile_in_child off, or
     from a program that is not the Python sys.executable names (a simulation that embeds Python)."""
     import json
+    import sys
 
-    monkeypatch.setattr(compilation, "_CHILDREN", [])
+    from insitu.step.compilation import child_main
+
+    compiler, cpu = Compiler(), torch.device("cpu")
     cfg = small_config()
-    assert spawn_compiler(cfg, [], torch.device("cpu")) is None
-    child = spawn_compiler(cfg, ["loss", "colours and adam"], torch.device("cpu"), train_size=2, train_rank=1)
-    unknown = spawn_compiler(cfg, ["loss", "no such group"], torch.device("cpu"))
+    shapes, two = KernelShapes.planned(cfg), KernelShapes.planned(cfg, 2, 1)
+    assert compiler.spawn(cfg, [], cpu, shapes) is None
+    child = compiler.spawn(cfg, ["loss", "colours and adam"], cpu, two)
+    unknown = compiler.spawn(cfg, ["loss", "no such group"], cpu, shapes)
     assert child.wait(timeout=120) == 0 and unknown.wait(timeout=120) == 1
-    assert compilation._CHILDREN == [child, unknown]
+    assert compiler.children == [child, unknown]
     cfg.parallel.compile_in_child = False
-    assert spawn_compiler(cfg, ["loss"], torch.device("cpu")) is None
+    assert compiler.spawn(cfg, ["loss"], cpu, shapes) is None
     cfg.parallel.compile_in_child = True
-    monkeypatch.setattr(compilation.sys, "executable", "/opt/sim/bin/my_simulation")
-    assert spawn_compiler(cfg, ["loss"], torch.device("cpu")) is None
+    monkeypatch.setattr(sys, "executable", "/opt/sim/bin/my_simulation")
+    assert compiler.spawn(cfg, ["loss"], cpu, shapes) is None
 
     class Spec:                                 # the first line, then a pipe that stays open
         def readline(self):
             return json.dumps({"config": {}, "groups": ["fine", "broken"], "device": "cpu",
-                               "train_size": 1, "train_rank": 0})
+                               "shapes": {"width": 8, "height": 8, "rows": [0, 8], "band_ranks": 1, "sh_degree": 0}})
 
         def read(self):
             threading.Event().wait()
@@ -161,9 +188,10 @@ def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(
     def broken(device):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(compilation, "kernel_groups", lambda cfg, **k: {"fine": (1, lambda d: None),
-                                                                        "broken": (2, broken)})
-    assert compilation.child_main(Spec()) == 1
+    groups = []
+    assert child_main(Spec(), groups=lambda cfg, shapes: groups.append(shapes) or {"fine": (1, lambda d: None),
+                                                                                 "broken": (2, broken)}) == 1
+    assert groups == [KernelShapes(8, 8, (0, 8), 1, 0)]
 
 
 def test_a_child_compiler_ends_when_its_parent_does():
@@ -176,34 +204,34 @@ def test_a_child_compiler_ends_when_its_parent_does():
     script = """
 import io, json, sys, time
 from insitu.step import compilation
-compilation.kernel_groups = lambda cfg, **k: {"slow": (1, lambda device: time.sleep(60))}
-spec = json.dumps({"config": {}, "groups": ["slow"], "device": "cpu", "train_size": 1, "train_rank": 0})
-sys.exit(compilation.child_main(io.StringIO(spec + "\\n")))    # the rest of the stream: ended at once
+slow = lambda cfg, shapes: {"slow": (1, lambda device: time.sleep(60))}
+spec = json.dumps({"config": {}, "groups": ["slow"], "device": "cpu",
+                   "shapes": {"width": 8, "height": 8, "rows": [0, 8], "band_ranks": 1, "sh_degree": 0}})
+sys.exit(compilation.child_main(io.StringIO(spec + "\\n"), groups=slow))    # the rest of the stream: ended at once
 """
     out = launch([sys.executable, "-c", script], timeout=40)
     assert out.returncode == 1, out.stderr
 
 
-def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it(monkeypatch):
+def test_a_group_left_to_a_child_runs_here_after_it_unless_this_process_ended_it():
     """A group's thread waits for its child compiler, then runs its job (what the child compiled then
     loads from the cache; what it did not, compiles here, as when it fails); a child that this process
     ends as it exits leaves its groups' jobs unrun."""
     import subprocess
     import sys
 
-    monkeypatch.setattr(compilation, "_CHILDREN", [])
-    monkeypatch.setattr(compilation, "_KILLED", [])
+    compiler = Compiler()
     seen = []
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
-    done = start("after a failed child", lambda device: seen.append("ran"), torch.device("cpu"),
-                 after=waiter(failed))
+    done = compiler.start("after a failed child", lambda device: seen.append("ran"), torch.device("cpu"),
+                          after=compiler.waiter(failed))
     assert done.exception(timeout=60) is None and seen == ["ran"]
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    compilation._CHILDREN.append(slow)
-    ended = start("after an ended child", lambda device: seen.append("ran again"), torch.device("cpu"),
-                  after=waiter(slow))
+    compiler.children.append(slow)                  # as Compiler.spawn keeps the children it starts
+    ended = compiler.start("after an ended child", lambda device: seen.append("ran again"), torch.device("cpu"),
+                           after=compiler.waiter(slow))
     assert not ended.done()
-    compilation.wait_at_exit()
+    compiler.wait_at_exit()
     assert slow.returncode is not None and ended.done() and ended.exception() is None and seen == ["ran"]
 
 
@@ -221,7 +249,7 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
     for fn in (triton_caster._raycast_kernel, ssim._moments_cols, ssim._ssim_rows, ssim._spread_cols,
                ssim._spread_rows, adam._adam_kernel, shading._sh_forward, shading._sh_backward):
         fn.device_caches.clear()
-    monkeypatch.setattr(compilation, "_STARTED", {})
+    compiler = Compiler()                       # nothing started: every group compiles
     compiled = []
     do_compile = JITFunction._do_compile
 
@@ -236,16 +264,16 @@ def test_after_compile_ahead_the_step_compiles_no_kernel_itself(color_model, mon
     comm = init_comm(device="cuda")
     try:
         cfg = small_config(color_model)
-        ahead = compile_ahead(cfg, comm)
+        ahead = compiler.compile_ahead(cfg, comm)
         assert set(ahead.futures) == {"ray caster", "loss", "colours and adam"}
         ahead.wait()
         assert all(f.exception() is None for f in ahead.futures.values())
-        assert compilation._CHILDREN[-1].returncode == 0        # the loss's and Adam's groups compiled there
+        assert compiler.children[-1].returncode == 0            # the loss's and Adam's groups compiled there
         before = len(compiled)
         assert {name for name, _ in compiled} >= {"_raycast_kernel", "_moments_cols", "_ssim_rows", "_spread_cols",
                                                   "_spread_rows", "_adam_kernel", "_sh_forward"}
         assert "MainThread" not in {thread for _, thread in compiled}     # (backward passes: autograd's thread)
-        compute_step(whole_block(sphere_field()), cfg, comm)
+        compute_step(whole_block(sphere_field()), cfg, comm, using=Collaborators(compile_ahead=compiler.compile_ahead))
         mine = [f"{name} on {thread}: {key}" for (name, thread), key in zip(compiled[before:], keys[before:])]
         ahead_keys = [f"{name}: {key}" for (name, _), key in zip(compiled[:before], keys[:before])]
         assert mine == [], "the step compiled:\n" + "\n".join(mine) + "\nahead:\n" + "\n".join(ahead_keys)

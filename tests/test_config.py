@@ -50,7 +50,7 @@ def test_bad_config_names_the_problem(tmp_path, text, message):
 def test_seeds_come_by_density_or_with_a_density_of_0_as_fill_says():
     """seeds.density > 0: that many per pixel, points on the triangles; 0: the budget, as points on the
     triangles with seeds.fill, else as the marching-cubes vertices."""
-    from insitu.step.pipeline import seed_count, seeds_fill
+    from insitu.step.seeding import seed_count, seeds_fill
 
     budget = 1000
     fill = load_config(None, {"seeds.budget": budget, "seeds.density": 0, "seeds.fill": True})

@@ -142,7 +142,7 @@ def test_lpips_availability_follows_the_hub_cache(fake_torchvision, empty_hub, m
         lpips_availability("resnet")
 
 
-def test_lpips_unusable_weights_fall_back_to_none(fake_torchvision, empty_hub, monkeypatch):
+def test_lpips_unusable_weights_fall_back_to_none(fake_torchvision, empty_hub):
     ckpt = empty_hub / "checkpoints" / "vgg16-397923af.pth"
     ckpt.parent.mkdir(parents=True)
     ckpt.write_bytes(b"not a checkpoint")
@@ -150,19 +150,18 @@ def test_lpips_unusable_weights_fall_back_to_none(fake_torchvision, empty_hub, m
     def broken(net, device):
         raise RuntimeError("cannot load backbone")
 
-    monkeypatch.setattr(metrics, "_lpips_model", broken)
     x = _views()
-    acc = QualityAccumulator()
+    acc = QualityAccumulator(lpips_model=broken)
     assert acc.lpips_status.available
     with pytest.warns(RuntimeWarning, match="LPIPS disabled"):
         acc.add(x, x)
     q = acc.result()
     assert q.lpips is None and q.ssim == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(RuntimeError, match="cannot load backbone"):
-        image_quality(x, x, lpips=True)
+        image_quality(x, x, lpips=True, lpips_model=broken)
 
 
-def test_lpips_value_used_when_available(fake_torchvision, empty_hub, monkeypatch):
+def test_lpips_value_used_when_available(fake_torchvision, empty_hub):
     """With weights present, the LPIPS metric's per-batch sum is averaged over views."""
     ckpt = empty_hub / "checkpoints" / "vgg16-397923af.pth"
     ckpt.parent.mkdir(parents=True)
@@ -179,10 +178,9 @@ def test_lpips_value_used_when_available(fake_torchvision, empty_hub, monkeypatc
         def compute(self):
             return self.total
 
-    monkeypatch.setattr(metrics, "_lpips_model", lambda net, device: MeanAbs())
     gt = torch.zeros(3, 8, 8, 3)
     pred = torch.stack([torch.full((8, 8, 3), v) for v in (0.1, 0.2, 0.6)])
-    acc = QualityAccumulator()
+    acc = QualityAccumulator(lpips_model=lambda net, device: MeanAbs())
     acc.add(pred[:2], gt[:2])
     acc.add(pred[2:], gt[2:])
     assert acc.result().lpips == pytest.approx(0.3, rel=1e-6)
@@ -274,8 +272,16 @@ def test_warm_up_scores_on_the_cuda_device():
     assert "cuda" in metrics.WARMED_UP
 
 
-def test_warm_up_scores_on_the_cpu_without_lpips(monkeypatch):
-    """On the CPU the warm-up scores its pair too, and never computes LPIPS (no weights needed)."""
-    monkeypatch.setattr(QualityAccumulator, "_lpips_sum", lambda *a: pytest.fail("LPIPS computed"))
-    metrics.warm_up(torch.device("cpu"))
+def test_warm_up_scores_on_the_cpu_without_lpips(fake_torchvision, empty_hub):
+    """On the CPU the warm-up scores its pair too, and never computes LPIPS: with weights that seem present
+    but cannot be used (computing LPIPS would warn that it is disabled), it warns of nothing."""
+    import warnings
+
+    ckpt = empty_hub / "checkpoints" / "vgg16-397923af.pth"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"not a checkpoint")
+    assert lpips_availability().available
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics.warm_up(torch.device("cpu"))
     assert "cpu" in metrics.WARMED_UP

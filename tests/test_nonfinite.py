@@ -18,7 +18,8 @@ from insitu.output.export import StepWriter
 from insitu.output.files import read_csv
 from insitu.step.driver import StepDriver
 from insitu.surface.gaussians import Gaussians
-from insitu.step.pipeline import check_finite, run_step
+from insitu.step.loop import check_finite
+from insitu.step.pipeline import run_step
 from insitu.volume import whole_block
 
 SETTINGS = [*TINY, "--set", "views.held_out=0"]

@@ -16,9 +16,10 @@ from insitu.output.export import StepWriter
 from insitu.output.files import read_csv
 from insitu.output.ply import read_ply
 from insitu.output.webmodel import read_spz
-from insitu.step.pipeline import compute_step, run_step, write_step
+from insitu.step.pipeline import Collaborators, compute_step, run_step, write_step
 from insitu.training.appearance import ColorModel
 from insitu.training.sampling import ViewSampler
+from insitu.training.trainer import Trainer
 from insitu.volume import whole_block
 from insitu.errors import InputError
 
@@ -102,7 +103,8 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
     (``train.eps2d`` 0.3) that is the composite's own figure, with the lit colour model that of the SH
     colours fitted to it (a standard PLY holds SH only)."""
     from conftest import plyfile_gaussians
-    from insitu.step.pipeline import make_scene, model_quality
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step.evaluation import model_quality
 
     cfg = tiny_config(color_model=color_model, eps2d=0.3, antialiased=False)
     block = whole_block(sphere_field())
@@ -167,72 +169,69 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
     torch.testing.assert_close(r.ply.opacity_logits, models[0][1].opacity_logits)            # the fit alone
 
 
-def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm, monkeypatch):
-    """Every iteration draws one background per view (the same on every rank: a seeded generator);
-    the ground truth the loss sees is the premultiplied GT band on that background."""
-    import insitu.step.pipeline as pipeline
-    from insitu.training.trainer import Trainer
+def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm):
+    """Every iteration draws one background per view (the same on every rank: a seeded generator); the loss
+    compares the render and the premultiplied GT band, both over that background."""
+    from insitu.groundtruth.scene import make_scene
 
     seen = []
-    step = Trainer.step
 
-    def spy(self, render, gt, **kw):
-        seen.append({"gt": gt.clone(), "render": render})
-        return step(self, render, gt, **kw)
+    class Watched(Trainer):
+        def step(self, render, gt, **kw):
+            pred, info = render(self.params)
+            seen.append((gt.clone(), pred.detach(), info["alpha"].detach()))
+            return super().step(render, gt, **kw)
 
-    backgrounds = []
-    render_bands = pipeline.render_bands
-
-    def spy_render(*args, background, **kw):
-        backgrounds.append(background.clone())
-        return render_bands(*args, background=background, **kw)
-
-    monkeypatch.setattr(Trainer, "step", spy)
-    monkeypatch.setattr(pipeline, "render_bands", spy_render)
     cfg = tiny_config(iterations=4, batch=2)
     block = whole_block(sphere_field())
-    run_step(block, cfg, comm)
-    scene = pipeline.make_scene(block, cfg, comm)
-    train = backgrounds[1:1 + 4]                  # the evaluation at iteration 0 renders the held-out views first
-    assert all(b.shape == (2, 3) for b in train)
-    assert len({tuple(b.flatten().tolist()) for b in train}) == 4
+    run_step(block, cfg, comm, using=Collaborators(trainer=Watched))
+    scene = make_scene(block, cfg, comm)
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
-    for b in train:
-        torch.testing.assert_close(b, torch.rand(2, 3, generator=gen))
+    backgrounds = [torch.rand(2, 3, generator=gen) for _ in range(4)]
+    assert len(seen) == 4 and len({tuple(b.flatten().tolist()) for b in backgrounds}) == 4
+    for (gt, pred, alpha), bg in zip(seen, backgrounds):
+        empty = alpha[..., 0] < 1e-6                                  # where the render draws nothing: its background
+        assert empty.any(dim=(1, 2)).all()
+        torch.testing.assert_close(pred[empty], bg[:, None, None, :].expand_as(pred)[empty], atol=1e-5, rtol=0)
     perm_gen = torch.Generator().manual_seed(cfg.train.seed)
     ids = scene.views.train_ids[torch.randperm(len(scene.views.train_ids), generator=perm_gen)][:2]
     rgba = scene.gt[ids].float()
-    torch.testing.assert_close(seen[0]["gt"], rgba[..., :3] + (1 - rgba[..., 3:]) * train[0][:, None, None, :])
+    torch.testing.assert_close(seen[0][0], rgba[..., :3] + (1 - rgba[..., 3:]) * backgrounds[0][:, None, None, :])
     cfg.train.random_background = False
-    backgrounds.clear()
-    run_step(block, cfg, comm)
-    assert all(torch.equal(b, torch.zeros(3)) for b in backgrounds)
+    seen.clear()
+    run_step(block, cfg, comm, using=Collaborators(trainer=Watched))
+    torch.testing.assert_close(seen[0][0], rgba[..., :3])             # on black: the premultiplied colours
+    for _, pred, alpha in seen:
+        assert float(pred[alpha[..., 0] < 1e-6].abs().max()) < 1e-5
 
 
-def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(comm, monkeypatch):
+def test_evaluation_in_groups_of_views_gives_the_figures_of_one_view_at_a_time(comm):
     """Evaluations render and score the held-out views in groups; one view per group gives the same
     figures and images, the model file's figures too."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
+    from insitu.groundtruth.scene import make_scene, view_groups
+    from insitu.surface.seeds import extract_seeds, init_gaussians
     from insitu.training.trainer import to_params
 
     cfg = tiny_config()
     cfg.views.count, cfg.views.test_every = 24, 3                     # 8 held-out views
     block = whole_block(sphere_field())
-    scene = pipeline.make_scene(block, cfg, comm)
-    seeds = pipeline.extract_seeds(block, cfg.input.iso)
-    g = pipeline.init_gaussians(seeds, 300, color=(0.8, 0.5, 0.3), sh_degree=1, seed=0)
+    scene = make_scene(block, cfg, comm)
+    seeds = extract_seeds(block, cfg.input.iso)
+    g = init_gaussians(seeds, 300, color=(0.8, 0.5, 0.3), sh_degree=1, seed=0)
     params = to_params(g)
-    grouped = pipeline.view_groups(scene.views.test_ids.tolist(), 32, 32)
+    grouped = view_groups(scene.views.test_ids.tolist(), 32, 32)
     assert len(grouped) == 1 and len(grouped[0]) == 8
-    assert pipeline.view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
-    assert pipeline.view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
-    assert pipeline.view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
+    assert view_groups(list(range(5)), 1024, 1024) == [[0, 1, 2, 3, 4]]
+    assert view_groups(list(range(5)), 2048, 2048) == [[0, 1], [2, 3], [4]]
+    assert view_groups(list(range(2)), 8192, 8192) == [[0], [1]]
     sh1 = ColorModel("sh", 1)
-    together, images = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
-    model = pipeline.model_quality(g, scene, comm, backend="torch")
-    monkeypatch.setattr(pipeline, "view_groups", lambda ids, w, h: [[i] for i in ids])
-    alone, images_alone = pipeline.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
-    model_alone = pipeline.model_quality(g, scene, comm, backend="torch")
+    together, images = evaluation.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3)
+    model = evaluation.model_quality(g, scene, comm, backend="torch")
+    one = lambda ids, w, h: [[i] for i in ids]                        # noqa: E731
+    alone, images_alone = evaluation.evaluate(params, scene, comm, colors=sh1, backend="torch", keep_images=3,
+                                              groups=one)
+    model_alone = evaluation.model_quality(g, scene, comm, backend="torch", groups=one)
     for a, b in ((together, alone), (model, model_alone)):
         assert a.views == b.views == 8
         for k in ("psnr", "ssim", "psnr_foreground", "psnr_white", "ssim_foreground"):
@@ -254,7 +253,7 @@ def test_the_metrics_are_imported_on_a_background_thread_while_the_step_starts()
 
     script = """
 import sys, threading
-import insitu.step.pipeline as p
+import insitu.step.evaluation as p
 assert "insitu.step.metrics" not in sys.modules and "torchmetrics" not in sys.modules
 import torch
 p.preload_evaluation(torch.device("cpu"))
@@ -291,12 +290,13 @@ def test_the_ground_truth_is_cast_with_the_configured_march_step(comm, monkeypat
     assert steps == [0.25, 0.125]
 
 
-def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_field_prepared(comm, monkeypatch):
-    """compute_step prepares the views and the field before it waits for the ray caster's kernel (compiled
-    on another thread meanwhile), then starts the metrics' import, then casts: the import does not compete
-    with the seeding or with that compilation."""
-    import insitu.groundtruth.caster as gt
-    import insitu.step.pipeline as pipeline
+def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_field_prepared(comm):
+    """compute_step starts compiling its kernels, seeds, and casts its ground truth; once the scene's views are set
+    and its field prepared (make_scene's ``ready``: before the first view is cast, test_groundtruth.py) it waits
+    for the ray caster's kernel (compiled on another thread meanwhile), then starts the metrics' import: the import
+    competes neither with the seeding nor with that compilation. Every kernel, of the shapes of the objects the
+    step built, is waited for before training."""
+    from insitu.groundtruth.scene import make_scene
     from insitu.step.compilation import Ahead
 
     events = []
@@ -305,45 +305,49 @@ def test_a_step_waits_for_the_ray_caster_and_starts_the_metrics_import_with_the_
         def wait(self, *names):
             events.append(("wait", names))
 
-    seed, prepare, cast = pipeline.seed_shard, gt.prepare_scene, gt.raycast_torch
-    monkeypatch.setattr(pipeline, "compile_ahead", lambda cfg, comm: Recorded())
-    monkeypatch.setattr(pipeline, "seed_shard", lambda *a, **k: events.append("seeds") or seed(*a, **k))
-    monkeypatch.setattr(gt, "prepare_scene", lambda *a, **k: events.append("prepared") or prepare(*a, **k))
-    monkeypatch.setattr(gt, "raycast_torch", lambda *a, **k: events.append("cast") or cast(*a, **k))
-    monkeypatch.setattr(pipeline, "preload_evaluation", lambda device=None: events.append("import"))
-    compute_step(whole_block(sphere_field()), tiny_config(iterations=1), comm)
-    first_cast = events.index("cast")
-    assert events[:first_cast] == ["seeds", "prepared", ("wait", ("ray caster",)), "import"]
-    assert events[-1] == ("wait", ())           # every group, before training
+    class Watched(Trainer):
+        def step(self, *args, **kw):
+            events.append("step")
+            return super().step(*args, **kw)
+
+    def scene(*args, ready, **kw):
+        events.append("scene")
+        return make_scene(*args, ready=lambda: events.append("ready") or ready(), **kw)
+
+    def compile_ahead(cfg, comm, shapes=None):
+        events.append(("compile", shapes is not None))
+        return Recorded()
+
+    using = Collaborators(compile_ahead=compile_ahead, make_scene=scene, trainer=Watched,
+                          preload_evaluation=lambda device: events.append("import"))
+    compute_step(whole_block(sphere_field()), tiny_config(iterations=1), comm, using=using)
+    assert events == [("compile", False), "scene", "ready", ("wait", ("ray caster",)), "import",
+                      ("compile", True), ("wait", ()), "step"]
 
 
-def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm, monkeypatch):
+def test_the_squared_errors_foreground_gets_the_ground_truth_alpha_of_the_batch(comm):
     """train.pixel_loss l2 (the default): each step is given the alpha of the same views' ground-truth band,
     the squared error's foreground; under the L1 pixel term, none."""
-    import insitu.step.pipeline as pipeline
-    from insitu.training.trainer import Trainer
+    from insitu.groundtruth.scene import make_scene
 
     seen = []
-    step = Trainer.step
 
-    def spy(self, render, gt, **kw):
-        seen.append(kw.get("gt_alpha"))
-        return step(self, render, gt, **kw)
+    class Watched(Trainer):
+        def step(self, render, gt, **kw):
+            seen.append(kw.get("gt_alpha"))
+            return super().step(render, gt, **kw)
 
-    monkeypatch.setattr(Trainer, "step", spy)
+    using = Collaborators(trainer=Watched)
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, batch=2)
-    cfg.output.ply_refine = 0                                         # the training's steps alone
-    r = run_step(block, cfg, comm)
+    r = run_step(block, cfg, comm, using=using)
     assert np.isfinite(r.metrics["psnr"])
-    scene = pipeline.make_scene(block, cfg, comm)
+    scene = make_scene(block, cfg, comm)
     first = next(iter(ViewSampler(scene, cfg.train)))[0]
     assert len(seen) == 3 and all(a is not None and a.shape == (2, 32, 32, 1) for a in seen)
     torch.testing.assert_close(seen[0], scene.gt[first][..., 3:].float())
     seen.clear()
-    cfg = tiny_config(iterations=2, pixel_loss="l1")
-    cfg.output.ply_refine = 0
-    run_step(block, cfg, comm)
+    run_step(block, tiny_config(iterations=2, pixel_loss="l1"), comm, using=using)
     assert seen == [None, None]
 
 
@@ -353,7 +357,7 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     (the held-out figures, the close-ups), and metrics.json; model.ply's SH model is trained (output.ply_refine
     steps) and its figures drawn with the blur standard 3DGS viewers add (0.3); a smaller blur gives sharper
     images, so the figures differ."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import STANDARD_EPS2D, rasterize
 
@@ -366,7 +370,7 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
         return recorded
 
     monkeypatch.setattr(training, "rasterize", spy("training"))
-    monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
+    monkeypatch.setattr(evaluation, "rasterize", spy("pipeline"))
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, eps2d=0.05)
     cfg.output.ply_refine = 1.0                                                   # as many steps as training's
@@ -383,7 +387,7 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
     metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
     so an antialiased model refits it even at the viewers' blur; the figures differ from a classic run."""
-    import insitu.step.pipeline as pipeline
+    import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import rasterize
     from insitu.training.appearance import drawn_otherwise
@@ -397,7 +401,7 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
         return recorded
 
     monkeypatch.setattr(training, "rasterize", spy("training"))
-    monkeypatch.setattr(pipeline, "rasterize", spy("pipeline"))
+    monkeypatch.setattr(evaluation, "rasterize", spy("pipeline"))
     block = whole_block(sphere_field())
     cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=True, color_model="sh", sh_degree=1)
     cfg.output.ply_refine = 1.0
@@ -439,18 +443,17 @@ def test_nan_in_the_field_is_an_input_error_and_nothing_is_written(comm, tmp_pat
     assert files_under(out) == []
 
 
-def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path, monkeypatch):
-    """One rank whose block owns only part of the grid (a gap): InputError naming the box, no seeds
-    extracted, nothing written."""
-    import insitu.step.pipeline as pipeline
+def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_computed(comm, tmp_path):
+    """One rank whose block owns only part of the grid (a gap): InputError naming the box, before the step's
+    first work (its kernels' compilation, before the seeds), nothing written."""
 
     block = whole_block(sphere_field())
     block.owned_hi = (15, 15, 12)
-    monkeypatch.setattr(pipeline, "extract_seeds", lambda *a, **k: pytest.fail("seeds extracted"))
     out = tmp_path / "out"
     with pytest.raises(InputError, match=r"leave a gap: they hold 2700 of the 3375 cells .* e\.g\. cells "
                                          r"\[0, 15\) x \[0, 15\) x \[12, 15\) is held by no rank"):
-        run_step(block, tiny_config(), comm, writer=StepWriter(out))
+        run_step(block, tiny_config(), comm, writer=StepWriter(out),
+                 using=Collaborators(compile_ahead=lambda *args: pytest.fail("the step started")))
     assert files_under(out) == []
 
 
@@ -474,7 +477,7 @@ def test_warm_start_from_the_previous_step(comm):
 
 
 def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
-    from insitu.step.pipeline import warm_shard
+    from insitu.step.seeding import warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
@@ -501,7 +504,7 @@ def test_a_density_seeded_warm_start_refills_to_the_cold_starts_density():
     a sparse fifth of them is kept: new ones are drawn as a cold start draws them, wherever the kept
     ones are sparser than that (before, they were the marching-cubes vertices alone, and none within a
     cell of a kept Gaussian)."""
-    from insitu.step.pipeline import warm_shard
+    from insitu.step.seeding import warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
@@ -552,7 +555,8 @@ def test_seed_colours_come_from_the_ground_truth(comm):
 def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     """warm_shard's new seeds (a second blob appears) get the cold start's colours from the ground
     truth; the Gaussians it kept keep their trained colours."""
-    from insitu.step.pipeline import init_colors, make_scene, warm_shard
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step.seeding import init_colors, warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config(color_model="sh")
@@ -579,7 +583,7 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
 def test_a_lit_warm_start_shades_its_new_seeds_from_the_field_and_keeps_the_trained_ones():
     """lit_seeds with ``only``: the new seeds get the field's normal and mapped colour, the kept
     Gaussians keep their trained rotation and base colour."""
-    from insitu.step.pipeline import lit_seeds
+    from insitu.step.seeding import lit_seeds
     from insitu.surface.seeds import extract_seeds, init_gaussians
     from insitu.training.appearance import quat_normals
 
@@ -619,18 +623,23 @@ def test_a_surface_on_the_boundary_between_two_blocks_is_seeded_and_trained(comm
     assert result.metrics["gaussians"] > 50 and result.metrics["psnr"] > 10
 
 
-def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_initial_model(comm, monkeypatch):
-    """While torchmetrics still imports, the initial model's held-out views are drawn before training
-    and scored after it (training does not wait): the same figures, to the kept images' float16."""
-    import insitu.step.pipeline as p
+def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_initial_model(comm, capsys):
+    """While torchmetrics still imports, the initial model's held-out views are drawn before training and scored
+    after it (training does not wait; its figure is shown after training's progress): the same figures, to the
+    kept images' float16."""
 
-    want = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
-    drawn = []
-    real = p.render_now_score_later
-    monkeypatch.setattr(p, "importing_metrics", lambda: True)
-    monkeypatch.setattr(p, "render_now_score_later", lambda *a, **k: drawn.append(1) or real(*a, **k))
-    got = compute_step(whole_block(sphere_field()), tiny_config(), comm).metrics
-    assert drawn == [1]
+    cfg = tiny_config(progress=True)
+    want = compute_step(whole_block(sphere_field()), cfg, comm,
+                        using=Collaborators(importing_metrics=lambda: False)).metrics
+    before = capsys.readouterr().err.splitlines()
+    got = compute_step(whole_block(sphere_field()), cfg, comm,
+                       using=Collaborators(importing_metrics=lambda: True)).metrics
+    after = capsys.readouterr().err.splitlines()
+    for lines, deferred in ((before, False), (after, True)):
+        initial = [n for n, line in enumerate(lines) if "initial model: PSNR" in line]
+        trained = [n for n, line in enumerate(lines) if "step 0 train: 10/10" in line]
+        assert len(initial) == len(trained) == 1, lines
+        assert (initial[0] > trained[0]) == deferred, lines
     for key in ("psnr_initial", "psnr_foreground_initial"):
         assert abs(got[key] - want[key]) < 0.01, key
     assert got["psnr_foreground"] == want["psnr_foreground"]        # training itself is the same
@@ -639,19 +648,20 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
 def test_scene_casts_the_cameras_it_is_given(comm):
     """make_scene(views=...) casts those cameras: the step's own cameras give the step's scene, and some of them
     turned a quarter about their optical axes give their images turned."""
-    import insitu.step.pipeline as pipeline
     from dataclasses import replace
+
+    from insitu.groundtruth.scene import make_scene
 
     cfg = tiny_config()
     block = whole_block(sphere_field())
-    scene = pipeline.make_scene(block, cfg, comm)
-    again = pipeline.make_scene(block, cfg, comm, views=scene.views)
+    scene = make_scene(block, cfg, comm)
+    again = make_scene(block, cfg, comm, views=scene.views)
     assert torch.equal(again.views.viewmats, scene.views.viewmats) and torch.equal(again.gt, scene.gt)
     some = torch.arange(0, len(scene.views), 3)
     turn = torch.tensor([[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
     picked = scene.views.subset(some)
     subset = replace(picked, viewmats=turn @ picked.viewmats)
-    turned = pipeline.make_scene(block, cfg, comm, views=subset)
+    turned = make_scene(block, cfg, comm, views=subset)
     assert turned.gt.shape == (len(some), *scene.gt.shape[1:])
     # a quarter turn about the optical axis of a square image: the same picture, turned
     torch.testing.assert_close(turned.gt.float(), torch.rot90(scene.gt[some].float(), -1, (1, 2)), atol=2e-3, rtol=0)

@@ -11,7 +11,7 @@ import torch
 from conftest import sphere_field
 
 from insitu.config import Config, TrainConfig
-from insitu.step.pipeline import make_scene
+from insitu.groundtruth.scene import make_scene
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.appearance import ColorModel
 from insitu.training.bandloss import band_loss
@@ -294,7 +294,7 @@ def test_the_other_rates_stay_constant(shard, block, scene, comm):
 
 def test_a_means_rate_of_zero_holds_the_means_and_a_final_rate_of_zero_is_reached_linearly(shard, block, scene,
                                                                                          comm):
-    """lr_means 0 (model.ply's training, pipeline.refine_for_viewers): the means do not move; lr_means_final 0:
+    """lr_means 0 (model.ply's training, plyfit.refine_for_viewers): the means do not move; lr_means_final 0:
     the rate falls linearly from lr_means to 0 over the schedule (an exponential never reaches 0)."""
     trainer = make_trainer(shard, block, train_config(lr_means=0.0, lr_means_final=0.0), total=4)
     before = trainer.params["means"].detach().clone()

@@ -31,6 +31,7 @@ import importlib.util
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -166,12 +167,14 @@ class QualityAccumulator:
 
     lpips: ``"auto"`` computes LPIPS when :func:`lpips_availability` says it can, else reports None;
            ``True`` requires it (raises when unavailable); ``False`` never computes it.
+    lpips_model: ``(net, device) -> metric``, the LPIPS metric (torchmetrics', built once per process).
     """
 
-    def __init__(self, *, lpips: bool | str = "auto", net: str = LPIPS_NET) -> None:
+    def __init__(self, *, lpips: bool | str = "auto", net: str = LPIPS_NET,
+                 lpips_model: Callable[[str, torch.device], torch.nn.Module] = _lpips_model) -> None:
         if lpips not in (True, False, "auto"):
             raise ValueError(f"lpips must be True, False or 'auto', got {lpips!r}")
-        self.net = net
+        self.net, self.lpips_model = net, lpips_model
         self.lpips_status = (
             lpips_availability(net) if lpips is not False else LpipsAvailability(False, "disabled")
         )
@@ -229,7 +232,7 @@ class QualityAccumulator:
     def _lpips_sum(self, p: Tensor, g: Tensor) -> float:
         try:
             with _LPIPS_LOCK, torch.no_grad():
-                metric = _lpips_model(self.net, p.device)
+                metric = self.lpips_model(self.net, p.device)
                 metric.reset()
                 for i in range(p.shape[0]):             # a view at a time: VGG's activations are large
                     metric.update(p[i:i + 1], g[i:i + 1])
@@ -259,13 +262,15 @@ class QualityAccumulator:
                                         float("nan") if self._rgba_views else None))
 
 
-def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto") -> Quality:
+def image_quality(pred: Tensor, gt: Tensor, *, lpips: bool | str = "auto",
+                  lpips_model: Callable[[str, torch.device], torch.nn.Module] = _lpips_model) -> Quality:
     """Mean PSNR, SSIM and LPIPS over views.
 
     pred: [C, H, W, 3] rendered views in [0, 1]; gt: [C, H, W, 3] ground truth.
     lpips: ``"auto"`` (when the weights are present locally), ``True`` (required) or ``False``.
+    lpips_model: the LPIPS metric (:class:`QualityAccumulator`).
     """
-    acc = QualityAccumulator(lpips=lpips)
+    acc = QualityAccumulator(lpips=lpips, lpips_model=lpips_model)
     acc.add(pred, gt)
     return acc.result()
 
@@ -278,7 +283,7 @@ def warm_up(device: torch.device | str) -> None:
     and their foreground figures, no LPIPS), so that the process's first scoring, which loads their
     kernels, happens here: on the GPU machine the first PSNR and SSIM of a first process took 1.1 and
     0.3 s, later ones milliseconds (``benchmarks/bench_first_use.py``).
-    :func:`insitu.step.pipeline.preload_evaluation` calls it on its thread after importing this module."""
+    :func:`insitu.step.evaluation.preload_evaluation` calls it on its thread after importing this module."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)
     side = SSIM_KERNEL + 5

@@ -231,13 +231,13 @@ def drawn_otherwise(color_model: str, eps2d: float, antialiased: bool = False) -
     ``eps2d`` (``antialiased`` or not) otherwise than training did: lit colours (a ``.ply`` holds SH colours
     only) or a blur other than the viewers' ``STANDARD_EPS2D``, added as they add it (not antialiased). Then
     ``model.ply`` holds an SH model fitted and trained as such a viewer draws it
-    (:func:`insitu.step.pipeline.ply_shard`), else the trained model itself."""
+    (:func:`insitu.step.plyfit.ply_shard`), else the trained model itself."""
     return color_model != "sh" or eps2d != STANDARD_EPS2D or antialiased
 
 
 def refits_ply(cfg) -> bool:
     """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains ``model.ply``'s SH model as standard
-    viewers draw it after training (:func:`insitu.step.pipeline.refine_for_viewers`): a model they draw otherwise, a
+    viewers draw it after training (:func:`insitu.step.plyfit.refine_for_viewers`): a model they draw otherwise, a
     share of iterations for it, and ``model.ply`` or its figures to make."""
     return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) \
         and cfg.output.ply_refine > 0 \

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from insitu.config import TrainConfig
+from insitu.config import Config, TrainConfig
 from insitu.groundtruth.views import Views
 from insitu.render.compositing import composite, foreground, over
 from insitu.render.rendering import STANDARD_EPS2D, rasterize
@@ -47,6 +47,12 @@ def nonfinite(tensors: dict[str, Tensor]) -> list[str]:
     flags = torch.stack([torch.isfinite(t.detach()).all() for t in tensors.values()])   # (a shard: one device)
     words = [PARAM_WORDS.get(name, name) for name, ok in zip(tensors, flags.tolist()) if not ok]
     return list(dict.fromkeys(words))
+
+
+def training_blur(cfg: Config) -> dict:
+    """The rasterizer's pixel filter a step trains and is evaluated with: ``eps2d`` and ``antialiased``
+    keyword arguments (:func:`insitu.render.rendering.rasterize`) from ``cfg.train``."""
+    return {"eps2d": cfg.train.eps2d, "antialiased": cfg.train.antialiased}
 
 
 def to_params(g: Gaussians) -> dict[str, torch.nn.Parameter]:

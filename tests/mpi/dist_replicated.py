@@ -30,9 +30,10 @@ import torch
 from dist_train import metaballs  # tests/mpi is on sys.path
 from worker_report import fail
 from insitu.config import Config
+from insitu.groundtruth.scene import make_scene
 from insitu.groundtruth.views import Views
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import make_scene, train_iteration
+from insitu.step.loop import train_iteration
 from insitu.surface.gaussians import Gaussians
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.sampling import ViewSampler

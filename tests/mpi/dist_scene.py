@@ -1,4 +1,4 @@
-"""Ground truth on P ranks vs one rank: ``insitu.step.pipeline.make_scene``.
+"""Ground truth on P ranks vs one rank: ``insitu.groundtruth.scene.make_scene``.
 
 Run as ``mpiexec -n P python dist_scene.py`` (supersample 1, then 2). The surface (an ellipsoid
 through the middle of the domain, coloured by a second field) crosses every cut plane.
@@ -18,10 +18,10 @@ from mpi4py import MPI
 
 from worker_report import fail  # tests/mpi is on sys.path
 from insitu.config import Config
+from insitu.groundtruth.scene import make_scene
 from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
 from insitu.render.compositing import gather_bands
-from insitu.step.pipeline import make_scene
 
 
 def fields():

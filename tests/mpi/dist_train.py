@@ -22,6 +22,9 @@ MODE fail:   two failing steps on the same ranks, one after the other:
                      ``parallel.timeout_s`` = 5 s, agreement watchdog 10 s).
              Every rank must end each with a RankFailure naming rank 1.
 
+Every trained step checks that the shapes of the kernels it compiled ahead, planned from the configuration, are
+those of the objects it built (:class:`insitu.step.compilation.KernelShapes`).
+
 Every rank prints ``OK rank r of P`` when it finished as the mode expects; in the failure
 modes a rank prints ``[case] rank r caught RankFailure after S s: MESSAGE`` first. Any
 other outcome raises (and the excepthook of ``init_comm`` aborts the job).
@@ -40,7 +43,9 @@ from insitu.config import Config
 from insitu.errors import InputError, RankFailure
 from insitu.input.decomposition import cut_block
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import run_step
+from insitu.step.compilation import KernelShapes, compile_ahead
+from insitu.step.layouts import training_ranks
+from insitu.step.pipeline import Collaborators, run_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/, for conftest's helpers
 from conftest import sphere_field, tiny_config  # noqa: E402
@@ -82,11 +87,24 @@ def expect_failure(case: str, comm, cfg, block) -> None:
     raise AssertionError(f"[{case}] run_step did not fail")
 
 
-def train(comm, cfg, field, path: Path, warm=None):
+def planned_shapes(cfg, comm, shapes=None):
+    """compile_ahead, after checking that the shapes of the objects the step built (``shapes``, given before
+    training) are those planned from the configuration alone (at a run's start and the step's)."""
+    planned = KernelShapes.planned(cfg, *training_ranks(cfg, comm))
+    if shapes is not None and shapes != planned:
+        raise AssertionError(f"rank {comm.rank}: the step built {shapes}, planned were {planned}")
+    return compile_ahead(cfg, comm, shapes)
+
+
+def train(comm, cfg, field, path: Path, warm=None, importing=None):
     """run_step on comm with this rank's block (warm-started from ``warm``, the previous result on this
-    rank, when given); rank 0 writes the metrics to ``path``. Returns the result."""
+    rank, when given; ``importing``: whether this rank still imports the metrics, default the truth); rank 0
+    writes the metrics to ``path``. Returns the result."""
     block = cut_block(field, comm.rank, comm.size)
-    result = run_step(block, cfg, comm, warm=warm, iterations=30 if warm is not None else None)
+    using = Collaborators(compile_ahead=planned_shapes)
+    if importing is not None:
+        using = replace(using, importing_metrics=importing)
+    result = run_step(block, cfg, comm, warm=warm, iterations=30 if warm is not None else None, using=using)
     m = result.metrics
     per_rank = comm.allgather_object(len(result.gaussians))
     if not math.isfinite(m["psnr"]) or sum(per_rank) != m["gaussians"]:
@@ -125,11 +143,9 @@ def main(mode: str, out: Path | None) -> None:
         if mode == "replicated":
             cfg.parallel.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
-        import insitu.step.pipeline as pipeline      # again, rank 1 alone still importing the metrics: every
-        importing = pipeline.importing_metrics  # rank draws the initial figures now and scores them later
-        pipeline.importing_metrics = lambda: comm.rank == 1
-        train(comm, cfg, field, out / f"metrics_{P}_deferred.json")
-        pipeline.importing_metrics = importing
+        # again, rank 1 alone still importing the metrics: every rank draws the initial figures now and
+        # scores them later
+        train(comm, cfg, field, out / f"metrics_{P}_deferred.json", importing=lambda: comm.rank == 1)
         if mode == "replicated":                # a warm start goes on from each rank's shard
             train(comm, cfg, field, out / f"metrics_{P}_warm.json", warm=result)
             too_many = replace(cfg, train=replace(cfg.train, batch=len(result.cameras.train_ids)))

@@ -7,7 +7,7 @@ import torch
 
 from insitu.errors import TrainingDiverged
 from insitu.parallel.comm import init_comm, shutdown
-from insitu.step.pipeline import check_finite
+from insitu.step.loop import check_finite
 from insitu.surface.gaussians import Gaussians
 
 

@@ -1,0 +1,229 @@
+"""A step's figures: the held-out views scored as the layout evaluates (PSNR, SSIM, on the surface's pixels too).
+
+:func:`evaluate` composites the model's views group by group (:func:`composites`) and scores them on rank 0
+(:class:`insitu.step.metrics.QualityAccumulator`); :func:`evaluate_trainer` does so for a trainer's model in
+its layout, :func:`closer_figures` for the held-out sets off the orbit, and :func:`model_quality` /
+:func:`model_figures` for ``model.ply`` as a standard viewer draws it (one global sort). The metrics import
+torchmetrics, which takes seconds: :func:`preload_evaluation` imports them on a thread while the step casts
+its ground truth, and while that import lasts the initial figures are drawn first and scored after training
+(:func:`render_now_score_later`).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from insitu.config import Config
+from insitu.groundtruth.scene import Scene, view_groups
+from insitu.groundtruth.views import HELD_OUT
+from insitu.render.compositing import gather_bands
+from insitu.render.rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
+from insitu.step.layouts import Layout
+from insitu.surface.gaussians import Gaussians, gather_gaussians
+from insitu.training.appearance import ColorModel
+from insitu.training.trainer import Trainer, render_bands, training_blur
+
+if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
+    from insitu.step.metrics import Quality
+
+Grouping = Callable[[list[int], int, int], list[list[int]]]     # (view ids, width, height) -> groups of them
+
+
+_PRELOAD: list[threading.Thread] = []
+
+
+def importing_metrics() -> bool:
+    """Whether :func:`preload_evaluation`'s import is still under way."""
+    return any(t.is_alive() for t in _PRELOAD)
+
+
+def preload_evaluation(device: torch.device | None = None) -> None:
+    """Import the evaluation's metrics on a background thread, once per process, then (``device``
+    given) score a small pair on it (:func:`insitu.step.metrics.warm_up`: the first scoring of a process
+    loads its kernels).
+
+    Importing torchmetrics takes seconds on some machines (9–11 s on the GPU machine, where it imports
+    transformers and torchvision); started once a step's seeds are drawn and its ray caster is compiled
+    (not beside that compilation), the import runs beside ray casting, which
+    queues its groups of views without waiting for the device, so that the host mostly waits for the
+    device and the import has the interpreter; the first evaluation then finds the module
+    imported (or draws now and scores later, :func:`render_now_score_later`). The import holds Python's
+    lock for most of its time, and whatever gives the lock up beside it (a torch call, a wait on the
+    device) waits to get it back: started before seeding, it put 0.8–1.0 s on the seeds (their marching
+    cubes and device work) and 1.5–2 s on the ray casting; started once the ground truth is cast, beside
+    training, it put 9.4 s on training. What a step imports lazily itself
+    (gsplat and its densification ops, scipy's k-d tree) is imported first, on the calling thread; the step
+    imports nothing else that the metrics' import does, so the two threads do not import the same
+    modules at once. A failure on the background thread is ignored: the first evaluation then
+    imports, and reports the error, as usual.
+    """
+    if _PRELOAD or "insitu.step.metrics" in sys.modules:
+        return
+    import scipy.spatial  # noqa: F401 - the warm start's k-d tree
+    if gsplat_import_error() is None:
+        import gsplat.strategy.ops  # noqa: F401 - densification's
+
+    def run() -> None:
+        try:
+            metrics = importlib.import_module("insitu.step.metrics")
+            if device is not None:
+                with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+                    metrics.warm_up(device)
+        except Exception:       # noqa: BLE001 - the evaluation imports and scores again and raises there
+            pass
+
+    thread = threading.Thread(target=run, name="insitu-preload", daemon=True)
+    _PRELOAD.append(thread)
+    thread.start()
+
+
+
+@torch.no_grad()
+def evaluate(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str, keep_images: int = 0,
+             ids: list[int] | None = None, drawn: list[Tensor] | None = None, eps2d: float = STANDARD_EPS2D,
+             antialiased: bool = False, groups: Grouping = view_groups):
+    """PSNR/SSIM(/LPIPS), PSNR and SSIM over the covered pixels and PSNR on white of the sort-last
+    composite over the views ``ids`` of the scene (default: the held-out views), in groups of views
+    (``groups``: :func:`view_groups`), the model's colours as ``colors`` says; rank 0 also gets (gt, pred) of the
+    first ``keep_images``. ``drawn``: those composites drawn before (:func:`composites`), not drawn again.
+    ``eps2d``, ``antialiased``: the rasterizer's blur the model was trained with (px^2), and whether it keeps
+    each splat's integral (:func:`insitu.render.rendering.rasterize`)."""
+    from insitu.step.metrics import QualityAccumulator  # torchmetrics: seconds to import (preload_evaluation)
+
+    acc = QualityAccumulator() if comm.rank == 0 else None
+    images = []
+    for group, full_pred, full_gt in composites(params, scene, comm, colors=colors, backend=backend, ids=ids,
+                                                drawn=drawn, eps2d=eps2d, antialiased=antialiased, groups=groups):
+        if comm.rank == 0:
+            acc.add_rgba(full_pred, full_gt, scene.background)
+            on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
+            for j, i in enumerate(group[:max(keep_images - len(images), 0)]):
+                images.append((f"view_{i:03d}", on(full_gt[j]), on(full_pred[j])))
+    q = acc.result() if comm.rank == 0 else None
+    q = comm.mpi.bcast(q, root=0)
+    return q, images
+
+
+def composites(params: dict, scene: Scene, comm, *, colors: ColorModel, backend: str,
+               ids: list[int] | None = None, gt: bool = True,
+               drawn: list[Tensor] | None = None,
+               eps2d: float = STANDARD_EPS2D,
+               antialiased: bool = False,
+               groups: Grouping = view_groups) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+    """The sort-last composites of the views ``ids`` (default: the held-out views) group by group
+    (``groups``: :func:`view_groups`): ``(group, pred [c, H, W, 4] premultiplied, gt [c, H, W, 4])``, the images on
+    rank 0 (gathered from the bands; ``gt`` False: None); collective. ``drawn``: rank 0's ``pred`` of
+    every group, drawn before (any list on the other ranks): only the ground truth is gathered."""
+    black = torch.zeros_like(scene.background)
+    views = scene.views
+    for n, group in enumerate(groups(views.test_ids.tolist() if ids is None else list(ids), views.width,
+                                     views.height)):
+        chosen = torch.tensor(group, device=comm.device)
+        with torch.no_grad():
+            if drawn is None:
+                pred, info = render_bands(params, views, chosen, scene.order, comm, background=black,
+                                          colors=colors, backend=backend, eps2d=eps2d,
+                                          antialiased=antialiased)
+                full_pred = gather_bands(torch.cat([pred, info["alpha"]], dim=-1).float(), comm)  # premultiplied
+            else:
+                full_pred = drawn[n].to(comm.device).float() if comm.rank == 0 else None
+            full_gt = gather_bands(scene.gt[chosen].float(), comm) if gt else None
+        yield group, full_pred, full_gt
+
+
+def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Callable[[], Quality]:
+    """The held-out figures of the trainer's model as it is now, for when torchmetrics is still
+    importing (:func:`preload_evaluation`): the composites are drawn now and kept on rank 0's host
+    (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
+    pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
+    so that training need not wait for the import."""
+    colors, backend, blur = trainer.colors, cfg.train.backend, training_blur(cfg)
+
+    def render(comm):
+        kept = [pred.half().cpu() for _, pred, _ in
+                composites(trainer.params, scene, comm, colors=colors, backend=backend, gt=False, **blur)]
+        return None, kept if comm.rank == 0 else []
+
+    _, kept = layout.evaluate(render)
+    return lambda: layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
+                                                         backend=backend, drawn=kept, **blur))[0]
+
+
+@torch.no_grad()
+def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None,
+                  groups: Grouping = view_groups):
+    """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
+    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the views
+    ``ids`` of the scene (default: the held-out views) on ``scene.background``, in groups of views
+    (``groups``: :func:`view_groups`).
+
+    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.surface.gaussians.gather_gaussians`),
+           None on the other ranks. Collective (the ground-truth bands are gathered).
+    Returns the Quality on every rank.
+    """
+    from insitu.step.metrics import QualityAccumulator  # torchmetrics: seconds to import (preload_evaluation)
+
+    acc = QualityAccumulator(lpips=False) if comm.rank == 0 else None
+    if comm.rank == 0:
+        g = model.to(comm.device)
+        colors = torch.cat([g.sh0, g.shN], dim=1)
+    views = scene.views
+    for group in groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
+        chosen = torch.tensor(group, device=comm.device)
+        full_gt = gather_bands(scene.gt[chosen].float(), comm)
+        if comm.rank == 0:
+            rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
+                                      colors, views.viewmats[chosen], views.Ks[chosen], views.width,
+                                      views.height, sh_degree=g.sh_degree, backend=backend,
+                                      eps2d=STANDARD_EPS2D)
+            acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
+    return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
+
+
+def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, *, colors: ColorModel,
+                     keep_images: int = 0, ids: list[int] | None = None):
+    """:func:`evaluate` of the trainer's model with ``colors`` on the views ``ids`` (default: the
+    held-out views) as ``layout`` evaluates; collective. Returns the Quality on every rank and rank
+    0's ``keep_images`` (name, gt, pred) images."""
+    return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
+                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids,
+                                                 **training_blur(cfg)))
+
+
+def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> dict[str, Quality]:
+    """The trained model's figures on each held-out set off the orbit (``near2``, ``near3``, ``off``:
+    :data:`insitu.groundtruth.views.HELD_OUT`) that the scene has; collective."""
+    return {role: evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
+                                   ids=scene.views.ids(role).tolist())[0]
+            for role in HELD_OUT[1:] if len(scene.views.ids(role))}
+
+
+def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout,
+                  cfg: Config) -> tuple[Gaussians | None, Quality | None]:
+    """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
+    on the other ranks) and the figures of what ``model.ply`` holds (this rank's shard of it: ``ply``) as
+    a viewer draws it (:func:`model_quality`, on every rank); else ``(None, None)``. Collective."""
+    if not cfg.output.ply_metrics:
+        return None, None
+    merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
+    whole = gather_gaussians(ply.to("cpu"), layout.comm.mpi) if ply is not shard else merged
+    quality, _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, backend=cfg.train.backend), []))
+    return merged, quality
+
+
+
+def target_reached(q, tc) -> bool:
+    """True when a quality target is set and every target that is set is met, on the foreground (the
+    covered pixels: a black background would flatter a full-image figure)."""
+    if tc.psnr_target is None and tc.ssim_target is None:
+        return False
+    return ((tc.psnr_target is None or q.psnr_foreground >= tc.psnr_target)
+            and (tc.ssim_target is None or q.ssim_foreground >= tc.ssim_target))
+

@@ -1,0 +1,227 @@
+"""A step's initial shard: Gaussians seeded on this rank's part of the isosurface, or the previous step's refit to it.
+
+:func:`seed_shard` extracts the surface (:func:`insitu.surface.seeds.extract_seeds`), refuses one too small to
+train (:func:`check_surface`), takes this rank's share of :func:`seed_count` seeds, and either seeds them
+(:func:`insitu.surface.seeds.init_gaussians`) or keeps what of a warm start's shard still lies on the surface
+(:func:`warm_shard`); the lit colour model's seeds are turned and coloured as the ground truth shades the
+surface (:func:`lit_seeds`). Once the ground truth is cast, :func:`init_colors` gives the SH model's seeds
+their colours from it. :func:`surface_targets` are the points the close-up cameras look at.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from insitu.config import Config
+from insitu.errors import SurfaceTooSmall
+from insitu.groundtruth.scene import Scene, global_range
+from insitu.groundtruth.views import pixels_per_area
+from insitu.surface.gaussians import Gaussians, rgb_to_sh0
+from insitu.surface.seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
+from insitu.training.appearance import BlockSamples, base_colors
+from insitu.training.trainer import colors_from_images, training_blur
+from insitu.volume import Block, iso_distance, unit_field
+
+
+@dataclass
+class Seeding:
+    """This rank's initial shard (:func:`seed_shard`).
+
+    shard:   the Gaussians.
+    fresh:   [N] bool, the Gaussians whose colours are still to be set (None: all).
+    share:   this rank's part of the whole surface's area, by which it takes its part of the seeds'
+             count (and of ``train.max_gaussians`` in sort-last).
+    targets: [M, 3] points on the whole surface, the same on every rank (:func:`surface_targets`):
+             what the close-up cameras look at.
+    """
+
+    shard: Gaussians
+    fresh: Tensor | None
+    share: float
+    targets: np.ndarray
+
+
+def seed_count(cfg: Config, total_area: float, block: Block) -> int:
+    """How many Gaussians the whole surface (``total_area``, world units) starts with: ``seeds.density`` per
+    pixel of its area as the orbit's views see it (:func:`insitu.groundtruth.views.pixels_per_area`; one Gaussian per
+    marching-cubes vertex would leave a coarse grid's surface at a few thousand Gaussians however large the
+    images), at most ``seeds.budget``; with ``seeds.density: 0``, the budget (:func:`seeds_fill` says whether
+    as points drawn on the triangles or as marching-cubes vertices)."""
+    if cfg.seeds.density <= 0:
+        return cfg.seeds.budget
+    lo, hi = block.global_box
+    wanted = cfg.seeds.density * total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg)
+    return int(min(cfg.seeds.budget, max(1, math.ceil(wanted))))
+
+
+def surface_targets(comm, seeds: Seeds, count: int = 512, seed: int = 0) -> np.ndarray:
+    """``[M, 3]`` points on the whole surface (M <= ``count``), the same on every rank and for any number of
+    ranks (collective): the seed points whose coordinates hash lowest (:func:`point_hash`), over every rank's
+    seeds; a vertex on a seam between blocks, which both blocks hold, counts once. Close-up cameras look at
+    them, so the close-up views do not change with the decomposition."""
+    keys = point_hash(seeds.points, seed)
+    mine = np.argsort(keys, kind="stable")[:count]
+    parts = comm.mpi.allgather((keys[mine], np.asarray(seeds.points[mine], np.float64)))
+    all_keys = np.concatenate([k for k, _ in parts])
+    all_points = np.concatenate([p for _, p in parts]).reshape(-1, 3)
+    _, first = np.unique(all_keys, return_index=True)          # sorted by key, one of each
+    return all_points[first[:count]]
+
+
+def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``[M]`` uint64 keys of ``points: [M, 3]``, a function of their coordinates rounded to 1e-3 and of
+    ``seed`` alone (a 64-bit integer mix), so the same point gets the same key on any rank."""
+    q = np.round(np.asarray(points, np.float64).reshape(-1, 3) * 1000.0).astype(np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
+        for axis in range(3):
+            h = (h ^ q[:, axis]) * np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return h
+
+
+def seeds_fill(cfg: Config) -> bool:
+    """Whether seeds are points drawn on the triangles (a density of seeds per pixel, or with ``seeds.density: 0``
+    and ``seeds.fill`` the budget's) rather than the marching-cubes vertices: cold and warm starts alike."""
+    return cfg.seeds.density > 0 or cfg.seeds.fill
+
+
+def model_sh_degree(cfg: Config) -> int:
+    """The SH degree of the model a step trains: ``train.sh_degree``, or 0 for the lit colour model (a base
+    colour per Gaussian, shaded per view). Seeds are made at it; the kernels compiled ahead are those of it."""
+    return 0 if cfg.train.color_model == "lit" else cfg.train.sh_degree
+
+
+def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None) -> Seeding:
+    """This rank's initial shard: Gaussians seeded on its block's surface, or ``warm`` (the previous step's
+    shard on this rank) refit to it (:func:`warm_shard`), as many as :func:`seed_count` says; with the lit
+    colour model, turned and coloured as the ground truth shades the surface (:func:`lit_seeds`);
+    collective."""
+    lit = cfg.train.color_model == "lit"
+    color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
+    value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
+    with comm.phase("seeds"):
+        seeds = extract_seeds(block, cfg.input.iso, value_range=value_range)
+    total_area = comm.mpi.allreduce(seeds.total_area)
+    check_surface(comm, seeds, total_area, block, cfg, value_range)
+    share = seeds.total_area / total_area if total_area > 0 else 0.0
+    budget = int(round(seed_count(cfg, total_area, block) * share))
+    fresh = None
+    with comm.phase("initialise Gaussians"):
+        if warm is not None:
+            shard, fresh = warm_shard(warm, seeds, budget, cfg, block, comm.device, rank=comm.rank)
+        else:
+            shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                                   thickness=cfg.seeds.thickness, sh_degree=model_sh_degree(cfg),
+                                   seed=cfg.train.seed + comm.rank, fill=seeds_fill(cfg), device=comm.device)
+        if lit:                                  # normals and base colours: the ground truth's at each seed
+            shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
+    needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
+    targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
+    return Seeding(shard, fresh, share, targets)
+
+
+MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
+                                       # model of a Gaussian or two, scored on a few pixels (or on none)
+
+
+def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Config,
+                  value_range: tuple[float, float]) -> None:
+    """SurfaceTooSmall on every rank when the whole isosurface (``total_area``, world units) covers less than
+    ``MIN_SURFACE_PIXELS`` of an orbit view: a convex surface's mean projected area is a quarter of its area,
+    at :func:`insitu.groundtruth.views.pixels_per_area` pixels a unit of area; collective (its triangles are counted)."""
+    lo, hi = block.global_box
+    pixels = total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg) / 4
+    triangles = comm.mpi.allreduce(len(seeds.faces))
+    if pixels >= MIN_SURFACE_PIXELS:
+        return
+    isos = ", ".join(f"{v:.6g}" for v in cfg.input.iso)
+    res = cfg.views.resolution
+    raise SurfaceTooSmall(f"the isosurface at iso {isos} has only {triangles} triangle(s), about {pixels:.2g} "
+                          f"pixels of a {res}x{res} view: too small to train; the field ranges over "
+                          f"[{value_range[0]:.6g}, {value_range[1]:.6g}]: give an iso value whose surface is larger "
+                          "(--iso), or a larger --resolution")
+
+
+def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,
+              only: Tensor | None = None) -> Gaussians:
+    """The lit colour model's seeds: each disc turned to the ground truth's normal at its centre and
+    given the ground truth's base colour there (:class:`insitu.training.appearance.BlockSamples`,
+    :func:`insitu.training.appearance.base_colors`), so that it starts shaded as the surface it stands for.
+    ``only``: [N] bool, the Gaussians to set (a warm start's new seeds); default all. Local."""
+    if len(shard) == 0:
+        return shard
+    device = shard.means.device
+    unit, _ = unit_field(block.data, cfg.input.iso)
+    samples = BlockSamples(torch.from_numpy(np.ascontiguousarray(unit)).to(device), origin=block.origin,
+                           spacing=block.spacing, start=block.start)
+    pick = torch.ones(len(shard), dtype=torch.bool, device=device) if only is None else only.to(device)
+    means = shard.means[pick]
+    quats, sh0 = shard.quats.clone(), shard.sh0.clone()
+    quats[pick] = normal_to_quat_torch(samples.normals(means)).to(quats.dtype)
+    base = base_colors(block, means, color=cfg.views.surface_color, color_field=cfg.input.color_var,
+                       color_range=color_range, colormap=cfg.views.colormap)
+    sh0[pick] = rgb_to_sh0(base)[:, None, :].to(sh0.dtype)
+    return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
+
+
+def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
+               keep: float = 0.5, near: float | None = None, rank: int = 0) -> tuple[Gaussians, Tensor]:
+    """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
+
+    Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
+    :func:`init_colors`; the kept Gaussians keep their trained ones).
+
+    keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
+          isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
+          (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
+          ended 1.8 dB below a cold one, 0.2 dB with this rule.
+    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it. None:
+          the side of the area each new seed stands for (``sqrt(area / seeds)``), so that where the
+          kept Gaussians are sparser than a cold start's seeds the new ones fill in (a fixed cell kept
+          seeds by density, several per cell, out of every cell with one kept Gaussian: the Gray-Scott
+          L = 128 warm step at 1024^2 started from 200k Gaussians where a cold one seeds 551k).
+    rank: this rank's number, for the new seeds' draws (as the cold start's).
+    The new seeds are drawn as a cold start draws them (``seeds.density``, or ``seeds.fill`` with a density
+    of 0: points on the triangles up to ``budget``; else the vertices).
+    """
+    from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
+
+    fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
+                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed + rank,
+                           fill=seeds_fill(cfg), device=device)
+    if len(warm) == 0 or len(seeds) == 0:
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
+    old = warm.to(device)
+    cell = float(min(block.spacing))
+    off = iso_distance(block, cfg.input.iso, old.means.detach().cpu().numpy()) / cell
+    old = old.select(torch.as_tensor(off <= keep, device=device))
+    if len(old) == 0:
+        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
+    reach = near * cell if near is not None else math.sqrt(seeds.total_area / max(len(fresh), 1))
+    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=reach)
+    add = torch.as_tensor(~np.isfinite(d_new), device=device)
+    new = fresh.select(add)
+    mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
+                      torch.ones(len(new), dtype=torch.bool, device=device)])
+    return Gaussians.cat([old, new]), mask
+
+
+def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
+    """The SH model's seed colours as ``cfg.seeds.color_init`` says: ``gt`` reads them from
+    ``cfg.seeds.color_views`` training views spread over the orbit
+    (:func:`insitu.training.trainer.colors_from_images`, collective), ``constant`` keeps ``views.surface_color``.
+    ``only``: [N] bool, the Gaussians to colour (a warm start's new seeds); default all. The lit model's
+    seeds have their colours from the field already (:func:`lit_seeds`)."""
+    if cfg.seeds.color_init == "constant" or cfg.train.color_model == "lit":
+        return shard
+    train = scene.views.train_ids
+    k = min(cfg.seeds.color_views, len(train))
+    ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
+    return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
+                              batch=cfg.train.batch, only=only, **training_blur(cfg))
+
