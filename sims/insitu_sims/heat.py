@@ -274,13 +274,17 @@ def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) ->
 
     p = argparse.ArgumentParser(
         prog="python -m insitu_sims.heat",
-        description="3D heat equation with sources moving on circular orbits, on MPI: isosurfaces of T that "
-                    "grow, move, merge and split (about --iso 0.5 with the defaults).")
+        description="3D heat equation with sources moving on circular orbits, on MPI, written through ADIOS2: "
+                    "isosurfaces of T that grow, move, merge and split (with the defaults: insitu replay FILE "
+                    "--var T --iso 0.5).")
     helps = {
-        "L": "grid size (L^3 samples)", "kappa": "diffusivity, cells^2 per unit of time (kappa * dt <= 1/6)",
-        "cooling": "relaxation rate of T towards 0", "sources": f"moving sources, 1 to {SOURCES_MAX}, in pairs that "
-        "meet twice an orbit", "width": "the sources' Gaussian width in cells (0: L / 24)",
-        "power": "heating at a source's centre per unit of time (0: 1 / (8 width), T then peaks near 1.5)", "period": "time of the first pair's orbit",
+        "L": "grid size (L^3 samples)",
+        "kappa": "diffusivity, cells^2 per unit of time (kappa * dt <= 1/6)",
+        "cooling": "relaxation rate of T towards 0",
+        "sources": f"moving sources, 1 to {SOURCES_MAX}, in pairs that meet twice an orbit",
+        "width": "the sources' Gaussian width in cells (0: L / 24)",
+        "power": "heating at a source's centre per unit of time (0: 1 / (8 width), T then peaks near 1.5)",
+        "period": "time of the first pair's orbit",
         "dt": "time step", "steps": "number of steps", "plotgap": "write every this many steps", **OUTPUT_HELP,
     }
     add_settings_flags(p, HeatSettings, helps)
