@@ -18,7 +18,11 @@ rank (no communication, nothing trained), on the CPU:
   with seeds on the covered surface too, a denser one thinned (:func:`thinned`: the least opaque go).
 
 :func:`plan` applies the three to one rank's previous shard and new seeds; :func:`submesh` gives the
-triangles on the new surface, on which a step draws its new seeds.
+triangles on the new surface, on which a step draws its new seeds. ``expected`` is the step's to estimate: a
+cold step starts from ``seed_count`` seeds (``seeds.density`` per pixel of area, at most ``seeds.budget``; this
+rank its share) and densification grows them by a factor its own metrics record (``gaussians`` over
+``gaussians_initial``), which a series carries from its last cold step; a warm step, whose
+``insitu.warm_iterations`` are below ``train.densify_from`` by default, does not densify.
 
 Coordinates: ``points`` and ``means`` are in the coordinates of ``block`` (``world = origin + spacing *
 index``); with ``frame`` (:class:`insitu.volume.Frame`), they are in that frame's coordinates and ``block``
@@ -208,7 +212,7 @@ def follow_budget(expected: float, kept: int, new_share: float, area: float, *, 
     """The warm start's counts on this rank.
 
     expected:  the Gaussians a cold step would end this rank's surface with (the step's estimate: the cold
-               start's seed count times the growth its training had; see the module's docstring).
+               start's seed count times the growth a cold step's training had; the module's docstring).
     kept:      the previous step's Gaussians that are not stale.
     new_share: the part of the surface's area no kept Gaussian covers (:attr:`Coverage.new_share`).
     area:      the surface's area on this rank.
