@@ -7,7 +7,10 @@ The model and its parameters follow the ADIOS2 Gray-Scott tutorial::
 
 with ``lap`` the 7-point Laplacian divided by 6, a periodic ``L^3`` grid, explicit Euler
 steps of ``dt`` and ``r`` uniform in (-1, 1) drawn per cell and per step. The initial
-condition is ``U = 1, V = 0`` with a centred cube where ``U = 0.25, V = 0.33``.
+condition is ``U = 1, V = 0`` with a centred cube where ``U = 0.25, V = 0.33``. ``F`` and ``k``
+may ramp linearly over the run (``F_end``, ``k_end``): the preset ``breakup`` ramps them from the
+tutorial's rates into the spots regime, so that the surface of V changes character mid-run
+(:data:`PRESETS`).
 
 The grid is split over the ranks with ``MPI.Compute_dims`` and a periodic Cartesian
 communicator; every rank holds its block plus one ghost layer, exchanged with its six
@@ -23,11 +26,11 @@ rank 0, which writes; with an MPI-enabled ADIOS2 every rank writes its own block
 This module is a standalone simulation and does not import ``insitu``.
 
     mpiexec -n 4 python -m insitu_sims.gray_scott --L 64 --steps 1000 --plotgap 10 --engine BP5 --output gs.bp
+    python -m insitu_sims.gray_scott --preset breakup --L 128 --steps 2400 --plotgap 100 --output breakup.bp
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -36,8 +39,9 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-ENGINES = ("BP5", "BP4", "SST", "none")
-SST_POLICIES = ("Block", "Discard")
+from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, add_settings_flags, check_memory,
+                              check_output, face_bytes, largest_block, split_dims)
+from insitu_sims.grid import ENGINES, SST_POLICIES, grid_dims  # noqa: F401 - the demo's and users' names here
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
 
@@ -45,10 +49,29 @@ L_MIN = 4       # the initial cube of V reaches L // 4 cells (at most 6) each wa
                 # none, and U = 1, V = 0 stay uniform for ever
 
 
+# Named feed and kill rates (``--preset``; given flags override a preset's values):
+#   tutorial: the ADIOS2 tutorial's F = 0.02, k = 0.048, held for the whole run: a connected labyrinth of thin
+#             V shells grows out of the initial cube until it fills the box.
+#   breakup:  F and k ramp linearly over the run from the tutorial's (0.02, 0.048) to (0.03, 0.062), the
+#             self-replicating spots regime: the labyrinth's shells first grow as in the tutorial, then, past the
+#             middle of the run (k about 0.055), tear into separate spots that keep dividing, so the surface
+#             changes character (one connected sheet -> hundreds of small closed blobs) while it still grows.
+#             With noise 0.1 on L = 128 over 2400 steps, the largest connected piece of V > 0.3 holds 98% of
+#             those cells at step 200, 70% at 800, 31% at 1000, 7% at 1400 and 1% at 2400, when 1249 pieces
+#             of 8 cells or more hold them.
+PRESETS = {
+    "tutorial": {"F": 0.02, "k": 0.048, "F_end": None, "k_end": None},
+    "breakup": {"F": 0.02, "k": 0.048, "F_end": 0.03, "k_end": 0.062},
+}
+
+
 @dataclass
 class GrayScottSettings:
     """Parameters of one run (defaults: the ADIOS2 Gray-Scott tutorial).
 
+    F_end, k_end:     feed and kill rates at the end of the run: the rates ramp linearly from ``F``, ``k``
+                      at step 0 to them at step ``steps`` (each step takes the rates of its start);
+                      None: held at ``F``, ``k`` (:data:`PRESETS` names some).
     engine:           "BP5" or "BP4" writes the file ``output``; "SST" streams under the name
                       ``output`` (readers open the same name); "none" writes nothing.
     sst_readers:      SST ``RendezvousReaderCount``: the writer's open waits for this many
@@ -65,6 +88,8 @@ class GrayScottSettings:
     Dv: float = 0.1
     F: float = 0.02
     k: float = 0.048
+    F_end: float | None = None
+    k_end: float | None = None
     dt: float = 1.0
     steps: int = 1000
     plotgap: int = 10
@@ -90,16 +115,19 @@ class GrayScottSettings:
         if min(self.Du, self.Dv, self.F, self.k, self.noise) < 0:
             raise ValueError(f"Du, Dv, F, k, noise: expected >= 0, got "
                              f"{self.Du}, {self.Dv}, {self.F}, {self.k}, {self.noise}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.sst_policy not in SST_POLICIES:
-            raise ValueError(f"sst_policy: expected one of {', '.join(SST_POLICIES)}, got {self.sst_policy!r}")
-        if self.sst_readers < 0 or self.sst_queue_limit < 0:
-            raise ValueError(f"sst_readers, sst_queue_limit: expected >= 0, got "
-                             f"{self.sst_readers}, {self.sst_queue_limit}")
-        if self.engine != "none" and not self.output:
-            raise ValueError("output: expected a file or stream name when engine is not 'none'")
+        ends = [v for v in (self.F_end, self.k_end) if v is not None]
+        if ends and min(ends) < 0:
+            raise ValueError(f"F_end, k_end: expected >= 0 (or not given: held at F, k), got "
+                             f"{self.F_end}, {self.k_end}")
+        check_output(self)
         return self
+
+    def rates(self, step: int) -> tuple[float, float]:
+        """(F, k) of the step that starts at step ``step`` (:attr:`F_end`, :attr:`k_end`)."""
+        a = step / self.steps if self.steps else 0.0
+        F = self.F if self.F_end is None else self.F + (self.F_end - self.F) * a
+        k = self.k if self.k_end is None else self.k + (self.k_end - self.k) * a
+        return F, k
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -108,32 +136,6 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
-
-
-def _split(n: int, parts: int, index: int) -> tuple[int, int]:
-    """Start and count of part ``index`` of ``n`` cells split in ``parts``."""
-    a, b = index * n // parts, (index + 1) * n // parts
-    return a, b - a
-
-
-def grid_dims(ranks: int) -> tuple[int, int, int]:
-    """How the grid is split over ``ranks`` ranks: (px, py, pz) blocks."""
-    return tuple(MPI.Compute_dims(ranks, 3))
-
-
-def largest_block(L: int, ranks: int) -> tuple[int, int, int]:
-    """(nx, ny, nz) samples of the largest rank's block of the ``L^3`` grid split over ``ranks`` ranks."""
-    return tuple(-(-L // p) for p in grid_dims(ranks))
-
-
-def split_dims(L: int, ranks: int) -> tuple[int, int, int]:
-    """How the ``L^3`` grid is split over ``ranks`` ranks, (px, py, pz); ValueError when an axis has fewer
-    samples than ranks along it."""
-    dims = grid_dims(ranks)
-    if max(dims) > L:
-        raise ValueError(f"L: expected at least {max(dims)} on {ranks} ranks (the grid is split over them "
-                         f"{' x '.join(map(str, dims))}, a sample each at least), got {L}")
-    return dims
 
 
 BLOCK_ARRAYS = 2 + 3 + 4 + 2           # of 8-byte values: u and v with their ghost layers, the noise's 3 hashes,
@@ -147,13 +149,8 @@ def memory_bytes(settings: GrayScottSettings, ranks: int, gathered: bool = False
     L = settings.L
     nx, ny, nz = largest_block(L, ranks)
     ghosts = (nx + 2) * (ny + 2) * (nz + 2)
-    faces = 4 * ((ny + 2) * (nz + 2) + (nx + 2) * (nz + 2) + (nx + 2) * (ny + 2))   # the exchange's buffers
-    return 8 * (2 * ghosts + (BLOCK_ARRAYS - 2) * nx * ny * nz + faces + (3 * L ** 3 if gathered else 0))
-
-
-def machine_memory() -> int:
-    """Bytes of physical memory of this machine."""
-    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return 8 * (2 * ghosts + (BLOCK_ARRAYS - 2) * nx * ny * nz + (3 * L ** 3 if gathered else 0)) \
+        + face_bytes(L, ranks)
 
 
 class GrayScott:
@@ -167,13 +164,10 @@ class GrayScott:
     def __init__(self, settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD):
         self.settings = settings.validate()
         L = settings.L
-        dims = split_dims(L, comm.Get_size())                # (px, py, pz)
-        self.cart = comm.Create_cart(dims, periods=[True, True, True], reorder=False)
-        self.dims = tuple(dims)
-        self.coords = tuple(self.cart.Get_coords(self.cart.Get_rank()))
-        sc = [_split(L, p, c) for p, c in zip(self.dims, self.coords)]
-        self.start = tuple(s for s, _ in sc)
-        self.count = tuple(c for _, c in sc)                  # (nx, ny, nz)
+        grid = CartesianSplit(L, comm)
+        self._grid = grid
+        self.cart, self.dims, self.coords = grid.cart, grid.dims, grid.coords
+        self.start, self.count = grid.start, grid.count           # (x, y, z), (nx, ny, nz)
         self.global_shape = (L, L, L)
         self.step_count = 0
         nx, ny, nz = self.count
@@ -197,13 +191,8 @@ class GrayScott:
                       + x[None, None, :])
         self._du, self._dv, self._uvv, self._tmp = (np.empty((nz, ny, nx)) for _ in range(4))
         self._hash, self._hash_tmp = np.empty_like(self._gidx), np.empty_like(self._gidx)
-        # neighbours and contiguous face buffers per axis (array axis 2 = x, 1 = y, 0 = z)
-        self._nbrs = [self.cart.Shift(axis, 1) for axis in range(3)]   # (lower, upper) per x, y, z
-        self._bufs = []
-        for axis in range(3):
-            shape = list(self._u.shape)
-            shape[2 - axis] = 1
-            self._bufs.append([np.empty(shape) for _ in range(4)])
+        self._nbrs = grid.nbrs                                   # (lower, upper) per x, y, z
+        self._bufs = grid.face_buffers()
 
     # ---- state -------------------------------------------------------------------------
     @property
@@ -221,26 +210,7 @@ class GrayScott:
     # ---- one step ----------------------------------------------------------------------
     def _exchange(self, a: np.ndarray) -> None:
         """Fill the ghost layer of ``a`` from the face neighbours (periodic)."""
-        for axis in range(3):                      # x, y, z; later axes carry earlier ghosts
-            ax = 2 - axis
-            lower, upper = self._nbrs[axis]
-            send_lo, send_hi, recv_lo, recv_hi = self._bufs[axis]
-
-            def face(i):
-                idx = [slice(None)] * 3
-                idx[ax] = slice(i, i + 1)
-                return tuple(idx)
-
-            n = a.shape[ax]
-            np.copyto(send_lo, a[face(1)])
-            np.copyto(send_hi, a[face(n - 2)])
-            # to lower, from upper: fills the upper ghost; and the reverse
-            self.cart.Sendrecv(send_lo, dest=lower, sendtag=10 + axis, recvbuf=recv_hi, source=upper,
-                               recvtag=10 + axis)
-            self.cart.Sendrecv(send_hi, dest=upper, sendtag=20 + axis, recvbuf=recv_lo, source=lower,
-                               recvtag=20 + axis)
-            a[face(n - 1)] = recv_hi
-            a[face(0)] = recv_lo
+        self._grid.exchange(a, self._bufs)
 
     def _noise(self, out: np.ndarray) -> np.ndarray:
         """Uniform (-1, 1) per owned cell into ``out``: a function of (seed, step, global index) only."""
@@ -275,6 +245,7 @@ class GrayScott:
     def step(self) -> None:
         """Advance one time step (collective: every rank must call it)."""
         s = self.settings
+        F, k = s.rates(self.step_count)
         self._exchange(self._u)
         self._exchange(self._v)
         uc = self._u[1:-1, 1:-1, 1:-1]
@@ -286,7 +257,7 @@ class GrayScott:
         du *= s.Du
         du -= uvv
         np.subtract(1.0, uc, out=self._tmp)
-        self._tmp *= s.F
+        self._tmp *= F
         du += self._tmp
         if s.noise > 0:
             self._noise(self._tmp)
@@ -295,7 +266,7 @@ class GrayScott:
         self._laplacian(self._v, dv)            # dv = Dv lap(v) + u v^2 - (F + k) v
         dv *= s.Dv
         dv += uvv
-        np.multiply(vc, s.F + s.k, out=self._tmp)
+        np.multiply(vc, F + k, out=self._tmp)
         dv -= self._tmp
         du *= s.dt
         dv *= s.dt
@@ -319,95 +290,6 @@ class RunStats:
         return self.steps / self.seconds if self.seconds > 0 else float("inf")
 
 
-class _Writer:
-    """ADIOS2 output of U, V, step, time; serial ADIOS2 -> gather to rank 0."""
-
-    def __init__(self, settings: GrayScottSettings, sim: GrayScott, comm: MPI.Comm):
-        import adios2                           # optional (engine "none" writes nothing); seconds to import
-
-        self.comm = comm
-        self.sim = sim
-        self.parallel = bool(adios2.is_built_with_mpi) and comm.Get_size() > 1
-        self.writes = self.parallel or comm.Get_rank() == 0
-        L = settings.L
-        self.shape = [L, L, L]
-        if self.parallel:
-            self.start = list(reversed(sim.start))
-            self.count = list(reversed(sim.count))
-        else:
-            self.start, self.count = [0, 0, 0], [L, L, L]
-            self.boxes = comm.gather((sim.start, sim.count), root=0)
-            if comm.Get_rank() == 0:
-                self.counts = [int(np.prod(c)) for _, c in self.boxes]
-                self.displs = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(int).tolist()
-                self.recv = np.empty(sum(self.counts), dtype=np.float64)
-                self.full = {n: np.empty((L, L, L), dtype=np.float64) for n in ("U", "V")}
-        self.stream = None
-        error = None
-        if self.writes:
-            try:
-                self._open(adios2, settings)
-            except Exception as e:           # every rank must learn it, or they wait in Gatherv
-                error = e
-        failed = comm.allreduce(error is not None, op=MPI.LOR)
-        if error is not None:
-            raise error
-        if failed:
-            raise RuntimeError(f"gray-scott: opening the {settings.engine} output {settings.output!r} failed "
-                               "on another rank")
-
-    def _open(self, adios2, settings: GrayScottSettings) -> None:
-        comm = self.comm
-        ad = adios2.Adios(comm=comm) if self.parallel else adios2.Adios()
-        io = ad.declare_io("gray_scott")
-        io.set_engine(settings.engine)
-        if settings.engine == "SST":
-            io.set_parameters({
-                "RendezvousReaderCount": str(settings.sst_readers),
-                "QueueLimit": str(settings.sst_queue_limit),
-                "QueueFullPolicy": settings.sst_policy,
-                "DataTransport": "WAN",
-                "OpenTimeoutSecs": str(int(np.ceil(settings.sst_open_timeout_s))),
-            })
-        else:
-            io.set_parameters({"Profile": "Off"})
-        self._adios = ad
-        self.stream = adios2.Stream(io, settings.output, "w", comm) if self.parallel \
-            else adios2.Stream(io, settings.output, "w")
-        self.stream.write_attribute("origin", np.zeros(3))
-        self.stream.write_attribute("spacing", np.ones(3))
-
-    def _gathered(self, name: str, local: np.ndarray) -> np.ndarray | None:
-        sendbuf = np.ascontiguousarray(local).ravel()
-        if self.comm.Get_rank() == 0:
-            self.comm.Gatherv(sendbuf, [self.recv, self.counts, self.displs, MPI.DOUBLE], root=0)
-            out = self.full[name]
-            for (s, c), off, n in zip(self.boxes, self.displs, self.counts):
-                out[s[2]:s[2] + c[2], s[1]:s[1] + c[1], s[0]:s[0] + c[0]] = \
-                    self.recv[off:off + n].reshape(c[2], c[1], c[0])
-            return out
-        self.comm.Gatherv(sendbuf, None, root=0)
-        return None
-
-    def write(self, step: int, t: float, fields_: dict[str, np.ndarray]) -> None:
-        data = fields_ if self.parallel else {n: self._gathered(n, a) for n, a in fields_.items()}
-        if not self.writes:
-            return
-        s = self.stream
-        s.begin_step()
-        for name, arr in data.items():
-            s.write(name, np.ascontiguousarray(arr), self.shape, self.start, self.count)
-        if not self.parallel or self.comm.Get_rank() == 0:
-            s.write("step", int(step))
-            s.write("time", float(t))
-        s.end_step()
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
-
-
 def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
         consumer: Consumer | None = None) -> RunStats:
     """Run ``settings.steps`` steps; every ``plotgap`` steps write and/or call ``consumer``.
@@ -417,7 +299,8 @@ def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
     Returns the run's RunStats (same on every rank: rank 0's timings are broadcast).
     """
     sim = GrayScott(settings, comm)
-    writer = _Writer(settings, sim, comm) if settings.engine != "none" else None
+    writer = FieldWriter(settings, settings.L, sim.start, sim.count, ("U", "V"), "gray_scott", comm) \
+        if settings.engine != "none" else None
     outputs, out_s = 0, 0.0
     comm.Barrier()
     t0 = time.perf_counter()
@@ -444,54 +327,48 @@ def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
     return RunStats(sim.step_count, outputs, elapsed, out_s, comm.Get_size())
 
 
+RATES = ("F", "k", "F_end", "k_end")        # what a preset sets
+
+
 def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) -> GrayScottSettings:
     """The settings of the command line ``argv``, checked for a run on the ranks of ``comm``: a value out of
     range, a grid that cannot be split over the ranks or does not fit this machine's memory ends the process
-    with one line (from rank 0) and exit code 2."""
+    with one line (from rank 0) and exit code 2. ``--preset`` sets the rates (:data:`PRESETS`); ``--F``,
+    ``--k``, ``--F-end``, ``--k-end`` given override it."""
     ranks = comm.Get_size()
 
     def refuse(text: str) -> None:
         p.exit(2, f"{p.prog}: error: {text}\n" if comm.Get_rank() == 0 else None)
 
     p = argparse.ArgumentParser(description="3D Gray-Scott reaction-diffusion (ADIOS2 tutorial model) on MPI.")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tutorial",
+                   help="feed and kill rates: tutorial, F 0.02 and k 0.048 held (a labyrinth that grows); breakup, "
+                        "ramped from those to F 0.03, k 0.062 over the run (the labyrinth tears into spots that "
+                        "divide) (default: tutorial)")
     helps = {
-        "L": "grid size (L^3 samples)", "Du": "diffusion of U", "Dv": "diffusion of V", "F": "feed rate",
-        "k": "kill rate", "dt": "time step", "steps": "number of steps",
+        "L": "grid size (L^3 samples)", "Du": "diffusion of U", "Dv": "diffusion of V",
+        "F": "feed rate (default: the preset's)", "k": "kill rate (default: the preset's)",
+        "F_end": "feed rate at the last step, ramped linearly from --F (default: the preset's; tutorial: none, "
+                 "F held)",
+        "k_end": "kill rate at the last step, ramped linearly from --k (default: the preset's; tutorial: none, "
+                 "k held)",
+        "dt": "time step", "steps": "number of steps",
         "plotgap": "write every this many steps", "noise": "amplitude of the uniform noise on U",
-        "seed": "noise seed (same seed, same field for any number of ranks)",
-        "output": "BP5/BP4 file or SST stream name", "engine": "output engine",
-        "sst_readers": "SST RendezvousReaderCount (0: do not wait for readers)",
-        "sst_queue_limit": "SST QueueLimit (0: unlimited)", "sst_policy": "SST QueueFullPolicy",
-        "sst_open_timeout_s": "SST OpenTimeoutSecs",
+        "seed": "noise seed (same seed, same field for any number of ranks)", **OUTPUT_HELP,
     }
-    for f in fields(GrayScottSettings):
-        kw = {"type": type(f.default), "default": f.default, "help": f"{helps[f.name]} (default: %(default)s)"}
-        if f.name == "engine":
-            kw["choices"] = ENGINES
-        if f.name == "sst_policy":
-            kw["choices"] = SST_POLICIES
-        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **kw)
+    add_settings_flags(p, GrayScottSettings, helps, unset=RATES)
     ns = p.parse_args(argv)
-    settings = GrayScottSettings(**{f.name: getattr(ns, f.name) for f in fields(GrayScottSettings)})
+    given = {f.name: getattr(ns, f.name) for f in fields(GrayScottSettings)}
+    rates = {name: given[name] if given[name] is not None else PRESETS[ns.preset][name] for name in RATES}
+    settings = GrayScottSettings(**{**given, **rates})
     try:
         settings.validate()
         split_dims(settings.L, ranks)
     except ValueError as e:
         refuse(str(e))
-    need, have, gathered = memory_bytes(settings, ranks), machine_memory(), False
-    # rank 0 gathers the grid to write it with a serial ADIOS2 (the PyPI wheel), and on one rank: asked of
-    # ADIOS2 (seconds to import) only when that would not fit
-    if settings.engine != "none" and memory_bytes(settings, ranks, gathered=True) > have:
-        import adios2
-
-        if ranks == 1 or not adios2.is_built_with_mpi:
-            need, gathered = memory_bytes(settings, ranks, gathered=True), True
-    if need > have:
-        gib = 2.0 ** 30
-        refuse(f"--L {settings.L}: the simulation needs {need / gib:.3g} GiB on a rank of {ranks} "
-               f"({BLOCK_ARRAYS} arrays the size of its block, 8 bytes a sample"
-               f"{', and the whole grid gathered on rank 0 to be written' if gathered else ''}); this machine has "
-               f"{have / gib:.3g} GiB")
+    # rank 0 gathers the grid to write it with a serial ADIOS2 (the PyPI wheel), and on one rank
+    check_memory(memory_bytes(settings, ranks), memory_bytes(settings, ranks, gathered=True), L=settings.L,
+                 ranks=ranks, writes=settings.engine != "none", arrays=BLOCK_ARRAYS, refuse=refuse)
     return settings
 
 
