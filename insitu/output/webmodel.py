@@ -88,7 +88,7 @@ def encode_spz(gaussians: Gaussians, *, antialiased: bool = False, version: int 
     """``gaussians`` (pre-activation, as stored, in the model's frame) -> the bytes of a ``.spz`` file
     (SPZ's frame, :func:`to_rub`); ``antialiased``: the header's flag, whether the model was trained to be
     drawn with the antialiased blur; ``version``: 2 (rotations as x, y, z bytes, read right by every SPZ
-    viewer) or 3 (smallest three, four times finer)."""
+    viewer) or 3 (smallest three: rotations about ten times finer)."""
     n = check_gaussians(gaussians)
     degree = gaussians.sh_degree
     if degree > 3:
