@@ -45,7 +45,7 @@ from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLoc
                                   step_dir, step_name)
 from insitu.output.ply import drop_bands, write_ply
 from insitu.output.report import cameras_json, write_report
-from insitu.output.webmodel import write_spz
+from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
 from insitu.surface.gaussians import Gaussians, gather_gaussians
 from insitu.training.appearance import drawn_otherwise, refits_ply
 from insitu.volume import Frame
@@ -449,7 +449,8 @@ class StepWriter:
             if out.spz:
                 standard = drop_bands(world, out.sh_degree)
         if standard is not None:
-            write_spz(d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics))
+            write_spz(d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
+                      version=STANDARD_SPZ_VERSION)
         if gaussians is not None and lit and out.lit:
             write_spz(d / "model.lit.spz", gaussians, antialiased=bool(metrics.get("antialiased", False)))
         for key, name in (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"),

@@ -1,27 +1,39 @@
 """The web copy of a model: Niantic's ``.spz`` (gzip-compressed, about 10x smaller than ``.ply``).
 
 A reference 3DGS ``.ply`` holds 62 float32 per Gaussian at SH degree 3 (248 bytes: a 4M-Gaussian
-model is about 1 GB). ``.spz`` (https://github.com/nianticlabs/spz, version 3) quantizes every
-attribute to bytes and keeps the SH bands, which the ground truth's headlight shading needs:
+model is about 1 GB). ``.spz`` (https://github.com/nianticlabs/spz, versions 2 and 3, the gzip ones)
+quantizes every attribute to bytes and keeps the SH bands, which the ground truth's headlight shading needs:
 
-    positions  [N, 3]  24-bit signed fixed point, ``fractional_bits`` chosen from the extent
+    positions  [N, 3]  24-bit signed fixed point, ``fractional_bits`` chosen from the extent (in the header)
     alphas     [N]     sigmoid(opacity) * 255
     colors     [N, 3]  (sh0 * 0.15 + 0.5) * 255
     scales     [N, 3]  (log scale + 10) * 16
-    rotations  [N]     uint32 "smallest three": index of the largest component of the unit
+    rotations  version 2: [N, 3] bytes, x, y, z of the unit quaternion (x, y, z, w) with w >= 0, each
+                       (c + 1) * 127.5; w = sqrt(1 - x^2 - y^2 - z^2) on reading.
+               version 3: [N] uint32 "smallest three": index of the largest component of the unit
                        quaternion (x, y, z, w) in 2 bits, the other three in 10 bits each (sign, 9-bit
                        magnitude over 1/sqrt(2))
     sh         [N, K-1, 3]  round(sh * 128) + 128 (colour channel innermost)
 
-in this order after a 16-byte header, the whole gzip-compressed: 20 + 9 (K-1) bytes per Gaussian
-before compression. The header's flags byte says whether the model is meant to be drawn antialiased
-(``FLAG_ANTIALIASED``).
+in this order after a 16-byte header, the whole gzip-compressed: 19 (version 2) or 20 (version 3) + 9 (K-1)
+bytes per Gaussian before compression. The header's flags byte says whether the model is meant to be drawn
+antialiased (``FLAG_ANTIALIASED``).
+
+Which version: F3D 4.0 reads version 3 wrong (it hands the quaternion on as (x, y, z, w) where its
+shader takes (w, x, y, z), and it reads the SH bands from the offset of version 2's layout, a byte per
+Gaussian early), so the standard copy, ``model.spz``, which any viewer may open, is written as version 2
+(``STANDARD_SPZ_VERSION``), which F3D, Niantic's library, PlayCanvas splat-transform and Spark all read
+right. Version 2's rotations are coarser (8 bits a component, w derived: a mean error of 0.75 degrees,
+under 7 at worst, against 0.08 and 0.25 for version 3); :func:`encode_spz` picks, of the byte triples around
+each quaternion, the one whose decoded rotation is nearest. A lit model's copy, drawn only by the
+report's viewer and shaded by its rotations' normals, stays version 3 (the default).
 
 SPZ's own frame is x right, y up, z back (RUB): :func:`encode_spz` turns the model's frame into it, a
 rotation by 180 degrees about x (y and z negated; the quaternions' y and z too; each SH coefficient
 times the parity of its basis function under that turn), and :func:`read_spz` turns it back, so that
 an SPZ reader that converts from RUB to its own frame (Niantic's library, PlayCanvas splat-transform)
-places the model as ``model.ply`` holds it.
+places the model as ``model.ply`` holds it. F3D and Spark take SPZ's frame as their own (y up) and draw
+the file as it is: turned by that 180 degrees from ``model.ply``, which they draw unconverted too.
 """
 from __future__ import annotations
 
@@ -37,7 +49,9 @@ from insitu.output.files import atomic_write
 from insitu.surface.gaussians import Gaussians, check_gaussians, numpy32
 
 SPZ_MAGIC = 0x5053474E          # "NGSP"
-SPZ_VERSION = 3
+SPZ_VERSION = 3                 # encode_spz's default: the precise rotations
+SPZ_VERSIONS = (2, 3)
+STANDARD_SPZ_VERSION = 2        # model.spz: the version every SPZ viewer reads right (F3D 4.0 misreads 3)
 FLAG_ANTIALIASED = 0x1
 # the sign of each SH coefficient (degree 1 to 3, 3DGS order) under the turn about x (y, z -> -y, -z):
 # the parity of its basis polynomial in y and z (band 1: y, z, x; band 2: xy, yz, 3z^2-1, xz, x^2-y^2; band 3:
@@ -70,14 +84,17 @@ def to_rub(gaussians: Gaussians) -> Gaussians:
     return Gaussians(g.means * flip, g.log_scales, g.quats * qflip, g.opacity_logits, g.sh0, g.shN * signs)
 
 
-def encode_spz(gaussians: Gaussians, *, antialiased: bool = False) -> bytes:
+def encode_spz(gaussians: Gaussians, *, antialiased: bool = False, version: int = SPZ_VERSION) -> bytes:
     """``gaussians`` (pre-activation, as stored, in the model's frame) -> the bytes of a ``.spz`` file
-    (version 3, SPZ's frame, :func:`to_rub`); ``antialiased``: the header's flag, whether the model was
-    trained to be drawn with the antialiased blur."""
+    (SPZ's frame, :func:`to_rub`); ``antialiased``: the header's flag, whether the model was trained to be
+    drawn with the antialiased blur; ``version``: 2 (rotations as x, y, z bytes, read right by every SPZ
+    viewer) or 3 (smallest three: rotations about ten times finer)."""
     n = check_gaussians(gaussians)
     degree = gaussians.sh_degree
     if degree > 3:
         raise ValueError(f"spz holds SH degrees 0 to 3, got {degree}")
+    if version not in SPZ_VERSIONS:
+        raise ValueError(f"spz version: expected one of {SPZ_VERSIONS}, got {version!r}")
     g = to_rub(gaussians)
     means = numpy32(g.means).astype(np.float64)
     bits = fractional_bits(means)
@@ -88,9 +105,9 @@ def encode_spz(gaussians: Gaussians, *, antialiased: bool = False) -> bytes:
     scales = _u8((numpy32(g.log_scales) + 10.0) * 16.0)
     q = numpy32(g.quats).astype(np.float64)
     q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-    rotations = _pack_quats(q[:, [1, 2, 3, 0]])
+    rotations = (_pack_quats if version == 3 else _pack_quats_v2)(q[:, [1, 2, 3, 0]])
     sh = _u8(numpy32(g.shN) * 128.0 + 128.0).reshape(n, -1)
-    header = struct.pack("<IIIBBBB", SPZ_MAGIC, SPZ_VERSION, n, degree, bits,
+    header = struct.pack("<IIIBBBB", SPZ_MAGIC, version, n, degree, bits,
                          FLAG_ANTIALIASED if antialiased else 0, 0)
     body = b"".join(np.ascontiguousarray(a).tobytes() for a in (positions, alphas, colors, scales, rotations, sh))
     return gzip.compress(header + body, compresslevel=6, mtime=0)
@@ -109,6 +126,30 @@ def _pack_quats(q: np.ndarray) -> np.ndarray:
     return comp.astype("<u4")
 
 
+def _unpack_quats_v2(xyz: np.ndarray) -> np.ndarray:
+    """Version 2's rotations, [N, 3] bytes -> [N, 4] (x, y, z, w), w >= 0 (not normalised: as readers decode)."""
+    v = xyz.astype(np.float64) / 127.5 - 1.0
+    return np.concatenate([v, np.sqrt(np.maximum(0.0, 1.0 - (v ** 2).sum(axis=1)))[:, None]], axis=1)
+
+
+def _pack_quats_v2(q: np.ndarray) -> np.ndarray:
+    """``q: [N, 4]`` unit quaternions (x, y, z, w) -> [N, 3] bytes, version 2: x, y, z with w >= 0. Of the
+    eight byte triples around ``(q + 1) * 127.5`` (each component rounded down or up), the one whose decoded
+    rotation (w derived) is nearest to ``q``: rounding each component alone errs most where w is small."""
+    q = np.where(q[:, 3:] < 0, -q, q)
+    target = q[:, :3] * 127.5 + 127.5
+    low = np.floor(target)
+    best = np.clip(np.rint(target), 0, 255)
+    best_dot = np.full(len(q), -1.0)
+    for corner in np.ndindex(2, 2, 2):
+        cand = np.clip(low + np.array(corner), 0, 255)
+        r = _unpack_quats_v2(cand)
+        dot = np.abs((r * q).sum(axis=1)) / np.linalg.norm(r, axis=1)
+        better = dot > best_dot
+        best[better], best_dot[better] = cand[better], dot[better]
+    return best.astype(np.uint8)
+
+
 def _unpack_quats(comp: np.ndarray) -> np.ndarray:
     """Inverse of :func:`_pack_quats`: [N] uint32 -> [N, 4] (x, y, z, w)."""
     comp = comp.astype(np.uint32)
@@ -124,9 +165,10 @@ def _unpack_quats(comp: np.ndarray) -> np.ndarray:
     return q
 
 
-def write_spz(path: str | Path, gaussians: Gaussians, *, antialiased: bool = False) -> Path:
+def write_spz(path: str | Path, gaussians: Gaussians, *, antialiased: bool = False,
+              version: int = SPZ_VERSION) -> Path:
     """Write ``gaussians`` as a ``.spz`` file (:func:`encode_spz`), atomically; returns the path."""
-    return atomic_write(path, encode_spz(gaussians, antialiased=antialiased))
+    return atomic_write(path, encode_spz(gaussians, antialiased=antialiased, version=version))
 
 
 def spz_antialiased(path: str | Path) -> bool:
@@ -142,17 +184,17 @@ def _spz_bytes(path: Path) -> bytes:
 
 
 def read_spz(path: str | Path) -> Gaussians:
-    """Read a version-3 ``.spz`` file into float32 Gaussians (quantized values, pre-activation), turned from
-    SPZ's frame into the model's (:func:`to_rub`)."""
+    """Read a version-2 or version-3 ``.spz`` file into float32 Gaussians (quantized values, pre-activation),
+    turned from SPZ's frame into the model's (:func:`to_rub`)."""
     path = Path(path)
     raw = _spz_bytes(path)
     magic, version, n, degree, bits, _, _ = struct.unpack_from("<IIIBBBB", raw)
     if magic != SPZ_MAGIC:
         raise ValueError(f"{path}: not an spz file (magic {magic:#x}, expected {SPZ_MAGIC:#x})")
-    if version != SPZ_VERSION:
-        raise ValueError(f"{path}: spz version {version}; this reader reads version {SPZ_VERSION}")
+    if version not in SPZ_VERSIONS:
+        raise ValueError(f"{path}: spz version {version}; this reader reads versions {SPZ_VERSIONS}")
     k1 = (degree + 1) ** 2 - 1
-    sizes = [9 * n, n, 3 * n, 3 * n, 4 * n, 3 * k1 * n]
+    sizes = [9 * n, n, 3 * n, 3 * n, (3 if version == 2 else 4) * n, 3 * k1 * n]
     if len(raw) != 16 + sum(sizes):
         raise ValueError(f"{path}: {len(raw) - 16} data bytes for {n} Gaussians of degree {degree}, "
                          f"expected {sum(sizes)}")
@@ -164,7 +206,7 @@ def read_spz(path: str | Path) -> Gaussians:
     b = pos.reshape(n, 3, 3).astype(np.int32)
     fixed = (b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16))
     fixed = np.where(fixed >= 1 << 23, fixed - (1 << 24), fixed)
-    xyzw = _unpack_quats(rot.view("<u4"))
+    xyzw = _unpack_quats(rot.view("<u4")) if version == 3 else _unpack_quats_v2(rot.reshape(n, 3))
     a = np.clip(alpha / 255.0, 1e-6, 1 - 1e-6)
     t = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32)  # noqa: E731
     return to_rub(Gaussians(
