@@ -1,0 +1,89 @@
+"""What benchmark cases share: launching ``insitu``, and reading its metrics files into rows."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.schema import CASE, NUMBER
+
+# metrics.json key -> row field, where the names differ
+_RENAMED = {"total_seconds": "seconds"}
+_FIGURES = tuple(k for k, (types, _) in CASE.items() if types in (NUMBER, int) and k not in ("step", "ranks"))
+
+
+def insitu_argv(*args: str) -> list[str]:
+    """The argv of ``python -m insitu ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "insitu", *map(str, args)]
+
+
+def run_logged(argv: list[str], log: Path, *, timeout: float | None = None, env: dict | None = None,
+               cwd: Path | None = None) -> int:
+    """Run ``argv``, its stdout and stderr into ``log``; its exit status, 124 when it ran past ``timeout``.
+
+    ``env`` adds to (does not replace) this process's environment."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:
+        f.write("$ " + " ".join(map(str, argv)) + "\n")
+        f.flush()
+        try:
+            return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd,
+                                  env={**os.environ, **(env or {})}).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"\nbenchmarks: killed after {timeout} s\n")
+            return 124
+
+
+def tail(log: Path, lines: int = 1) -> str:
+    """The last ``lines`` non-empty lines of ``log``, joined by ' | ' (for a row's ``error``)."""
+    text = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+
+def _number(v):
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return v
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
+        return v
+    return v
+
+
+def metrics_row(metrics: dict, name: str, **fields) -> dict:
+    """A row from an ``insitu`` metrics.json (or a metrics.csv row): the schema's figures it holds,
+    ``seconds`` from ``total_seconds``, ``ranks`` and ``device``; then ``fields`` (which win)."""
+    row: dict = {"name": name}
+    for key, value in metrics.items():
+        field = _RENAMED.get(key, key)
+        if value in (None, "") or field not in _FIGURES:
+            continue
+        value = float(value) if isinstance(value, str) else value
+        row[field] = int(value) if CASE[field][0] is int else float(value)
+    if metrics.get("ranks") not in (None, ""):
+        row["ranks"] = int(float(metrics["ranks"]))
+    if metrics.get("device"):
+        row["device"] = str(metrics["device"])
+    if metrics.get("step") not in (None, "") and "step" not in fields:
+        row["step"] = int(float(metrics["step"]))
+    return row | fields
+
+
+def csv_rows(path: Path) -> list[dict]:
+    """The rows of an ``insitu`` metrics.csv, numbers as float, empty cells as None."""
+    with path.open(newline="") as f:
+        return [{k: (None if v == "" else _number(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def synthetic_volume(path: Path, n: int = 16) -> tuple[Path, float]:
+    """A ``n``^3 float32 field of a ball (1 inside, falling to 0 outside) saved as ``path`` (.npy); its iso."""
+    import numpy as np
+
+    x = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    r = np.sqrt(x[:, None, None] ** 2 + x[None, :, None] ** 2 + x[None, None, :] ** 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.clip(1.5 - 2.0 * r, 0.0, 1.0).astype(np.float32))
+    return path, 0.5
