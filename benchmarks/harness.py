@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -42,14 +43,13 @@ def tail(log: Path, lines: int = 1) -> str:
     return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
 
-def _number(v):
-    if isinstance(v, str):
+def _number(v: str):
+    """A metrics.csv cell as an int or a float where it is one, else the text."""
+    for kind in (int, float):
         try:
-            v = float(v)
+            return kind(v)
         except ValueError:
-            return v
-    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
-        return v
+            pass
     return v
 
 
@@ -87,3 +87,22 @@ def synthetic_volume(path: Path, n: int = 16) -> tuple[Path, float]:
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, np.clip(1.5 - 2.0 * r, 0.0, 1.0).astype(np.float32))
     return path, 0.5
+
+
+def kernel_cache(device: str, folder: Path | None = None) -> tuple[dict, str | None]:
+    """The environment for a process's Triton kernel cache, and whether that cache is 'cold' or 'warm'.
+
+    ``folder``: the cache to use (``TRITON_CACHE_DIR``); default the one the process would use anyway
+    ($TRITON_CACHE_DIR, else ~/.triton/cache). Cold: the folder is missing or empty, as on a freshly started
+    machine; warm: an earlier process left kernels in it. On the CPU nothing compiles: ({}, None)."""
+    if device != "cuda":
+        return {}, None
+    folder = folder or Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    state = "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
+    return {"TRITON_CACHE_DIR": str(folder)}, state
+
+
+def read_metrics(out: Path, step: int = 0) -> dict | None:
+    """``OUT/step_NNNNNN/metrics.json`` of an ``insitu run``, or None when it wrote none."""
+    path = out / f"step_{step:06d}" / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else None
