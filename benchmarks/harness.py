@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +108,49 @@ def read_metrics(out: Path, step: int = 0) -> dict | None:
     """``OUT/step_NNNNNN/metrics.json`` of an ``insitu run``, or None when it wrote none."""
     path = out / f"step_{step:06d}" / "metrics.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def mpi_argv(ranks: int, argv: list[str]) -> list[str]:
+    """``argv`` on ``ranks`` MPI ranks: ``$MPIRUN -n RANKS ARGV``; ``argv`` itself for one rank.
+
+    $MPIRUN defaults to Open MPI's mpirun with the GPU machine's flags (root allowed, no binding, the
+    environment that keeps NCCL off NVLink multicast passed on) where mpirun is Open MPI's, else mpiexec."""
+    if ranks == 1:
+        return list(argv)
+    launcher = os.environ.get("MPIRUN")
+    if not launcher:
+        version = ""
+        if shutil.which("mpirun"):
+            version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+        launcher = ("mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE "
+                    "-x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS" if "Open MPI" in version
+                    else "mpiexec")
+    return [*shlex.split(launcher), "-n", str(ranks), *argv]
+
+
+def evict_page_cache(*folders: str | Path) -> dict:
+    """Drop every file under Python's library folders, ``PYTHONPATH``'s and ``folders`` from the page cache
+    (``posix_fadvise(DONTNEED)``; files no process maps), so that the next process reads its libraries from
+    the disk as a first process on a freshly started machine does. The files and GB asked, the seconds."""
+    import site
+    import sysconfig
+    import time
+
+    t = time.perf_counter()
+    roots = {sysconfig.get_paths()["stdlib"], *site.getsitepackages(), site.getusersitepackages(),
+             *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), *(str(Path(f).resolve()) for f in folders)}
+    files = size = 0
+    for root in sorted(r for r in roots if os.path.isdir(r)):
+        for folder, _, names in os.walk(root):
+            for name in names:
+                try:
+                    fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    size += os.fstat(fd).st_size
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    files += 1
+                finally:
+                    os.close(fd)
+    return {"files": files, "gb": round(size / 2**30, 2), "seconds": round(time.perf_counter() - t, 2)}

@@ -43,7 +43,7 @@ CASE = {
     "ground_truth_seconds": (NUMBER, "seconds of the ground-truth images"),
     "train_seconds": (NUMBER, "seconds of training"),
     "ply_fit_seconds": (NUMBER, "seconds of model.ply's SH fit"),
-    "peak_gpu_memory_gb": (NUMBER, "peak GPU memory (GB) of rank 0"),
+    "peak_gpu_memory_gb": (NUMBER, "peak GPU memory (GB), the largest rank's"),
     "model_bytes": (int, "bytes of the model written"),
     "note": (str, "one line of context (e.g. 'first process of the run', 'migrated from BENCHMARKS.md')"),
     "error": (str, "why the part failed (one line, and its log): a failed part is a row, not a gap"),
