@@ -25,7 +25,11 @@ A case is a module ``benchmarks/cases/NAME.py`` (NAME: lower case, no leading un
 
 ``COLUMNS: tuple[str, ...]`` (optional)
     The row keys shown, in this order, in the case's table of docs/performance.md (default:
-    ``benchmarks.schema.DEFAULT_COLUMNS``).
+    ``benchmarks.schema.DEFAULT_COLUMNS``); ``extra.KEY`` shows ``row["extra"]["KEY"]``.
+
+``TABLE: str`` (optional)
+    ``"name"`` (default): the doc's table holds, for each row name, the rows of the latest run that has it;
+    ``"run"``: the latest run's rows only (rows that compare only within their run, as an A/B's).
 
 The module's docstring: its first line is the case's title in ``python -m benchmarks list`` and in
 docs/performance.md; the rest says what it measures and how to run it.

@@ -19,6 +19,7 @@ from pathlib import Path
 from benchmarks.cases.fidelity import CASES, TINY_ARGS, measure
 from benchmarks.harness import evict_page_cache, synthetic_volume
 
+TABLE = "run"   # cold against warm compares only within its run
 COLUMNS = ("name", "seconds", "seeds_seconds", "ground_truth_seconds", "train_seconds", "ply_fit_seconds",
            "psnr_foreground", "kernel_cache")
 

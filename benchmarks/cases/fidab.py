@@ -18,6 +18,7 @@ from pathlib import Path
 from benchmarks.cases.fidelity import CASES, TINY_ARGS, measure
 from benchmarks.harness import synthetic_volume
 
+TABLE = "run"   # an A/B compares only within its run
 COLUMNS = ("name", "psnr_foreground", "psnr", "seconds", "seeds_seconds", "ground_truth_seconds",
            "train_seconds", "ply_fit_seconds", "kernel_cache")
 
