@@ -65,7 +65,8 @@ def common_parser(case: str, module) -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda where torch sees a GPU, cpu with --tiny")
     g.add_argument("--machine", default=None,
-                   help="the machine's name, its results file's (default: the GPU's name and count, or 'cpu')")
+                   help="the machine's name, its results file's (default: the GPU's name and count, e.g. "
+                        "nvidia-h200-x2; on the CPU cpu-Ncore)")
     g.add_argument("--commit", default=None, help="the measured commit (default: git, $INSITU_COMMIT)")
     g.add_argument("--run", default=None, help="the run's name (default YYYYMMDD-HHMMSSZ-CASE)")
     g.add_argument("--run-dir", type=Path, default=None,
@@ -88,7 +89,7 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
     args = common_parser(case, module).parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny or gpu_machine() is None else "cuda"
-    machine = args.machine or (gpu_machine() if args.device == "cuda" else None) or "cpu"
+    machine = args.machine or (gpu_machine() if args.device == "cuda" else None) or f"cpu-{os.cpu_count()}core"
     start = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     run = args.run or start.strftime("%Y%m%d-%H%M%SZ-") + case
     if args.run_dir is None:

@@ -61,18 +61,23 @@ def cell(column: str, v) -> str:
 
 
 def chosen(rows: list[dict], per_run: bool) -> list[dict]:
-    """The latest run's rows (``per_run``), or for each name the rows of the latest run that has it."""
-    runs = sorted({(r["date"], r["run"]) for r in rows})
+    """The latest run's rows (``per_run``), or for each name the rows of the latest run that has it.
+
+    ``rows``: one machine's, in its file's order. Runs are ordered by their day, then by that order (rows are
+    appended as runs end; a migrated run's date may be a day without a time)."""
+    first: dict[str, tuple[str, int]] = {}
+    for i, r in enumerate(rows):
+        first.setdefault(r["run"], (r["date"][:10], i))
+    runs = sorted(first, key=first.get)
     if per_run:
-        return [r for r in rows if r["run"] == runs[-1][1]]
+        return [r for r in rows if r["run"] == runs[-1]]
     latest = {}
-    for date, run in runs:
+    for run in runs:
         for r in rows:
             if r["run"] == run:
                 latest[r["name"]] = run
-    order = {run: i for i, (_, run) in enumerate(runs)}
     picked = [r for r in rows if latest[r["name"]] == r["run"]]
-    return sorted(picked, key=lambda r: order[r["run"]])
+    return sorted(picked, key=lambda r: runs.index(r["run"]))
 
 
 def table(case: str, rows: list[dict]) -> list[str]:
@@ -111,7 +116,7 @@ def render(rows: list[dict]) -> str:
             title = (module.__doc__ or case).strip().splitlines()[0]
         except ValueError:
             module, title = None, case
-        out += [f"## {case}: {title}", ""]
+        out += [f"## {title.rstrip('.')}", "", f"Case `{case}`: `python -m benchmarks {case} --help` says how to run it.", ""]
         machines = sorted({r["machine"] for r in by_case[case]})
         for machine in machines:
             mine = chosen([r for r in by_case[case] if r["machine"] == machine],
@@ -123,7 +128,7 @@ def render(rows: list[dict]) -> str:
                     seen.append(r["run"])
             for run in seen:
                 first = next(r for r in mine if r["run"] == run)
-                names = ", ".join(dict.fromkeys(r["name"] for r in mine if r["run"] == run))
+                names = "; ".join(dict.fromkeys(r["name"] for r in mine if r["run"] == run))
                 out.append(f"- run `{run}`, {first['date']}, commit `{first['commit']}`: `{first['command']}` "
                            f"({names})" + (f"; {first['note']}" if first.get("note") else ""))
             cmds = dict.fromkeys((r["name"], r["cmd"]) for r in mine if r.get("cmd"))
@@ -131,7 +136,7 @@ def render(rows: list[dict]) -> str:
             for name, cmd in cmds:
                 by_cmd.setdefault(cmd, []).append(name)
             for cmd, names in by_cmd.items():
-                out.append(f"  - {', '.join(dict.fromkeys(names))}: `{cmd}`")
+                out.append(f"  - {'; '.join(dict.fromkeys(names))}: `{cmd}`")
             out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -30,7 +30,7 @@ PROTOCOL = ("--iso", "40", "--views", "448", "--resolution", "1024", "--iteratio
             "--psnr-target", "30", "--ssim-target", "0.97", "--budget", "500000", "--set", "train.eval_every=500",
             "--set", "train.sh_degree=3")
 PARTS = ("protocol", "step", "gt")
-COLUMNS = ("name", "ranks", "iterations", "psnr", "ground_truth_seconds", "train_seconds", "seconds",
+COLUMNS = ("name", "ranks", "gaussians", "iterations", "psnr", "ground_truth_seconds", "train_seconds", "seconds",
            "extra.step_ms_median", "extra.bare_raster_ms", "kernel_cache")
 
 
