@@ -1,6 +1,6 @@
 """SSIM loss forward + backward: torchmetrics against insitu.training.ssim (Triton kernels on CUDA).
 
-    python benchmarks/bench_ssim.py --size 2048 --batch 1 [--tune] [--against OLD_SSIM_PY]
+    python benchmarks/experiments/bench_ssim.py --size 2048 --batch 1 [--tune] [--against OLD_SSIM_PY]
 
 Prints one JSON line: milliseconds of each (median, events via triton.testing.do_bench), also of
 the training loss (``ssim_l1_loss``, the L1 term fused in), the largest differences of loss, map

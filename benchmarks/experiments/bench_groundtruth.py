@@ -1,7 +1,7 @@
 """Time the ground-truth ray caster: all orbit views of a volume's isosurface.
 
-    python benchmarks/bench_groundtruth.py --data /path/bonsai_256x256x256_uint8.raw --iso 40
-    python benchmarks/bench_groundtruth.py --data sphere --views 4 --resolution 32 --device cpu
+    python benchmarks/experiments/bench_groundtruth.py --data /path/bonsai_256x256x256_uint8.raw --iso 40
+    python benchmarks/experiments/bench_groundtruth.py --data sphere --views 4 --resolution 32 --device cpu
 
 Prints one line: views, resolution, supersampling, seconds, views/s, peak GPU memory. With
 ``--caster FILE`` the Triton backend runs the kernel of FILE, another version of
@@ -12,7 +12,7 @@ With ``--pipeline`` (run under ``mpirun -n P``), times what ``insitu run`` does 
 ``make_scene`` on P ranks (each ray-casts its block, the bands are composited sort-last),
 after one warm-up call, and prints one JSON line (rank 0):
 
-    mpirun -n 2 python benchmarks/bench_groundtruth.py --pipeline --data bonsai_256x256x256_uint8.raw \
+    mpirun -n 2 python benchmarks/experiments/bench_groundtruth.py --pipeline --data bonsai_256x256x256_uint8.raw \
         --views 448 --resolution 2048
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from insitu.config import ViewConfig  # noqa: E402
 from insitu.groundtruth.caster import raycast  # noqa: E402

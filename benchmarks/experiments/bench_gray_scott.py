@@ -5,7 +5,7 @@ ranks). For SST a reader process is spawned that only reads every step (one read
 reader rank, each reading its block through ``insitu.input.sources.SSTSource``), so the number
 measures what streaming costs the simulation.
 
-    python benchmarks/bench_gray_scott.py --L 64 --steps 200 --plotgap 10 --ranks 1 2
+    python benchmarks/experiments/bench_gray_scott.py --L 64 --steps 200 --plotgap 10 --ranks 1 2
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 

@@ -1,7 +1,7 @@
 """What a process compiles, when, on which thread and for how long: one `insitu` command with
 Triton's compilations recorded.
 
-    python benchmarks/bench_compile.py --cache /tmp/kc --json compile.json -- \\
+    python benchmarks/experiments/bench_compile.py --cache /tmp/kc --json compile.json -- \\
         run bonsai_256x256x256_uint8.raw --iso 40 --views 448 --resolution 1024 --out /tmp/o --quiet
 
 ``--cache`` is the Triton kernel cache for the command (``TRITON_CACHE_DIR``): an empty folder is a
@@ -21,7 +21,7 @@ compiled groups (:meth:`insitu.step.compilation.Ahead.wait`) and the package's b
 an empty ``--cache`` a process on a machine that ran others before reads its libraries from disk as a
 first process on a freshly started machine does.
 
-    python benchmarks/bench_compile.py --offline [--caster FILE] [--ssim FILE]
+    python benchmarks/experiments/bench_compile.py --offline [--caster FILE] [--ssim FILE]
 
 compiles the kernels instead, for an H100/H200 (sm_90) on any host, a GPU or none (Triton's
 compiler and ptxas only; ``pip install triton`` where torch has none): the ray caster (the
@@ -48,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", default=None, help="Triton's kernel cache for the command (TRITON_CACHE_DIR)")
     ap.add_argument("--json", help="write the figures here too")
-    ap.add_argument("--package", default=str(Path(__file__).resolve().parents[1]),
+    ap.add_argument("--package", default=str(Path(__file__).resolve().parents[2]),
                     help="the folder that holds the insitu package to run (default: this checkout)")
     ap.add_argument("--evict", action="store_true", help="drop the libraries' files from the page cache first")
     ap.add_argument("--offline", action="store_true", help="compile the kernels for sm_90 here, no command")
@@ -68,6 +68,9 @@ def main() -> None:
     sys.path.insert(0, str(Path(args.package).resolve()))
     if args.offline:
         return offline(args)
+    sys.path.append(str(Path(__file__).resolve().parents[2]))     # benchmarks.harness, after the package
+    from benchmarks.harness import evict_page_cache
+
     evicted = evict_page_cache(args.package) if args.evict else None
     try:
         from insitu.run.runner import prefetch_compiler
@@ -127,33 +130,6 @@ def record_compilations() -> tuple[list[dict], str]:
     JITFunction._do_compile = timed
     knobs.runtime.add_stages_inspection_hook = stage_hook(stage)
     return records, triton.__version__
-
-
-def evict_page_cache(package: str) -> dict:
-    """Drop every file under Python's library folders, ``PYTHONPATH``'s and ``package``'s from the
-    page cache; the files and bytes asked, and the seconds it took."""
-    import site
-    import sysconfig
-
-    t = time.perf_counter()
-    roots = {sysconfig.get_paths()["stdlib"], *site.getsitepackages(), site.getusersitepackages(),
-             *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), str(Path(package).resolve())}
-    files = size = 0
-    for root in sorted(r for r in roots if os.path.isdir(r)):
-        for folder, _, names in os.walk(root):
-            for name in names:
-                try:
-                    fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    size += os.fstat(fd).st_size
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    files += 1
-                finally:
-                    os.close(fd)
-    return {"files": files, "gb": round(size / 2**30, 2), "seconds": round(time.perf_counter() - t, 2),
-            "roots": sorted(roots)}
 
 
 def record_timeline() -> list[dict]:

@@ -19,7 +19,7 @@ truth, the Trainer with the step's schedule), then times ``pipeline.train_iterat
 
 Prints one JSON object.
 
-    python benchmarks/bench_loop.py --data bonsai_256x256x256_uint8.raw --resolution 1024 --views 448
+    python benchmarks/experiments/bench_loop.py --data bonsai_256x256x256_uint8.raw --resolution 1024 --views 448
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402

@@ -8,7 +8,7 @@ scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.step.pipeline
 ``NAME=KEY=VALUE,KEY=VALUE`` over those three settings; its seconds are the device's (synchronised).
 Prints one JSON object; the trained model's own figures beside the variants'.
 
-    python benchmarks/bench_plyfit.py --data bonsai_256x256x256_uint8.raw \\
+    python benchmarks/experiments/bench_plyfit.py --data bonsai_256x256x256_uint8.raw \\
         --variant default= --variant half=output.ply_refine=0.0625 --variant b1=train.batch=1
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 from insitu.config import load_config, parse_override  # noqa: E402

@@ -8,7 +8,7 @@ off, so every P times the same model, and SH degree 3 is trained from the first 
 the bare rasterization it is compared with). ``--profile N`` adds N steps under
 ``torch.profiler``: device time per step and its largest kernels. Prints one JSON line (rank 0).
 
-    mpirun -n 2 python benchmarks/bench_step.py --data ../shared/data/bonsai_256x256x256_uint8.raw \
+    mpirun -n 2 python benchmarks/experiments/bench_step.py --data ../shared/data/bonsai_256x256x256_uint8.raw \
         --iso 40 --budget 4000000 --resolution 2048 --steps 50
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ of the views 2x and 3x closer and off the orbit's lattice, of ``model.ply`` (SH 
 iterations, Gaussians and seconds. The first variant pays for compiling the kernels (its
 ``total_s`` is cold where the cache is empty); later ones run warm.
 
-    python benchmarks/bench_fidelity.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
+    python benchmarks/experiments/bench_fidelity.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
         --variant "sh=train.color_model=sh" --variant "lit=" --variant "lit_close=views.closeups=112"
 
 Prints one JSON object per variant (a line each) and writes them all to ``--json``.
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.views import pixel_size  # noqa: E402

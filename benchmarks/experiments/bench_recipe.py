@@ -11,7 +11,7 @@ PSNR/SSIM, on the whole image and the foreground, every ``--eval-every`` iterati
 targets (``--target-on foreground``: the surface's figures). Prints one JSON line per evaluation and
 one at the end (with ``best_psnr_foreground``).
 
-    python benchmarks/bench_recipe.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024
+    python benchmarks/experiments/bench_recipe.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024
 """
 from __future__ import annotations
 

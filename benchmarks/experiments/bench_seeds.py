@@ -1,6 +1,6 @@
 """Time seeding: marching cubes (CPU) and a filled budget of Gaussians drawn on the device.
 
-    python benchmarks/bench_seeds.py --data bonsai_256x256x256_uint8.raw --iso 40 --budget 18000000
+    python benchmarks/experiments/bench_seeds.py --data bonsai_256x256x256_uint8.raw --iso 40 --budget 18000000
 
 Prints one JSON line: seconds for marching cubes, for init_gaussians(fill=True) on the device
 (median of 3 after a warm-up), and the Gaussians made.

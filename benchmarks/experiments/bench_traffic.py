@@ -14,7 +14,7 @@ against the all-gather design it replaced (DESIGN.md): alphas and ``p`` all-gath
 
 Driver (spawns ``mpiexec -n P`` for each P, writes one JSON)::
 
-    python benchmarks/bench_traffic.py --ranks 1 2 3 4 --sizes 32 64 96 --out benchmarks/results/cpu_traffic.json
+    python benchmarks/experiments/bench_traffic.py --ranks 1 2 3 4 --sizes 32 64 96 --out benchmarks/results/runs/unnumbered/cpu_traffic.json
 
 It adds the predicted per-step time at P = 8, 32, 128 on a 25 GB/s network for 2048² views
 (``--predict-*`` options), from single-node step times (docs/cluster.md explains the model).
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def model_bytes(P: int, B: int, H: int, W: int, *, value_bytes: int = 4) -> dict:
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--gaussians", type=int, default=200, help="per rank")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/cpu_traffic.json")
+    ap.add_argument("--out", default="benchmarks/results/runs/unnumbered/cpu_traffic.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--network-gbs", type=float, default=25.0)
     ap.add_argument("--predict-ranks", type=int, nargs="+", default=[8, 32, 128])

@@ -1,6 +1,6 @@
 """SH colours and their gradients for --gaussians Gaussians (SH degree 3), one camera, 1 GPU.
 
-    python benchmarks/bench_shading.py --gaussians 4000000
+    python benchmarks/experiments/bench_shading.py --gaussians 4000000
 
 Prints one JSON line, milliseconds (median, triton.testing.do_bench) of:
 - ``gsplat``: gsplat's ``spherical_harmonics`` forward + backward (the coefficients' gradient

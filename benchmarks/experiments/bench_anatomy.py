@@ -23,7 +23,7 @@ ground truth or the render has alpha > 1/255, as ``psnr_foreground``):
   orbit near the poles score lower because they are off the orbit (the orbit's own views there score
   higher) or because of what they see there (those score as low).
 
-    python benchmarks/bench_anatomy.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
+    python benchmarks/experiments/bench_anatomy.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
         --iterations 4000 --images out_dir
 
 Prints one JSON object (and writes it to ``--json``); ``--images`` writes ground truth | render |
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from insitu.config import load_config  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402

@@ -1,6 +1,6 @@
 """ShardAdam's step on a model of --gaussians Gaussians (SH degree 3: 59 floats each), 1 GPU.
 
-    python benchmarks/bench_adam.py --gaussians 4000000
+    python benchmarks/experiments/bench_adam.py --gaussians 4000000
 
 Prints one JSON line: milliseconds per step (median, triton.testing.do_bench) for each block size
 and warp count of the kernel (``insitu.training.adam._BLOCK``, ``_WARPS``), and the bandwidth that is: an

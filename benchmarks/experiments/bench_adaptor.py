@@ -1,7 +1,7 @@
 """What linking the Adaptor costs a simulation: Gray-Scott time per step with the adaptor off,
 in sync mode and in background mode.
 
-    mpiexec -n 2 python benchmarks/bench_adaptor.py --L 48 --steps 200 --plotgap 50
+    mpiexec -n 2 python benchmarks/experiments/bench_adaptor.py --L 48 --steps 200 --plotgap 50
 
 Prints, per mode: seconds per simulation step (rank 0, whole run including training in
 sync mode), the overhead against "off", the time the simulation thread spent inside
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "sims"))
 
