@@ -20,7 +20,8 @@ HEADERS = {
     "ssim_foreground": "surface SSIM", "psnr_foreground_near2": "2× closer", "psnr_foreground_near3": "3× closer",
     "psnr_foreground_off": "off the orbit", "ply_psnr_foreground": "`model.ply`", "gaussians": "Gaussians",
     "iterations": "iterations", "seconds": "total (s)", "seeds_seconds": "seeds (s)",
-    "ground_truth_seconds": "ground truth (s)", "train_seconds": "training (s)", "ply_fit_seconds": "`model.ply` fit (s)",
+    "ground_truth_seconds": "ground truth (s)", "train_seconds": "training (s)",
+    "ply_fit_seconds": "`model.ply` fit (s)",
     "peak_gpu_memory_gb": "peak GPU memory (GB)", "model_bytes": "model (MB)", "kernel_cache": "kernel cache",
     "extra.step_ms_median": "step (ms)", "extra.bare_raster_ms": "bare gsplat (ms)",
     "extra.seconds_per_iteration": "s / iteration", "extra.projected_one_gpu_gb": "one GPU, projected (GB)",
@@ -102,11 +103,11 @@ def render(rows: list[dict]) -> str:
            "Each table holds the latest measurement of each row on one machine; under it, the run(s) it comes from:",
            "the command, the date (UTC), the commit measured, and the commands of its rows. Raw files:",
            "`benchmarks/results/runs/<run>/`. What the runs found, newest first: [log.md](log.md).", "",
-           "Columns: *surface* is `psnr_foreground`, the PSNR over the surface's pixels of held-out views on the orbit;",
-           "*2×/3× closer* and *off the orbit* the same for held-out views closer to the surface and off the orbit's",
-           "lattice; *full image* the whole image's PSNR; *`model.ply`* the surface PSNR of the SH model a standard",
-           "viewer draws; *kernel cache* `cold` when the process began with no compiled kernels (a first process on a",
-           "fresh machine), `warm` when an earlier process had left them.", ""]
+           "Columns: *surface* is `psnr_foreground`, the PSNR over the surface's pixels of held-out views on the",
+           "orbit; *2×/3× closer* and *off the orbit* the same for held-out views closer to the surface and off the",
+           "orbit's lattice; *full image* the whole image's PSNR; *`model.ply`* the surface PSNR of the SH model a",
+           "standard viewer draws; *kernel cache* `cold` when the process began with no compiled kernels (a first",
+           "process on a fresh machine), `warm` when an earlier process had left them.", ""]
     by_case: dict[str, list[dict]] = {}
     for r in rows:
         by_case.setdefault(r["case"], []).append(r)
@@ -116,7 +117,8 @@ def render(rows: list[dict]) -> str:
             title = (module.__doc__ or case).strip().splitlines()[0]
         except ValueError:
             module, title = None, case
-        out += [f"## {title.rstrip('.')}", "", f"Case `{case}`: `python -m benchmarks {case} --help` says how to run it.", ""]
+        out += [f"## {title.rstrip('.')}", "",
+                f"Case `{case}`: `python -m benchmarks {case} --help` says how to run it.", ""]
         machines = sorted({r["machine"] for r in by_case[case]})
         for machine in machines:
             mine = chosen([r for r in by_case[case] if r["machine"] == machine],

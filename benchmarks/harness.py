@@ -138,7 +138,8 @@ def evict_page_cache(*folders: str | Path) -> dict:
 
     t = time.perf_counter()
     roots = {sysconfig.get_paths()["stdlib"], *site.getsitepackages(), site.getusersitepackages(),
-             *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), *(str(Path(f).resolve()) for f in folders)}
+             *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+             *(str(Path(f).resolve()) for f in folders)}
     files = size = 0
     for root in sorted(r for r in roots if os.path.isdir(r)):
         for folder, _, names in os.walk(root):

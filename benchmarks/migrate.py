@@ -31,8 +31,8 @@ NOTE = "migrated from the files of run {} (benchmarks/gpu_run.sh; docs/log.md); 
 def recorded_by(folder: Path) -> str:
     """The commit that added the run's files: the code its tree holds is the code the run measured."""
     first = sorted(p for p in folder.iterdir() if p.is_file())[0]       # followed through the move into runs/
-    out = subprocess.run(["git", "-C", str(ROOT), "log", "--follow", "--diff-filter=A", "--format=%h", "--", str(first)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(["git", "-C", str(ROOT), "log", "--follow", "--diff-filter=A", "--format=%h", "--",
+                          str(first)], capture_output=True, text=True, check=True).stdout.split()
     if not out:
         raise SystemExit(f"benchmarks.migrate: no commit added {folder}")
     return out[-1]
@@ -160,7 +160,8 @@ SOURCES = [
     ("run16", "scale", "big100", "2026-11-30", "nvidia-h200-x2",
      'BIG_RUNS="2:150000000 1:150000000" BIG_ARGS=--no-ply benchmarks/gpu_run.sh big100',
      lambda: scale_rows("run16", "run16_big150_summary.json")),
-    ("run18", "speed", "gt", "2026-11-30", "nvidia-h200-x2", "benchmarks/gpu_run.sh gt protocol recipe summary loop tests",
+    ("run18", "speed", "gt", "2026-11-30", "nvidia-h200-x2",
+     "benchmarks/gpu_run.sh gt protocol recipe summary loop tests",
      lambda: speed_rows_two_gpus("run18")),
     ("run19", "speed", "proto2", "2026-11-30", "nvidia-h200-x2", "benchmarks/gpu_run.sh proto2",
      lambda: speed_rows_two_gpus("run19")),
@@ -169,10 +170,12 @@ SOURCES = [
     ("run30", "speed", "stepprof", "2026-12-01", "nvidia-h200", "benchmarks/gpu_run.sh stepprof tests proto1 batch2x1",
      speed_rows_one_gpu),
     ("run104", "fidelity", "fidelity", "2026-12-04", "nvidia-h200", FIDELITY.format("engine bonsai bonsai4m demo"),
-     lambda: fidelity_rows("run104", "engine bonsai bonsai4m", {"engine": "warm", "bonsai": "warm", "bonsai4m": "warm"})),
+     lambda: fidelity_rows("run104", "engine bonsai bonsai4m",
+                           {"engine": "warm", "bonsai": "warm", "bonsai4m": "warm"})),
     ("run104", "demo", "fidelity", "2026-12-04", "nvidia-h200", FIDELITY.format("engine bonsai bonsai4m demo"),
      lambda: demo_rows("run104")),
-    ("run105", "coldstart", "coldab", "2026-12-04", "nvidia-h200", "COLD_AB='final:.' DATA=.data benchmarks/gpu_run.sh coldab",
+    ("run105", "coldstart", "coldab", "2026-12-04", "nvidia-h200",
+     "COLD_AB='final:.' DATA=.data benchmarks/gpu_run.sh coldab",
      lambda: [metrics_row(json.loads((RUNS / "run105" / "coldab_final_1_metrics.json").read_text()), "cold",
                           cmd=command_of("bonsai"), kernel_cache="cold", step=None,
                           extra={"case": "bonsai", "order": 1, "evicted_gb":

@@ -3,8 +3,8 @@
 The first process compiles every kernel (an empty ``TRITON_CACHE_DIR`` of its own) and, with ``--evict``,
 reads its libraries from the disk (the page cache dropped for Python's library folders and the package);
 the next ``--warm`` processes run the same command with the kernels it left. Rows ``cold`` and ``warm``
-(``warm_2``, ...; on the CPU, where nothing compiles, ``first`` and ``later``): the seconds of each phase (seeds, ground truth, training, ``model.ply``'s fit) and the
-total, and the surface (the same model either way).
+(``warm_2``, ...; on the CPU, where nothing compiles, ``first`` and ``later``): the seconds of each phase
+(seeds, ground truth, training, ``model.ply``'s fit) and the total, and the surface (the same model either way).
 
     python -m benchmarks coldstart                       # the bonsai, cold then warm
     python -m benchmarks coldstart --evict --case engine

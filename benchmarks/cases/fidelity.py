@@ -69,8 +69,8 @@ def measure(args, name: str, volume: Path, case_args: tuple[str, ...], *, label:
     out = Path(tempfile.mkdtemp(prefix=f"bench-{label}-"))
     log = args.run_dir / f"{label}.log"
     try:
-        rc = run_logged(insitu_argv("run", volume.resolve(), *user_args, "--device", args.device, "--quiet", "--out", out),
-                        log, timeout=args.timeout, env=env, cwd=tree)
+        argv = insitu_argv("run", volume.resolve(), *user_args, "--device", args.device, "--quiet", "--out", out)
+        rc = run_logged(argv, log, timeout=args.timeout, env=env, cwd=tree)
         metrics = read_metrics(out)
         if metrics is not None:
             shutil.copy(out / "step_000000" / "metrics.json", args.run_dir / f"{label}_metrics.json")
