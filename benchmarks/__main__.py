@@ -93,7 +93,7 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
     start = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     run = args.run or start.strftime("%Y%m%d-%H%M%SZ-") + case
     if args.run_dir is None:
-        args.run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{case}-")) if args.tiny else RESULTS / "runs" / run
+        args.run_dir = Path(tempfile.mkdtemp(prefix=f"bench-run-{case}-")) if args.tiny else RESULTS / "runs" / run
     args.run_dir.mkdir(parents=True, exist_ok=True)
     record = not args.no_record and (args.results is not None or not args.tiny)
     results = args.results or RESULTS / f"{machine}.jsonl"
