@@ -52,6 +52,12 @@ def gpu_machine() -> str | None:
     return slug + (f"-x{n}" if n > 1 else "")
 
 
+def fail(message: str) -> None:
+    """The project's contract for bad input: one line on stderr, exit 2."""
+    print(f"benchmarks: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def common_parser(case: str, module) -> argparse.ArgumentParser:
     doc = (module.__doc__ or case).strip()
     ap = argparse.ArgumentParser(prog=f"python -m benchmarks {case}", description=doc,
@@ -75,7 +81,7 @@ def common_parser(case: str, module) -> argparse.ArgumentParser:
                    help="append the rows here (default benchmarks/results/MACHINE.jsonl)")
     g.add_argument("--no-record", action="store_true", help="print the rows only")
     g.add_argument("--timeout", type=float, default=None, help="seconds allowed to each process the case starts")
-    g.add_argument("--quiet", action="store_true", help="print less")
+    g.add_argument("--quiet", action="store_true", help="print only the summary line, not the rows")
     if hasattr(module, "add_arguments"):
         module.add_arguments(ap.add_argument_group(f"{case} options"))
     return ap
@@ -85,7 +91,7 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
     try:
         module = cases.load(case)
     except ValueError as e:
-        sys.exit(f"benchmarks: error: {e}")
+        fail(str(e))
     args = common_parser(case, module).parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny or gpu_machine() is None else "cuda"
@@ -100,8 +106,16 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
     common = {"schema": VERSION, "commit": args.commit or commit(), "machine": machine,
               "date": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "case": case, "run": run,
               "command": shlex.join(["python", "-m", "benchmarks", case, *argv])}
+    try:
+        case_rows = module.run(args)
+    except SystemExit as e:          # a case that could measure nothing: its one line, exit 2
+        if not any(args.run_dir.iterdir()):
+            args.run_dir.rmdir()
+        if isinstance(e.code, str):
+            fail(e.code.removeprefix("benchmarks: error: "))
+        raise
     rows = []
-    for row in module.run(args):
+    for row in case_rows:
         clash = sorted(set(row) & set(common))
         if clash:
             raise ValueError(f"case {case}: its row {row.get('name')!r} sets the entry's field(s) {clash}")
@@ -112,7 +126,8 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
         results.parent.mkdir(parents=True, exist_ok=True)
         with results.open("a") as f:
             f.write(lines)
-    sys.stdout.write(lines)
+    if not args.quiet:
+        sys.stdout.write(lines)
     print(f"benchmarks: {case}: {len(rows)} row(s); raw files in {args.run_dir}"
           + (f"; recorded in {results}" if record else "; not recorded"), file=sys.stderr)
     return rows

@@ -45,6 +45,18 @@ def test_fidelity_tiny_rows_follow_the_schema_and_render(tmp_path):
     assert f"`{got['command']}`" in doc and "commit `abc1234`" in doc
 
 
+def test_a_case_without_its_volume_is_one_error_line_and_records_nothing(tmp_path):
+    results = tmp_path / "box.jsonl"
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "fidelity", "--only", "engine", "--device", "cpu",
+                        "--data", str(tmp_path), "--results", str(results), "--run-dir", str(tmp_path / "run")],
+                       cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [f"benchmarks: error: fidelity: case engine: no volume "
+                                     f"{tmp_path / 'engine_256x256x128_uint8.raw'} (--data: the folder of "
+                                     f"engine_256x256x128_uint8.raw)"]
+    assert not results.exists() and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("change, message", [
     ({"psnr_fg": 30.0}, "unknown field(s) psnr_fg"),
     ({"name": None}, "field 'name' is missing"),

@@ -21,7 +21,7 @@ A case is a module ``benchmarks/cases/NAME.py`` (NAME: lower case, no leading un
     ``args.run_dir`` (Path)   this run's raw-file folder, already created
     ``args.device`` (str)     "cuda" or "cpu" (``--device``; default cuda when torch sees a GPU, cpu with --tiny)
     ``args.timeout`` (float)  seconds allowed to each process the case starts (``--timeout``; None: no limit)
-    ``args.quiet`` (bool)     print less (the rows are always printed as they are recorded)
+    ``args.quiet`` (bool)     the entry prints only its summary line, not the rows (a case may print less too)
 
 ``COLUMNS: tuple[str, ...]`` (optional)
     The row keys shown, in this order, in the case's table of docs/performance.md (default:

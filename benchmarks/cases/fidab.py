@@ -12,6 +12,7 @@ process of a machine is cold, and two processes of the same code differ by a few
 """
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -26,10 +27,11 @@ COLUMNS = ("name", "psnr_foreground", "psnr", "seconds", "seeds_seconds", "groun
 def tree(spec: str) -> tuple[str, Path]:
     label, sep, folder = spec.partition("=")
     if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", label) or not folder:
-        raise ValueError(f"expected LABEL=DIR (LABEL: letters, digits, '.', '_', '-'), got {spec!r}")
+        raise argparse.ArgumentTypeError(f"expected LABEL=DIR (LABEL: letters, digits, '.', '_', '-'), got {spec!r}")
     path = Path(folder)
     if not (path / "insitu" / "__init__.py").is_file():
-        raise ValueError(f"{spec!r}: expected a folder holding an insitu package, found no {path / 'insitu'}")
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected a folder holding an insitu package, "
+                                         f"found no {path / 'insitu'}")
     return label, path
 
 

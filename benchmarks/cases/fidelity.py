@@ -87,13 +87,15 @@ def run(args) -> list[dict]:
     if args.tiny:
         volume, iso = synthetic_volume(args.run_dir / "ball.npy")
         return [measure(args, "tiny", volume, ("--iso", str(iso), *TINY_ARGS))]
+    names = args.only or DEFAULT
+    for name in names:      # every volume checked before the first process starts
+        if not (args.data / CASES[name][0]).is_file():
+            raise SystemExit(f"benchmarks: error: fidelity: case {name}: no volume {args.data / CASES[name][0]} "
+                             f"(--data: the folder of {CASES[name][0]})")
     rows = []
-    for name in args.only or DEFAULT:
+    for name in names:
         file, case_args = CASES[name]
         volume = args.data / file
-        if not volume.is_file():
-            rows.append({"name": name, "error": f"no volume {volume} (--data: the folder of {file})"})
-            continue
         cache = Path(tempfile.mkdtemp(prefix="bench-kc-")) if args.cold else None
         rows.append(measure(args, name, volume, case_args, cache=cache))
         if cache is not None:

@@ -13,6 +13,7 @@ give a projection of each budget's peak on one GPU (``extra.projected_one_gpu_gb
 """
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ COLUMNS = ("name", "ranks", "gaussians", "peak_gpu_memory_gb", "extra.seconds_pe
 def spec(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+):(\d+)", text)
     if not m or int(m[1]) < 1 or int(m[2]) < 1:
-        raise ValueError(f"expected P:BUDGET (ranks and Gaussians, both at least 1), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected P:BUDGET (ranks and Gaussians, both at least 1), got {text!r}")
     return int(m[1]), int(m[2])
 
 
