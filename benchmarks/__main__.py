@@ -80,6 +80,8 @@ def common_parser(case: str, module) -> argparse.ArgumentParser:
     g.add_argument("--results", type=Path, default=None,
                    help="append the rows here (default benchmarks/results/MACHINE.jsonl)")
     g.add_argument("--no-record", action="store_true", help="print the rows only")
+    g.add_argument("--note", default=None,
+                   help="one line of context for every row (e.g. 'a machine shared with other jobs')")
     g.add_argument("--timeout", type=float, default=None, help="seconds allowed to each process the case starts")
     g.add_argument("--quiet", action="store_true", help="print only the summary line, not the rows")
     if hasattr(module, "add_arguments"):
@@ -119,7 +121,10 @@ def run_case(case: str, argv: list[str]) -> list[dict]:
         clash = sorted(set(row) & set(common))
         if clash:
             raise ValueError(f"case {case}: its row {row.get('name')!r} sets the entry's field(s) {clash}")
-        rows.append(check_row({**common, **{k: v for k, v in row.items() if v is not None}}))
+        row = {k: v for k, v in row.items() if v is not None}
+        if args.note:
+            row["note"] = "; ".join(filter(None, (row.get("note"), args.note)))
+        rows.append(check_row({**common, **row}))
     lines = "".join(json.dumps(r, sort_keys=False) + "\n" for r in rows)
     (args.run_dir / "rows.jsonl").write_text(lines)
     if record:
