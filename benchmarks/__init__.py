@@ -1,0 +1,1 @@
+"""insitu-gs benchmarks: ``python -m benchmarks CASE [options]`` (see benchmarks/README.md)."""
