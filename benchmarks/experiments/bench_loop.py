@@ -1,7 +1,7 @@
 """Where a training iteration's time goes: the pipeline's own loop, one rank (GPU or CPU).
 
 Sets up a step as ``pipeline.compute_step`` does (seeds, ground truth, colours from the ground
-truth, the Trainer with the step's schedule), then times ``pipeline.train_iteration`` over
+truth, the Trainer with the step's schedule), then times ``insitu.step.loop.train_iteration`` over
 ``sampling.ViewSampler``:
 
 - ``first_ms``: the first iteration alone (kernels compiled or loaded on first use), then the

@@ -1,7 +1,7 @@
 """What ``model.ply``'s SH model costs and scores, by how it is fitted and refined, on one trained model.
 
 Trains one step as ``pipeline.compute_step`` does (one rank, the package's defaults unless ``--set``),
-then makes ``model.ply``'s shard (:func:`insitu.step.pipeline.ply_shard`: the SH fit over
+then makes ``model.ply``'s shard (:func:`insitu.step.plyfit.ply_shard`: the SH fit over
 ``output.ply_fit_views`` views, then ``output.ply_refine`` of the step's iterations trained as a standard
 viewer draws it, ``train.batch`` views each) once per variant, each from the same trained model, and
 scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.step.pipeline.model_figures`). A variant is

@@ -5,12 +5,12 @@ Sets a step up as ``pipeline.compute_step`` does (one rank), each phase under
 value, a copy to the device from pageable memory, a stream synchronisation) by phase and by the
 innermost call site in this package or gsplat:
 
-- ``seeds``: :func:`insitu.step.pipeline.seed_shard`;
+- ``seeds``: :func:`insitu.step.seeding.seed_shard`;
 - ``ground_truth``: :func:`insitu.groundtruth.scene.make_scene` (the ray caster's groups of views and their
   compositing);
 - ``train_first``, ``train_steady``: ``--counted`` training iterations from the start
   (densification on) and again with densification off;
-- ``evaluation``: the held-out evaluation (:func:`insitu.step.pipeline.evaluate_trainer`).
+- ``evaluation``: the held-out evaluation (:func:`insitu.step.evaluation.evaluate_trainer`).
 
 Syncs inside a compiled extension (gsplat's) reach C++'s warning printer instead of Python's: they
 are counted from what the phase writes to the process's stderr (``native``), without a call site.

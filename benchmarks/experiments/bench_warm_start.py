@@ -4,7 +4,7 @@ The simulation (``--L`` cells, the demo's parameters, no noise) runs to step ``-
 ``step - gap`` is trained from fresh seeds (the previous step), then step ``step`` is trained
 
 - cold: from fresh seeds for ``--iterations`` iterations: its held-out PSNR is the target;
-- warm: from the previous step's model (``pipeline.warm_shard``), evaluated every
+- warm: from the previous step's model (``insitu.step.seeding.warm_shard``), evaluated every
   ``--eval-every`` iterations, stopping at the first evaluation that reaches the cold step's
   foreground PSNR (the early stop judges the foreground);
 - warm_fixed: from the previous step's model for ``insitu.warm_iterations`` steps, as the

@@ -25,7 +25,7 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 # than in unrolled copies: Triton's coalescing pass grows faster than linearly with the memory
 # operations of a kernel (eight loads a trilinear sample), and with the 16 copies unrolled it
 # took 17.1 of the 18.5 s that compiling this kernel cost (2.6 s so; a CPU host for sm_90,
-# `benchmarks/bench_compile.py --offline`).
+# `benchmarks/experiments/bench_compile.py --offline`).
 
 if triton is not None:
     @triton.jit

@@ -282,7 +282,7 @@ def warm_up(device: torch.device | str) -> None:
     """Score one small pair of RGBA views on ``device`` as an evaluation scores its views (PSNR, SSIM
     and their foreground figures, no LPIPS), so that the process's first scoring, which loads their
     kernels, happens here: on the GPU machine the first PSNR and SSIM of a first process took 1.1 and
-    0.3 s, later ones milliseconds (``benchmarks/bench_first_use.py``).
+    0.3 s, later ones milliseconds (``benchmarks/experiments/bench_first_use.py``).
     :func:`insitu.step.evaluation.preload_evaluation` calls it on its thread after importing this module."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)

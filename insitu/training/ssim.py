@@ -104,7 +104,7 @@ def ssim_map_reference(pred: Tensor, gt: Tensor) -> Tensor:
 # _ssim_rows runs its channels as a run-time loop, the window's taps unrolled: Triton's coalescing
 # pass grows faster than linearly with a kernel's memory operations, and with its 165 loads
 # unrolled it took 4.0 of the four kernels' 10 s to compile (1.0 s so; a CPU host for sm_90,
-# benchmarks/bench_compile.py --offline). The other kernels keep their channels unrolled: loops
+# benchmarks/experiments/bench_compile.py --offline). The other kernels keep their channels unrolled: loops
 # there cost a third more time at 2048^2 (bench_ssim.py --against).
 if triton is not None:
     @triton.jit
