@@ -161,7 +161,8 @@ def launch(cmd: list, *, ranks: int = 0, mpmd: list | None = None, prefix: list 
         cmd = [mpiexec(), "-n", str(ranks), *cmd]
     cmd = [*map(arg, prefix or []), *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-                            text=True, env=subprocess_env() if env is None else env, cwd=cwd, start_new_session=True)
+                            text=True, errors="replace", env=subprocess_env() if env is None else env, cwd=cwd,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -258,7 +259,8 @@ for line in sys.stdin:
             if code is None:
                 os.killpg(pid, signal.SIGKILL)
                 cls.line(60)
-            out, err = (Path(files[name]).read_text() for name in ("stdout", "stderr"))
+            # (errors="replace": a library may echo a corrupt file's bytes, as ADIOS2 does)
+            out, err = (Path(files[name]).read_text(errors="replace") for name in ("stdout", "stderr"))
         if code is None:
             pytest.fail(f"insitu {' '.join(map(str, args))} did not end within {timeout:g} s:\n{out}\n{err}")
         return subprocess.CompletedProcess(["insitu", *args], int(code), out, err)

@@ -301,7 +301,7 @@ def test_a_model_that_fails_to_write_leaves_no_step_folder_in_the_making(tmp_pat
     import insitu.output.export as export
     from insitu.surface.gaussians import Gaussians
 
-    def full(path, gaussians, comm=None):
+    def full(path, gaussians, comm=None, **options):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export, "write_ply", full)

@@ -74,8 +74,9 @@ def test_a_grid_in_any_unit_trains_the_model_of_index_units_up_to_the_unit(comm,
     write_step(got, StepWriter(tmp_path), cfg, comm)
     d = tmp_path / "step_000000"
     assert_same_model_up_to_the_unit(read_ply(d / "model.ply"), read_ply(want_dir / "model.ply"), origin, s)
-    # the report's viewer: the model and the cameras in the step's frame, the same as in index units
-    assert (d / "model.spz").read_bytes() == (want_dir / "model.spz").read_bytes()
+    # the SPZ files and the cameras in the step's frame, the same as in index units
+    for name in ("model.spz", "model.lit.spz"):
+        assert (d / name).read_bytes() == (want_dir / name).read_bytes(), name
     cams, want_cams = (json.loads((p / "cameras.json").read_text()) for p in (d, want_dir))
     assert cams.pop("frame") == {"origin": list(origin), "scale": s}
     assert want_cams.pop("frame") == {"origin": [0.0, 0.0, 0.0], "scale": 1.0}

@@ -4,7 +4,7 @@ Layout of an output directory::
 
     OUT/step_000120/model.ply       the model as standard 3DGS viewers draw it, reference 3DGS layout plus red green
                                     blue (any 3DGS viewer reads it, VTK tools see a coloured cloud)
-    OUT/step_000120/model.spz       the same model compressed (insitu.output.webmodel; SPZ's frame)
+    OUT/step_000120/model.spz       the same model compressed, in the step's frame (insitu.output.webmodel; SPZ's axes)
     OUT/step_000120/model.lit.spz   a lit model as trained, in the step's frame (base colours, normals as rotations):
                                     the report's viewer shades it; not a standard 3DGS model
     OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
@@ -315,16 +315,18 @@ class StepWriter:
         """Whether step ``step`` writes model files: its number a multiple of ``output.every``."""
         return int(step) % self.output.every == 0
 
-    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None) -> Path | None:
-        """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it
-        (world units): ``model.ply`` into its folder in the making (``output.ply``; returns its path, else
-        None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0, which :meth:`write`
-        writes. Nothing when the step writes no model files (:meth:`writes_models`). Collective when ``comm``
+    def write_model(self, step: int, gaussians: Gaussians, comm: Any = None, *,
+                    frame: Frame | None = None) -> Path | None:
+        """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it:
+        ``model.ply`` in world units into its folder in the making (``output.ply``; returns its path, else
+        None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0 in ``frame``, which
+        :meth:`write` writes (SPZ's fixed-point positions and byte scales cannot hold a grid in metres). Nothing when the step writes no model files (:meth:`writes_models`). Collective when ``comm``
         spans several ranks; :meth:`write` on rank 0 completes the step.
 
         gaussians: this rank's shard (any device); the file holds every rank's shard in rank
                    order (:func:`write_ply` with ``comm``).
         comm:      an :class:`insitu.parallel.comm.Comm`, or None for one process.
+        frame:     the coordinates ``gaussians`` are in (:class:`insitu.volume.Frame`; default world units).
         """
         out = self.output
         if not self.writes_models(step) or not (out.ply or out.spz):
@@ -343,7 +345,8 @@ class StepWriter:
         else:
             folder = self._folder(step)
         try:
-            return write_ply(folder / "model.ply", gaussians, comm=comm if several else None, sh_degree=out.sh_degree)
+            world = frame.gaussians_to_world(gaussians) if frame else gaussians
+            return write_ply(folder / "model.ply", world, comm=comm if several else None, sh_degree=out.sh_degree)
         except BaseException:                   # disk full...: no step folder in the making stays behind
             if not several or comm.rank == 0:
                 shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
@@ -384,7 +387,7 @@ class StepWriter:
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
         cameras:   the step's views (:class:`insitu.groundtruth.views.Views`), as cameras.json for the report's viewer.
         frame:     the coordinates that ``gaussians`` and ``cameras`` are in (:class:`insitu.volume.Frame`;
-                   default world units). model.ply and model.spz are written in world units; model.lit.spz
+                   default world units). model.ply is written in world units; model.spz, model.lit.spz
                    and cameras.json, which the report's viewer reads, stay in the frame (a grid in metres would
                    not survive spz's fixed-point positions and byte scales, nor the viewer's float16), and
                    cameras.json records it (``frame``: world = origin + scale * x).
@@ -447,7 +450,7 @@ class StepWriter:
             if out.ply:
                 write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
             if out.spz:
-                standard = drop_bands(world, out.sh_degree)
+                standard = drop_bands(gaussians, out.sh_degree)
         if standard is not None:
             write_spz(d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
                       version=STANDARD_SPZ_VERSION)

@@ -74,8 +74,8 @@ LIT_NOTE = ("the 3D view above draws this file: the base colours shaded by a lig
 # linked. The wording says what a file is for, so that it holds while the formats change.
 FILE_NOTES = {
     "model.ply": "the model for standard 3D Gaussian splatting viewers and tools (the 3DGS .ply layout)",
-    "model.spz": "the model.ply's model in the compressed SPZ format (its own axes: x right, y up, z back), "
-                 "which web splat viewers read",
+    "model.spz": "model.ply's model in the compressed SPZ format, which web splat viewers read: in SPZ's axes "
+                 "(x right, y up, z back) and the step's frame (cameras.json's frame gives world units)",
     "model.lit.spz": "the lit model as trained (a base colour and a normal per Gaussian, in the step's frame): "
                      "not plain 3DGS, for viewers that relight it, as this page does",
     "views/*.png": "held-out views: ground truth | render",
@@ -310,8 +310,8 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "gaussians": _number(metrics.get("gaussians")), "gaussians_initial": _number(metrics.get("gaussians_initial")),
         "iterations": _number(metrics.get("iterations")),
         "history": training_curve(metrics), "stages": stage_seconds(metrics),
-        # the viewer's model: a lit one as trained (the step's frame) where there is one, else model.spz (world units)
-        "model": link("model.lit.spz") or link("model.spz"), "model_world": link("model.lit.spz") is None,
+        # the viewer's model, in the step's frame (as its cameras): a lit one as trained, else model.spz
+        "model": link("model.lit.spz") or link("model.spz"),
         "ply": link("model.ply"), "cameras": link("cameras.json"),
         "model_bytes": _number(metrics.get("model_bytes")), "web_model_bytes": _number(metrics.get("web_model_bytes")),
         "bytes_written": _number(metrics.get(BYTES_WRITTEN)),

@@ -187,7 +187,7 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`)."""
     t_write = _time.perf_counter()
     shard = result.ply if result.ply is not None else result.gaussians
-    writer.write_model(result.step, result.frame.gaussians_to_world(shard), comm)
+    writer.write_model(result.step, shard, comm, frame=result.frame)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:

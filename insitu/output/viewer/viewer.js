@@ -188,15 +188,10 @@ function loadMesh(url, lighting) {
   return entry;
 }
 
-// SPZ files hold SPZ's frame (x right, y up, z back): the mesh turns them back by 180 degrees about x into the
-// model's; model.spz (report data "model_world") is in world units: the mesh takes it into the step's frame
-// (cameras.json's "frame": world = origin + scale * x), where the cameras are.
-function placeModel(mesh, frame) {
-  const s = frame ? frame.scale : 1;
-  const o = frame ? frame.origin : [0, 0, 0];
+// SPZ files hold SPZ's axes (x right, y up, z back): the mesh turns them back by 180 degrees about x into the
+// step's frame, where the cameras are.
+function placeModel(mesh) {
   mesh.quaternion.set(1, 0, 0, 0);
-  mesh.scale.setScalar(1 / s);
-  mesh.position.set(-o[0] / s, -o[1] / s, -o[2] / s);
 }
 
 function fillCameras(cams) {
@@ -230,7 +225,7 @@ async function show(index) {
   const cams = step.cameras ? await loadCameras(step.cameras).catch(() => null) : null;
   await entry.ready;
   if (mine !== token) return;                       // a later step was asked for meanwhile
-  placeModel(entry.mesh, step.model_world && cams ? cams.frame : null);
+  placeModel(entry.mesh);
   const firstCamera = current.cameras === null;
   current.index = index;
   if (cams) {
