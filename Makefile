@@ -20,7 +20,7 @@ demo: $(VENV)/.installed
 	$(BIN)/insitu demo --out demo_out
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 gpu-test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m gpu
