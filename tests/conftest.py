@@ -110,6 +110,18 @@ def bonsai():
     return volume
 
 
+def read_all(path: Path, var: str) -> tuple[list[int], list[float], np.ndarray]:
+    """Every step of a BP file the mini-apps wrote: step numbers, times, ``var`` as [n_steps, nz, ny, nx]."""
+    import adios2
+
+    with adios2.FileReader(str(path)) as f:
+        n = f.num_steps()
+        steps = np.atleast_1d(f.read("step", step_selection=[0, n])).tolist()
+        times = np.atleast_1d(f.read("time", step_selection=[0, n])).tolist()
+        data = f.read(var, step_selection=[0, n])
+    return steps, times, data.reshape(n, -1, *data.shape[1:])
+
+
 def bp_with_steps(path: Path, numbers: list) -> Path:
     """A BP file whose ADIOS steps carry these ``step`` values (any type) and a ball field."""
     import adios2

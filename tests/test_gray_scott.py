@@ -10,7 +10,7 @@ import adios2
 import numpy as np
 import pytest
 from mpi4py import MPI
-from conftest import launch
+from conftest import launch, read_all
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "sims" / "insitu_sims" / "gray_scott.py"
@@ -18,16 +18,6 @@ WORKER = ROOT / "tests" / "mpi" / "source_worker.py"
 sys.path.insert(0, str(ROOT / "sims"))
 
 from insitu_sims.gray_scott import GrayScott, GrayScottSettings, parse_args, run  # noqa: E402
-
-
-def read_all(path: Path, var: str) -> tuple[list[int], list[float], np.ndarray]:
-    """Every step of a BP file: step numbers, times, [n_steps, nz, ny, nx]."""
-    with adios2.FileReader(str(path)) as f:
-        n = f.num_steps()
-        steps = np.atleast_1d(f.read("step", step_selection=[0, n])).tolist()
-        times = np.atleast_1d(f.read("time", step_selection=[0, n])).tolist()
-        data = f.read(var, step_selection=[0, n])
-    return steps, times, data.reshape(n, -1, *data.shape[1:])
 
 
 def numpy_reference(s: GrayScottSettings, steps: int) -> tuple[np.ndarray, np.ndarray]:

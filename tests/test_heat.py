@@ -12,23 +12,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from scipy import ndimage
-from conftest import TINY, insitu, launch, subprocess_env
+from conftest import TINY, insitu, launch, read_all, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sims"))
 SIMS_ENV = {**subprocess_env(), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sims'}"}
 
 from insitu_sims.heat import Heat, HeatSettings, parse_args, run, source_positions  # noqa: E402
-
-
-def read_all(path: Path, var: str = "T") -> tuple[list[int], list[float], np.ndarray]:
-    """Every step of a BP file: step numbers, times, [n_steps, nz, ny, nx]."""
-    with adios2.FileReader(str(path)) as f:
-        n = f.num_steps()
-        steps = np.atleast_1d(f.read("step", step_selection=[0, n])).tolist()
-        times = np.atleast_1d(f.read("time", step_selection=[0, n])).tolist()
-        data = f.read(var, step_selection=[0, n])
-    return steps, times, data.reshape(n, -1, *data.shape[1:])
 
 
 def numpy_reference(s: HeatSettings, steps: int) -> np.ndarray:
@@ -103,8 +93,8 @@ def heat_bp(tmp_path_factory) -> Path:
 
 @pytest.mark.mpi
 def test_one_and_two_ranks_write_the_same_steps(heat_bp):
-    s1, t1, one = read_all(heat_bp / "one.bp")
-    s2, t2, two = read_all(heat_bp / "two.bp")
+    s1, t1, one = read_all(heat_bp / "one.bp", "T")
+    s2, t2, two = read_all(heat_bp / "two.bp", "T")
     assert s1 == s2 == [20, 40] and t1 == t2 == [20.0, 40.0] and one.shape == (2, 24, 24, 24)
     np.testing.assert_array_equal(one, two)
     assert one[0].max() > 0.5 and not np.array_equal(one[0] > 0.5, one[1] > 0.5)

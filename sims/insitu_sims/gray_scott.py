@@ -39,8 +39,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, add_settings_flags, check_memory,
-                              check_output, face_bytes, largest_block, split_dims)
+from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, RunStats, add_settings_flags, checked,
+                              check_output, face_bytes, largest_block, run_command)
 from insitu_sims.grid import ENGINES, SST_POLICIES, grid_dims  # noqa: F401 - the demo's and users' names here
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
@@ -275,19 +275,6 @@ class GrayScott:
         self.step_count += 1
 
 
-@dataclass
-class RunStats:
-    """What a run did: steps, outputs and where the time went (seconds, rank 0's view)."""
-
-    steps: int
-    outputs: int
-    seconds: float
-    output_seconds: float
-    ranks: int
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.steps / self.seconds if self.seconds > 0 else float("inf")
 
 
 def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
@@ -361,31 +348,11 @@ def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) ->
     given = {f.name: getattr(ns, f.name) for f in fields(GrayScottSettings)}
     rates = {name: given[name] if given[name] is not None else PRESETS[ns.preset][name] for name in RATES}
     settings = GrayScottSettings(**{**given, **rates})
-    try:
-        settings.validate()
-        split_dims(settings.L, ranks)
-    except ValueError as e:
-        refuse(str(e))
-    # rank 0 gathers the grid to write it with a serial ADIOS2 (the PyPI wheel), and on one rank
-    check_memory(memory_bytes(settings, ranks), memory_bytes(settings, ranks, gathered=True), L=settings.L,
-                 ranks=ranks, writes=settings.engine != "none", arrays=BLOCK_ARRAYS, refuse=refuse)
-    return settings
+    return checked(settings, ranks, memory_bytes, BLOCK_ARRAYS, refuse)
 
 
 def main(argv: list[str] | None = None) -> int:
-    # adios2 imports torch and cupy when installed (for device buffers); this process
-    # writes numpy arrays only, and skipping them saves seconds at start-up.
-    for name in ("torch", "cupy"):
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    comm = MPI.COMM_WORLD
-    settings = parse_args(argv, comm)
-    stats = run(settings, comm)
-    if comm.Get_rank() == 0:
-        target = f" -> {settings.output}" if settings.engine != "none" else ""
-        print(f"gray-scott L={settings.L} ranks={stats.ranks} steps={stats.steps} engine={settings.engine}{target}: "
-              f"{stats.seconds:.3f} s, {stats.steps_per_s:.1f} steps/s "
-              f"({stats.outputs} outputs, {stats.output_seconds:.3f} s in output)", flush=True)
-    return 0
+    return run_command("gray-scott", parse_args, run, argv)
 
 
 if __name__ == "__main__":

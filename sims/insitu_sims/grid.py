@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields
-from typing import Any, Sequence
+import sys
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -265,3 +266,51 @@ def check_memory(need: int, gathered_need: int, *, L: int, ranks: int, writes: b
                f"({arrays} arrays the size of its block, 8 bytes a sample"
                f"{', and the whole grid gathered on rank 0 to be written' if gathered else ''}); this machine has "
                f"{have / gib:.3g} GiB")
+
+
+@dataclass
+class RunStats:
+    """What a run did: steps, outputs and where the time went (seconds, rank 0's view)."""
+
+    steps: int
+    outputs: int
+    seconds: float
+    output_seconds: float
+    ranks: int
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else float("inf")
+
+
+def checked(settings: Any, ranks: int, memory_bytes: Callable[..., int], arrays: int, refuse) -> Any:
+    """``settings`` after their own checks (``validate()``), the grid's split over ``ranks`` and the memory
+    check (``memory_bytes(settings, ranks, gathered=...)`` against the machine's); ``refuse(message)`` ends
+    the command with one line otherwise."""
+    try:
+        settings.validate()
+        split_dims(settings.L, ranks)
+    except ValueError as e:
+        refuse(str(e))
+    # rank 0 gathers the grid to write it with a serial ADIOS2 (the PyPI wheel), and on one rank
+    check_memory(memory_bytes(settings, ranks), memory_bytes(settings, ranks, gathered=True), L=settings.L,
+                 ranks=ranks, writes=settings.engine != "none", arrays=arrays, refuse=refuse)
+    return settings
+
+
+def run_command(name: str, parse_args: Callable, run: Callable, argv: list[str] | None) -> int:
+    """A mini-app's command: its settings from ``argv`` (``parse_args(argv, comm)``), ``run(settings, comm)``
+    and, on rank 0, one line saying what it did."""
+    # adios2 imports torch and cupy when installed (for device buffers); this process
+    # writes numpy arrays only, and skipping them saves seconds at start-up.
+    for module in ("torch", "cupy"):
+        sys.modules.setdefault(module, None)  # type: ignore[arg-type]
+    comm = MPI.COMM_WORLD
+    settings = parse_args(argv, comm)
+    stats = run(settings, comm)
+    if comm.Get_rank() == 0:
+        target = f" -> {settings.output}" if settings.engine != "none" else ""
+        print(f"{name} L={settings.L} ranks={stats.ranks} steps={stats.steps} engine={settings.engine}{target}: "
+              f"{stats.seconds:.3f} s, {stats.steps_per_s:.1f} steps/s "
+              f"({stats.outputs} outputs, {stats.output_seconds:.3f} s in output)", flush=True)
+    return 0

@@ -39,8 +39,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, add_settings_flags, check_memory,
-                              check_output, face_bytes, largest_block, split_dims)
+from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, RunStats, add_settings_flags, checked,
+                              check_output, face_bytes, largest_block, run_command)
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
 
@@ -216,15 +216,6 @@ class Heat:
         self.step_count += 1
 
 
-@dataclass
-class RunStats:
-    """What a run did: steps, outputs and where the time went (seconds, rank 0's view)."""
-
-    steps: int
-    outputs: int
-    seconds: float
-    output_seconds: float
-    ranks: int
 
 
 def run(settings: HeatSettings, comm: MPI.Comm = MPI.COMM_WORLD, consumer: Consumer | None = None) -> RunStats:
@@ -290,30 +281,11 @@ def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) ->
     add_settings_flags(p, HeatSettings, helps)
     ns = p.parse_args(argv)
     settings = HeatSettings(**{f.name: getattr(ns, f.name) for f in fields(HeatSettings)})
-    try:
-        settings.validate()
-        split_dims(settings.L, ranks)
-    except ValueError as e:
-        refuse(str(e))
-    check_memory(memory_bytes(settings, ranks), memory_bytes(settings, ranks, gathered=True), L=settings.L,
-                 ranks=ranks, writes=settings.engine != "none", arrays=BLOCK_ARRAYS, refuse=refuse)
-    return settings
+    return checked(settings, ranks, memory_bytes, BLOCK_ARRAYS, refuse)
 
 
 def main(argv: list[str] | None = None) -> int:
-    # adios2 imports torch and cupy when installed (for device buffers); this process writes numpy arrays only
-    for name in ("torch", "cupy"):
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    comm = MPI.COMM_WORLD
-    settings = parse_args(argv, comm)
-    stats = run(settings, comm)
-    if comm.Get_rank() == 0:
-        target = f" -> {settings.output}" if settings.engine != "none" else ""
-        rate = stats.steps / stats.seconds if stats.seconds > 0 else float("inf")
-        print(f"heat L={settings.L} ranks={stats.ranks} steps={stats.steps} engine={settings.engine}{target}: "
-              f"{stats.seconds:.3f} s, {rate:.1f} steps/s ({stats.outputs} outputs, {stats.output_seconds:.3f} s "
-              "in output)", flush=True)
-    return 0
+    return run_command("heat", parse_args, run, argv)
 
 
 if __name__ == "__main__":
