@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, RunStats, add_settings_flags, checked,
-                              check_output, face_bytes, largest_block, run_command)
+from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, RunStats, add_settings_flags, checked,
+                              check_output, face_bytes, largest_block, run_command, run_steps)
 from insitu_sims.grid import ENGINES, SST_POLICIES, grid_dims  # noqa: F401 - the demo's and users' names here
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
@@ -286,32 +285,7 @@ def run(settings: GrayScottSettings, comm: MPI.Comm = MPI.COMM_WORLD,
     Returns the run's RunStats (same on every rank: rank 0's timings are broadcast).
     """
     sim = GrayScott(settings, comm)
-    writer = FieldWriter(settings, settings.L, sim.start, sim.count, ("U", "V"), "gray_scott", comm) \
-        if settings.engine != "none" else None
-    outputs, out_s = 0, 0.0
-    comm.Barrier()
-    t0 = time.perf_counter()
-    try:
-        while sim.step_count < settings.steps:
-            for _ in range(min(settings.plotgap, settings.steps - sim.step_count)):
-                sim.step()
-            if sim.step_count % settings.plotgap and sim.step_count != settings.steps:
-                continue
-            t1 = time.perf_counter()
-            fields_ = {"U": sim.u, "V": sim.v}
-            if writer is not None:
-                writer.write(sim.step_count, sim.time, fields_)
-            if consumer is not None:
-                consumer(sim.step_count, sim.time, fields_, sim.global_shape, sim.start)
-            out_s += time.perf_counter() - t1
-            outputs += 1
-    finally:
-        if writer is not None:
-            writer.close()
-    comm.Barrier()
-    elapsed = time.perf_counter() - t0
-    elapsed, out_s = comm.bcast((elapsed, out_s), root=0)
-    return RunStats(sim.step_count, outputs, elapsed, out_s, comm.Get_size())
+    return run_steps(sim, settings, comm, ("U", "V"), "gray_scott", lambda s: {"U": s.u, "V": s.v}, consumer)
 
 
 RATES = ("F", "k", "F_end", "k_end")        # what a preset sets

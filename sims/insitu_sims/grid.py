@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
@@ -281,6 +282,40 @@ class RunStats:
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.seconds if self.seconds > 0 else float("inf")
+
+
+def run_steps(sim: Any, settings: Any, comm: MPI.Comm, names: tuple[str, ...], app: str,
+              fields_of: Callable[[Any], dict], consumer: Callable | None = None) -> RunStats:
+    """Step ``sim`` (``.step()``, ``.step_count``, ``.time``, ``.start``, ``.count``, ``.global_shape``)
+    ``settings.steps`` times; every ``plotgap`` steps (and at the last) write its fields ``fields_of(sim)``
+    (named ``names``, for a writer named ``app``) and/or call ``consumer(step, time, fields, global_shape,
+    start)`` on every rank. Returns the run's RunStats (the same on every rank: rank 0's timings)."""
+    writer = FieldWriter(settings, settings.L, sim.start, sim.count, names, app, comm) \
+        if settings.engine != "none" else None
+    outputs, out_s = 0, 0.0
+    comm.Barrier()
+    t0 = time.perf_counter()
+    try:
+        while sim.step_count < settings.steps:
+            for _ in range(min(settings.plotgap, settings.steps - sim.step_count)):
+                sim.step()
+            if sim.step_count % settings.plotgap and sim.step_count != settings.steps:
+                continue
+            t1 = time.perf_counter()
+            fields_ = fields_of(sim)
+            if writer is not None:
+                writer.write(sim.step_count, sim.time, fields_)
+            if consumer is not None:
+                consumer(sim.step_count, sim.time, fields_, sim.global_shape, sim.start)
+            out_s += time.perf_counter() - t1
+            outputs += 1
+    finally:
+        if writer is not None:
+            writer.close()
+    comm.Barrier()
+    elapsed = time.perf_counter() - t0
+    elapsed, out_s = comm.bcast((elapsed, out_s), root=0)
+    return RunStats(sim.step_count, outputs, elapsed, out_s, comm.Get_size())
 
 
 def checked(settings: Any, ranks: int, memory_bytes: Callable[..., int], arrays: int, refuse) -> Any:

@@ -32,15 +32,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, FieldWriter, RunStats, add_settings_flags, checked,
-                              check_output, face_bytes, largest_block, run_command)
+from insitu_sims.grid import (OUTPUT_HELP, CartesianSplit, RunStats, add_settings_flags, checked,
+                              check_output, face_bytes, largest_block, run_command, run_steps)
 
 Consumer = Callable[[int, float, dict, tuple, tuple], None]
 
@@ -226,32 +225,7 @@ def run(settings: HeatSettings, comm: MPI.Comm = MPI.COMM_WORLD, consumer: Consu
     Returns the run's RunStats (rank 0's timings, broadcast).
     """
     sim = Heat(settings, comm)
-    writer = FieldWriter(settings, settings.L, sim.start, sim.count, ("T",), "heat", comm) \
-        if settings.engine != "none" else None
-    outputs, out_s = 0, 0.0
-    comm.Barrier()
-    t0 = time.perf_counter()
-    try:
-        while sim.step_count < settings.steps:
-            for _ in range(min(settings.plotgap, settings.steps - sim.step_count)):
-                sim.step()
-            if sim.step_count % settings.plotgap and sim.step_count != settings.steps:
-                continue
-            t1 = time.perf_counter()
-            fields_ = {"T": sim.T}
-            if writer is not None:
-                writer.write(sim.step_count, sim.time, fields_)
-            if consumer is not None:
-                consumer(sim.step_count, sim.time, fields_, sim.global_shape, sim.start)
-            out_s += time.perf_counter() - t1
-            outputs += 1
-    finally:
-        if writer is not None:
-            writer.close()
-    comm.Barrier()
-    elapsed = time.perf_counter() - t0
-    elapsed, out_s = comm.bcast((elapsed, out_s), root=0)
-    return RunStats(sim.step_count, outputs, elapsed, out_s, comm.Get_size())
+    return run_steps(sim, settings, comm, ("T",), "heat", lambda s: {"T": s.T}, consumer)
 
 
 def parse_args(argv: list[str] | None = None, comm: MPI.Comm = MPI.COMM_SELF) -> HeatSettings:
