@@ -21,7 +21,7 @@
  * is agreed collectively, so every rank returns the error from the same call. The
  * simulation is never aborted by the adaptor.
  *
- * Training runs in a background thread (insitu.mode: background in the config) when MPI
+ * Training runs in a background thread (run.mode: background in the config) when MPI
  * provides MPI_THREAD_MULTIPLE; otherwise every execute trains before returning.
  * The adaptor embeds Python (see adaptors/README.md for INSITU_PYTHON, VIRTUAL_ENV and
  * INSITU_PYTHONPATH). The interpreter stays alive after insitu_finalize() until the process

@@ -15,7 +15,7 @@ comm = MPI.COMM_WORLD
 sim = GrayScott(GrayScottSettings(L=48, engine="none"), comm)
 config = {"input": {"var": "V", "iso": [0.3]}, "views": {"count": 48, "resolution": 96},
           "train": {"iterations": 300, "sh_degree": 1}, "output": {"dir": "linked_out"},
-          "insitu": {"mode": "background", "queue": 1, "policy": "discard"}}
+          "run": {"mode": "background", "queue": 1, "policy": "discard"}}
 with Adaptor(comm, config) as adaptor:               # finalize() on exit drains the queue
     for step in range(1, 1001):
         sim.step()

@@ -63,8 +63,8 @@ def _common(p: argparse.ArgumentParser, defaults: Config, *, fields: bool = True
                  help=f"image width and height in pixels (default {views.resolution})")
     _config_flag(g, "--iterations", "train.iterations", type=int, metavar="N",
                  help=f"optimiser steps per timestep, each of --batch views (default {train.iterations}"
-                      + (f"; {defaults.insitu.warm_iterations} for a step warm-started from the previous one)"
-                         if series and defaults.insitu.warm_start else ")"))
+                      + (f"; {defaults.series.warm_iterations} for a step warm-started from the previous one)"
+                         if series and defaults.series.warm_start else ")"))
     _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N",
                  help=f"Gaussians at initialisation, over all ranks, at most (default {defaults.seeds.budget})")
     _config_flag(g, "--batch", "train.batch", type=int, metavar="B",
@@ -72,9 +72,9 @@ def _common(p: argparse.ArgumentParser, defaults: Config, *, fields: bool = True
     _config_flag(g, "--psnr-target", "train.psnr_target", type=float, metavar="DB",
                  help="stop a step early at this held-out PSNR")
     _config_flag(g, "--ssim-target", "train.ssim_target", type=float, metavar="S", help="... and at this held-out SSIM")
-    _config_flag(g, "--device", "parallel.device", help="training device")
-    _config_flag(g, "--backend", "train.backend", help="rasterizer")
-    _config_flag(g, "--quiet", "train.progress", action="store_const", const=False, help="no progress bars")
+    _config_flag(g, "--device", "run.device", help="training device")
+    _config_flag(g, "--backend", "run.backend", help="rasterizer")
+    _config_flag(g, "--quiet", "run.progress", action="store_const", const=False, help="no progress bars")
     g = p.add_argument_group("an output folder that holds results (default: refuse to use it)")
     g = g.add_mutually_exclusive_group()
     _config_flag(g, "--resume", "output.existing", action="store_const", const="resume",
@@ -157,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     # (checks across keys, such as train.min_scale_px against views.resolution, see the flags' values)
     load_config(args.config, {**flags, **overrides}, defaults)
     overrides.update(flags)
-    if args.command == "demo" and load_config(args.config, overrides, defaults).parallel.device != "cpu":
+    if args.command == "demo" and load_config(args.config, overrides, defaults).run.device != "cpu":
         import torch                            # seconds to import: only to size the demo
 
         if torch.cuda.is_available():                   # the demo's sizes for a GPU

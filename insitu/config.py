@@ -9,6 +9,7 @@ written from it (:func:`config_yaml`, :func:`config_reference`: ``python -m insi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -48,18 +49,23 @@ def documented(default: Any, doc: str) -> Any:
     """A dataclass field with ``default``, unconstrained but for its type, and its ``doc``."""
     return constrained(default, doc=doc)
 
+
+def subsection(cls: type) -> Any:
+    """A dataclass field holding the keys of the dataclass ``cls`` one level down (``train.densify.start``),
+    documented by its docstring and their fields as a section is."""
+    return field(default_factory=cls)
+
+
 TIMEOUT_S_MAX = 7 * 24 * 3600.0         # a week, longer than a batch job runs: the operating system's waits (poll,
                                         # a child process's) take at most 2**31 - 1 ms, 24.8 days, and the in situ
-                                        # analysis waits up to 3 x parallel.timeout_s
+                                        # analysis waits up to 3 x run.timeout_s
 TIMEOUT_S_LIMIT = (TIMEOUT_S_MAX, "seconds, a week: the system's waits end at 24.8 days, and the analysis waits up "
                                   "to 3 times this")
 
 
 def field_choices(key: str) -> tuple[str, ...] | None:
-    """The choices declared for ``section.key`` (e.g. ``"train.backend"``), or None."""
-    section, name = key.split(".")
-    cls = typing.get_type_hints(Config)[section]
-    return next(f.metadata.get("choices") for f in dataclasses.fields(cls) if f.name == name)
+    """The choices declared for the dotted key ``key`` (e.g. ``"run.backend"``), or None."""
+    return config_keys()[key][0].metadata.get("choices")
 
 
 @dataclass
@@ -153,6 +159,30 @@ class ViewConfig:
 
 
 @dataclass
+class DensifyConfig:
+    """Densification, as gsplat's DefaultStrategy: every `every` iterations after `start` until `stop`, the
+    Gaussians whose screen-space gradient is high grow (copied or split) and the faint ones are pruned, and
+    every `reset_every` iterations every opacity is reset."""
+
+    start: int = constrained(500, NON_NEGATIVE, doc="the iteration after which densification (growth and pruning) "
+                             "starts")
+    stop: int = constrained(15000, NON_NEGATIVE, doc="the iteration after which densification stops (never in a "
+                            "step's last iteration)")
+    every: int = constrained(100, POSITIVE, doc="iterations between densifications")
+    grad_threshold: float = constrained(5e-5, POSITIVE, doc="a Gaussian grows when its mean screen-space gradient "
+                                        "exceeds this: copied when small, split in two when wider than 1% of the "
+                                        "scene's extent; gsplat's 2e-4 barely grows the lit model")
+    prune_opacity: float = constrained(0.005, NON_NEGATIVE, below=(0.5, "an opacity reset caps every opacity at "
+                                       "twice it, and an opacity is below 1"), doc="densification removes the "
+                                       "Gaussians fainter than this opacity, and an opacity reset caps every "
+                                       "opacity at twice it; 0 only without resets (reset_every 0)")
+    reset_every: int = constrained(3000, NON_NEGATIVE, doc="iterations between opacity resets, only in the first "
+                                   "half of training (so none within the default 1500 iterations); 0: none")
+    max_gaussians: int = constrained(5_000_000, POSITIVE, doc="the most Gaussians densification grows the model "
+                                     "to, over all ranks")
+
+
+@dataclass
 class TrainConfig:
     """The optimisation: loss, learning rates, densification and when a step stops."""
 
@@ -187,27 +217,10 @@ class TrainConfig:
     random_background: bool = documented(True, "a random background colour per view and iteration behind render "
                                          "and ground truth alike, so that the opacities learn the ground truth's "
                                          "alpha; false: views.background")
-    densify_from: int = constrained(500, NON_NEGATIVE, doc="the iteration after which densification (growth and "
-                                    "pruning) starts")
-    densify_until: int = constrained(15000, NON_NEGATIVE, doc="the iteration after which densification stops "
-                                     "(never in a step's last iteration)")
-    densify_every: int = constrained(100, POSITIVE, doc="iterations between densifications")
-    grad_threshold: float = constrained(5e-5, POSITIVE, doc="a Gaussian grows when its mean screen-space "
-                                        "gradient exceeds this: copied when small, split in two when wider than 1% "
-                                        "of the scene's extent; gsplat's 2e-4 barely grows the lit model")
     min_scale_px: float = constrained(0.5, NON_NEGATIVE, doc="each Gaussian's in-plane standard deviations stay "
                                       "at least this many pixels of the nearest training view that sees it, so that "
                                       "closer views show no gaps that the training views' blur hid; 0: no floor; "
                                       "at most views.resolution / 6")
-    prune_opacity: float = constrained(0.005, NON_NEGATIVE, below=(0.5, "an opacity reset caps every opacity at "
-                                       "twice it, and an opacity is below 1"), doc="densification removes the "
-                                       "Gaussians fainter than this opacity, and an opacity reset caps every "
-                                       "opacity at twice it; 0 only without resets")
-    opacity_reset_every: int = constrained(3000, NON_NEGATIVE, doc="iterations between opacity resets, only in "
-                                           "the first half of training (so none within the default 1500 "
-                                           "iterations); 0: none")
-    max_gaussians: int = constrained(5_000_000, POSITIVE, doc="the most Gaussians densification grows the model "
-                                     "to, over all ranks")
     psnr_target: float | None = constrained(None, POSITIVE, doc="stop a step's training early once the held-out "
                                             "PSNR on the surface's pixels reaches this many dB (--psnr-target); "
                                             "null: no target")
@@ -224,11 +237,7 @@ class TrainConfig:
     antialiased: bool = documented(True, "the blur scales each splat's opacity so that its footprint keeps its "
                                    "integral (gsplat's antialiased mode; Spark's blurAmount in the report's viewer); "
                                    "false: the classic blur")
-    backend: str = constrained("auto", choices=("auto", "gsplat", "torch"), doc="the rasterizer (--backend): "
-                               "gsplat (CUDA), torch (the reference, any device), or auto (gsplat on a CUDA device "
-                               "where it imports, else torch)")
-    progress: bool = documented(True, "show each step's progress (a bar on a terminal, else log lines); false: "
-                                "--quiet")
+    densify: DensifyConfig = subsection(DensifyConfig)
 
 
 @dataclass
@@ -265,41 +274,48 @@ class OutputConfig:
 
 
 @dataclass
-class ParallelConfig:
-    """How the ranks share the work."""
+class RunConfig:
+    """How and where a run runs, not what it trains: the device and the rasterizer, how the ranks share the
+    work and wait for each other, the kernels compiled ahead, the progress shown, and the in situ adaptor's
+    queue (insitu.Adaptor, the C and Fortran interface)."""
 
-    timeout_s: float = constrained(300.0, POSITIVE, at_most=TIMEOUT_S_LIMIT, doc="seconds a collective waits for "
-                                   "the other ranks before the job ends with an error: a failed rank never hangs "
-                                   "the rest")
     device: str = constrained("auto", choices=("auto", "cpu", "cuda"), doc="the training device (--device): cuda, "
                               "one GPU per rank; cpu; or auto, cuda where there is one")
+    backend: str = constrained("auto", choices=("auto", "gsplat", "torch"), doc="the rasterizer (--backend): "
+                               "gsplat (CUDA), torch (the reference, any device), or auto (gsplat on a CUDA device "
+                               "where it imports, else torch)")
+    layout: str = constrained("sort-last", choices=("sort-last", "replicated"), doc="how ranks share training: "
+                              "sort-last, each rank its block's Gaussians; replicated, each rank the whole model and "
+                              "its own views (models that fit one device)")
     transfer: str = constrained("float32", choices=("float32", "bfloat16", "float16"), doc="the type the "
                                 "composited colour bands travel between ranks in")
     threads: int = constrained(0, NON_NEGATIVE, at_most=(2**31 - 1, "torch takes a 32-bit count"), doc="torch CPU "
                                "threads per rank; 0: torch's default; in situ on CPU ranks, fewer leave cores to "
                                "the simulation")
+    timeout_s: float = constrained(300.0, POSITIVE, at_most=TIMEOUT_S_LIMIT, doc="seconds a collective waits for "
+                                   "the other ranks before the job ends with an error: a failed rank never hangs "
+                                   "the rest")
     compile_ahead: bool = documented(True, "compile the step's Triton kernels on background threads from the "
                                      "run's start (CUDA)")
     compile_in_child: bool = documented(True, "... the loss's and Adam's first in a child process (its own "
                                         "interpreter, CUDA context and a core); false: on this process's threads "
                                         "(GPUs in exclusive-process mode)")
-    layout: str = constrained("sort-last", choices=("sort-last", "replicated"), doc="how ranks share training: "
-                              "sort-last, each rank its block's Gaussians; replicated, each rank the whole model and "
-                              "its own views (models that fit one device)")
+    progress: bool = documented(True, "show each step's progress (a bar on a terminal, else log lines); false: "
+                                "--quiet")
+    mode: str = constrained("background", choices=("background", "sync"), doc="the in situ adaptor: background, "
+                            "each step trains on a worker thread while the simulation goes on; sync, execute() "
+                            "returns once its step is trained")
+    queue: int = constrained(1, POSITIVE, doc="in situ, background mode: how many steps may wait to be trained")
+    policy: str = constrained("block", choices=("block", "discard"), doc="in situ, when the queue is full: "
+                              "block, execute() waits for room (every step is trained); discard, the oldest waiting "
+                              "step is dropped (the newest wins)")
 
 
 @dataclass
-class InsituConfig:
-    """Series of steps: the in situ adaptor's queue (insitu.Adaptor, the C and Fortran interface) and warm
-    starts (every command that trains several steps)."""
+class SeriesConfig:
+    """What a series of steps computes beyond each step's own training (every command that trains several
+    steps, and the in situ adaptor): warm starts."""
 
-    mode: str = constrained("background", choices=("background", "sync"), doc="background: each step trains on "
-                            "a worker thread while the simulation goes on; sync: execute() returns once its step "
-                            "is trained")
-    queue: int = constrained(1, POSITIVE, doc="background mode: how many steps may wait to be trained")
-    policy: str = constrained("block", choices=("block", "discard"), doc="when the queue is full: block, execute() "
-                              "waits for room (every step is trained); discard, the oldest waiting step is dropped "
-                              "(the newest wins)")
     warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
                                   "still on the surface, new seeds where it is not) instead of fresh seeds")
     warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
@@ -312,12 +328,33 @@ class Config:
     seeds: SeedConfig = field(default_factory=SeedConfig)
     views: ViewConfig = field(default_factory=ViewConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    series: SeriesConfig = field(default_factory=SeriesConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    insitu: InsituConfig = field(default_factory=InsituConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def config_sections(cls: type | None = None, prefix: str = "") -> dict[str, type]:
+    """Every section of a configuration and every section nested in one, dotted name -> its dataclass
+    (``"train"``, ``"train.densify"``, ...), in the order of their fields."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls or Config).items():
+        if dataclasses.is_dataclass(hint):
+            out[prefix + name] = hint
+            out.update(config_sections(hint, f"{prefix}{name}."))
+    return out
+
+
+def config_keys() -> dict[str, tuple[dataclasses.Field, Any]]:
+    """Every key of a configuration, dotted (``"train.densify.start"``) -> (its dataclass field, its type)."""
+    out = {}
+    for section, cls in config_sections().items():
+        hints = typing.get_type_hints(cls)
+        out.update({f"{section}.{f.name}": (f, hints[f.name]) for f in dataclasses.fields(cls)
+                    if not dataclasses.is_dataclass(hints[f.name])})
+    return out
 
 
 MARCH_STEP_MAX = 1.0                    # cells: a longer step skips whole cells of the field
@@ -334,12 +371,27 @@ CLOSEUP_MAX = 100.0                     # close-up cameras stand views.closeup_f
                                         # a 256^3 grid at the default field of view, their pixels 1/50 of a cell
 SCALE_PX_SIGMAS = 3                     # a Gaussian is drawn out to 3 standard deviations: a floor of
                                         # views.resolution / 6 pixels makes every one cover the whole image
-# Keys that say how or where a run runs, not what it computes: a resumed run may change them (the
-# kept steps are compared with the new run on every other key).
-RUN_KEYS = frozenset({"output.dir", "output.existing", "train.progress", "input.steps", "input.every",
-                      "input.timeout_s", "parallel.timeout_s", "parallel.threads", "parallel.device",
-                      "parallel.compile_ahead", "parallel.compile_in_child",
-                      "insitu.mode", "insitu.queue", "insitu.policy"})
+# Keys that say how or where a run runs, not what it computes: a resumed run may change them (the kept
+# steps are compared with the new run on every other key). The run section's keys but backend, layout and
+# transfer, which change the trained numbers (another rasterizer, other batches per rank, rounded colours);
+# which steps are read; where the results go.
+RUN_KEYS = frozenset({"run.device", "run.threads", "run.timeout_s", "run.compile_ahead", "run.compile_in_child",
+                      "run.progress", "run.mode", "run.queue", "run.policy",
+                      "input.steps", "input.every", "input.timeout_s", "output.dir", "output.existing"})
+# Keys that moved, old -> new: a configuration that names an old one is refused, saying where it went
+# (:func:`moved_keys`), and :func:`upgraded` moves them in a step's config.yaml written before.
+MOVED = {
+    "train.densify_from": "train.densify.start", "train.densify_until": "train.densify.stop",
+    "train.densify_every": "train.densify.every", "train.grad_threshold": "train.densify.grad_threshold",
+    "train.prune_opacity": "train.densify.prune_opacity", "train.opacity_reset_every": "train.densify.reset_every",
+    "train.max_gaussians": "train.densify.max_gaussians",
+    "train.backend": "run.backend", "train.progress": "run.progress",
+    **{f"parallel.{k}": f"run.{k}" for k in ("timeout_s", "device", "transfer", "threads", "compile_ahead",
+                                             "compile_in_child", "layout")},
+    "insitu.mode": "run.mode", "insitu.queue": "run.queue", "insitu.policy": "run.policy",
+    "insitu.warm_start": "series.warm_start", "insitu.warm_iterations": "series.warm_iterations",
+}
+MOVED_SECTIONS = {"parallel": "run", "insitu": "run and series"}  # sections that are no more: where their keys went
 
 
 def _check_type(name: str, value: Any, hint: Any) -> Any:
@@ -387,6 +439,8 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{name}: expected a string, got {type(value).__name__} {value!r}")
+    if dataclasses.is_dataclass(hint):          # a nested section (train.densify)
+        return _section(name, hint, value)
     raise ConfigError(f"{name}: unsupported type {hint}")  # pragma: no cover
 
 
@@ -407,32 +461,29 @@ def _section(name: str, cls: type, values: Any) -> Any:
 
 def validate(cfg: Config) -> Config:
     """Check ranges and choices; returns ``cfg`` or raises ConfigError."""
-    for section in dataclasses.fields(cfg):
-        sub = getattr(cfg, section.name)
-        for f in dataclasses.fields(sub):
-            key = f"{section.name}.{f.name}"
-            value = getattr(sub, f.name)
-            for v in value if isinstance(value, list) else [value]:
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-            choices, checks = f.metadata.get("choices"), f.metadata.get("checks", ())
-            if choices and value not in choices:
-                raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
-            if value is None:                   # "not set"
-                continue
-            if POSITIVE in checks and value <= 0:
-                raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
-            if NON_NEGATIVE in checks and value < 0:
-                raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
-            if FRACTION in checks and not 0 <= value <= 1:
-                low = "(" if POSITIVE in checks else "["
-                raise ConfigError(f"{key}: expected a value in {low}0, 1], got {value!r}")
-            if OPEN_FRACTION in checks and not 0 < value < 1:
-                raise ConfigError(f"{key}: expected a value in (0, 1), got {value!r}")
-            for op, limit in (("<", f.metadata.get("below")), ("<=", f.metadata.get("at_most"))):
-                if limit is not None and not (value < limit[0] if op == "<" else value <= limit[0]):
-                    bound = f"{limit[0]:g}" if isinstance(limit[0], float) else limit[0]
-                    raise ConfigError(f"{key}: expected a value {op} {bound} ({limit[1]}), got {value!r}")
+    for key, (f, _) in config_keys().items():
+        value = functools.reduce(getattr, key.split("."), cfg)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        choices, checks = f.metadata.get("choices"), f.metadata.get("checks", ())
+        if choices and value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+        if value is None:                       # "not set"
+            continue
+        if POSITIVE in checks and value <= 0:
+            raise ConfigError(f"{key}: expected a value > 0, got {value!r}")
+        if NON_NEGATIVE in checks and value < 0:
+            raise ConfigError(f"{key}: expected a value >= 0, got {value!r}")
+        if FRACTION in checks and not 0 <= value <= 1:
+            low = "(" if POSITIVE in checks else "["
+            raise ConfigError(f"{key}: expected a value in {low}0, 1], got {value!r}")
+        if OPEN_FRACTION in checks and not 0 < value < 1:
+            raise ConfigError(f"{key}: expected a value in (0, 1), got {value!r}")
+        for op, limit in (("<", f.metadata.get("below")), ("<=", f.metadata.get("at_most"))):
+            if limit is not None and not (value < limit[0] if op == "<" else value <= limit[0]):
+                bound = f"{limit[0]:g}" if isinstance(limit[0], float) else limit[0]
+                raise ConfigError(f"{key}: expected a value {op} {bound} ({limit[1]}), got {value!r}")
     if not cfg.input.iso:
         raise ConfigError("input.iso: expected at least one iso value, got an empty list")
     twice = sorted({v for v in cfg.input.iso if cfg.input.iso.count(v) > 1})
@@ -455,10 +506,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"seeds.fill: true starts at seeds.budget ({cfg.seeds.budget}) whatever the surface's size, "
                           f"and seeds.density={cfg.seeds.density:g} asks for that many Gaussians per pixel of it: "
                           f"set seeds.density=0 with seeds.fill=true, or leave seeds.fill false")
-    if cfg.train.prune_opacity == 0 and cfg.train.opacity_reset_every > 0:
-        raise ConfigError(f"train.prune_opacity: expected a value > 0 while train.opacity_reset_every "
-                          f"({cfg.train.opacity_reset_every}) resets opacities to twice it (0 leaves every Gaussian "
-                          f"transparent for good); to prune nothing, set train.opacity_reset_every=0 too")
+    densify = cfg.train.densify
+    if densify.prune_opacity == 0 and densify.reset_every > 0:
+        raise ConfigError(f"train.densify.prune_opacity: expected a value > 0 while train.densify.reset_every "
+                          f"({densify.reset_every}) resets opacities to twice it (0 leaves every Gaussian "
+                          f"transparent for good); to prune nothing, set train.densify.reset_every=0 too")
     if cfg.train.sh_degree > 3:
         raise ConfigError(f"train.sh_degree: expected 0..3, got {cfg.train.sh_degree}")
     if cfg.output.sh_degree is not None and cfg.output.sh_degree > 3:
@@ -518,15 +570,15 @@ def _check_output_dir(name: str) -> None:
 
 
 def check_backend(cfg: Config, device_type: str, gsplat_error: str | None) -> None:
-    """ConfigError when ``train.backend`` cannot rasterize on the run's device (``device_type``: "cpu"
+    """ConfigError when ``run.backend`` cannot rasterize on the run's device (``device_type``: "cpu"
     or "cuda"); ``gsplat_error``: why gsplat does not import, or None."""
-    if cfg.train.backend != "gsplat":
+    if cfg.run.backend != "gsplat":
         return
     if device_type != "cuda":
-        raise ConfigError(f"train.backend: gsplat needs a CUDA device, and this run trains on {device_type} "
-                          f"(parallel.device {cfg.parallel.device!r}); use auto or torch")
+        raise ConfigError(f"run.backend: gsplat needs a CUDA device, and this run trains on {device_type} "
+                          f"(run.device {cfg.run.device!r}); use auto or torch")
     if gsplat_error is not None:
-        raise ConfigError(f"train.backend: gsplat does not import ({gsplat_error}); install it, or use auto or torch")
+        raise ConfigError(f"run.backend: gsplat does not import ({gsplat_error}); install it, or use auto or torch")
 
 
 def from_dict(values: dict[str, Any]) -> Config:
@@ -535,6 +587,9 @@ def from_dict(values: dict[str, Any]) -> Config:
         values = {}
     if not isinstance(values, dict):
         raise ConfigError(f"config: expected a mapping of sections, got {type(values).__name__}")
+    moved = moved_keys(values)
+    if moved:
+        raise ConfigError(f"config: {'; '.join(f'{old} is now {new}' for old, new in moved)}")
     known = {f.name: f.type for f in dataclasses.fields(Config)}
     unknown = sorted(set(values) - set(known))
     if unknown:
@@ -547,19 +602,62 @@ def from_dict(values: dict[str, Any]) -> Config:
     return validate(cfg)
 
 
+def moved_keys(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """The keys of :data:`MOVED` that nested mappings of sections (as read from YAML) set, as (old key, where
+    it is now); a section of :data:`MOVED_SECTIONS` that sets none of them, as (the section, where its keys
+    went)."""
+    out = [(old, new) for old, new in MOVED.items() if _holds(values, old)]
+    return out + [(old, new) for old, new in MOVED_SECTIONS.items()
+                  if old in values and not any(o.startswith(f"{old}.") for o, _ in out)]
+
+
+def _holds(values: Any, dotted: str) -> bool:
+    """Whether nested mappings ``values`` set the dotted key (to anything, null too)."""
+    *path, name = dotted.split(".")
+    for part in path:
+        values = values.get(part) if isinstance(values, dict) else None
+    return isinstance(values, dict) and name in values
+
+
+def upgraded(values: dict[str, Any]) -> dict[str, Any]:
+    """Nested mappings of sections with the keys of :data:`MOVED` moved to their new places (a step's
+    ``config.yaml`` written before they moved); the rest as it was."""
+    out = _merged({}, values)
+    for old, new in MOVED.items():
+        if _holds(out, old):
+            *path, name = old.split(".")
+            out = merge(out, {new: functools.reduce(dict.get, path, out).pop(name)})
+    return {k: v for k, v in out.items() if not (k in MOVED_SECTIONS and v == {})}
+
+
 def merge(base: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
-    """Return ``base`` with ``{"train.iterations": 10}``-style overrides applied."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    """Return ``base`` with ``{"train.iterations": 10}``-style overrides applied (``"train.densify.start"``
+    one level further down)."""
+    out = _merged({}, base)
     for key, value in dotted.items():
         if value is None:
             continue
-        section, _, name = key.partition(".")
-        if not name:
+        *path, name = key.split(".")
+        if not path or not all(path) or not name:
             raise ConfigError(f"override {key!r}: expected SECTION.KEY")
-        out.setdefault(section, {})
-        if not isinstance(out[section], dict):
-            raise ConfigError(f"{section}: expected a mapping of keys, got {out[section]!r}")
-        out[section][name] = value
+        node = out
+        for i, part in enumerate(path):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{'.'.join(path[:i + 1])}: expected a mapping of keys, got {node!r}")
+        node[name] = _merged({}, value) if isinstance(value, dict) else value
+    return out
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the values of ``over`` over its own, nested mappings merged key by key (copies: neither
+    is changed)."""
+    out = {k: _merged({}, v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in over.items():
+        if isinstance(value, dict):
+            out[key] = _merged(out[key] if isinstance(out.get(key), dict) else {}, value)
+        else:
+            out[key] = value
     return out
 
 
@@ -569,13 +667,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     Precedence: ``overrides`` > the file > ``defaults`` (dotted, e.g. a command's own) > built-in defaults.
     """
-    values = config_file_values(path)
-    base = merge({}, defaults or {})
-    for section, sub in values.items():
-        if isinstance(sub, dict) and isinstance(base.get(section), dict):
-            base[section] = {**base[section], **sub}
-        else:
-            base[section] = sub
+    base = _merged(merge({}, defaults or {}), config_file_values(path))
     return from_dict(merge(base, overrides or {}))
 
 
@@ -692,7 +784,7 @@ CHUNK_RAYS = 1 << 22                    # rays marched at once
 def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     """Bytes one of ``ranks`` ranks needs at least, per part, for a step trained with ``cfg``.
 
-    ground_truth: the rank's band of every view (float16 RGBA), and with ``parallel.layout:
+    ground_truth: the rank's band of every view (float16 RGBA), and with ``run.layout:
                   replicated`` the whole views too;
     ray_casting:  one chunk of views ray cast and composited (float32 RGBA, several copies);
     rendering:    one batch of views rendered, composited and differentiated (float32);
@@ -711,7 +803,7 @@ def memory_estimate(cfg: Config, ranks: int = 1) -> dict[str, int]:
     band = -(-res // ranks) * res
     chunk = max(1, CHUNK_RAYS // pixels)
     rays = min(chunk * pixels * vc.supersample ** 2, CHUNK_RAYS)
-    replicated = cfg.parallel.layout == "replicated" and ranks > 1   # every rank the whole images and model
+    replicated = cfg.run.layout == "replicated" and ranks > 1   # every rank the whole images and model
     return {
         "ground_truth": vc.count * (band + (pixels if replicated else 0)) * 4 * 2,
         "ray_casting": rays * RAY_BYTES + 4 * chunk * pixels * 4 * 4,
@@ -763,7 +855,8 @@ def config_value(values: dict[str, Any], dotted: str) -> Any:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``SECTION.KEY=VALUE`` (VALUE as YAML) from the command line."""
+    """Parse ``SECTION.KEY=VALUE`` (VALUE as YAML; ``train.densify.start=...`` for a nested section's key) from
+    the command line."""
     key, sep, raw = text.partition("=")
     if not sep or "." not in key:
         raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.iterations=500")
@@ -795,19 +888,32 @@ def _yaml_value(value: Any) -> str:
 
 def config_yaml() -> str:
     """The text of ``examples/config.yaml``: every key of every section with its default, its doc as a comment."""
-    import textwrap
-
     lines = ["# insitu-gs configuration: every key with its default. Flags on the command line",
              "# override the file; `--set SECTION.KEY=VALUE` overrides any key. Written by",
              "# `python -m insitu.config` from insitu/config.py; docs/configuration.md lists the values each takes."]
     for section, cls in typing.get_type_hints(Config).items():
-        lines += ["", f"{section}:"]
-        for f in dataclasses.fields(cls):
-            key = f"  {f.name}: {_yaml_value(_default(f))}"
-            text = textwrap.wrap(f.metadata["doc"], DOC_WIDTH - YAML_COMMENT_COLUMN - 2, break_on_hyphens=False)
-            lines.append(f"{key.ljust(YAML_COMMENT_COLUMN - 1)} # {text[0]}")
-            lines += [f"{'':{YAML_COMMENT_COLUMN}}# {t}" for t in text[1:]]
+        lines += ["", f"{section}:", *_yaml_keys(cls, "  ")]
     return "\n".join(lines) + "\n"
+
+
+def _yaml_keys(cls: type, indent: str) -> list[str]:
+    """The lines of ``cls``'s keys in examples/config.yaml, at ``indent``: a nested section as its own block."""
+    import textwrap
+
+    def commented(key: str, doc: str) -> list[str]:
+        text = textwrap.wrap(doc, DOC_WIDTH - YAML_COMMENT_COLUMN - 2, break_on_hyphens=False)
+        return [f"{key.ljust(YAML_COMMENT_COLUMN - 1)} # {text[0]}",
+                *(f"{'':{YAML_COMMENT_COLUMN}}# {t}" for t in text[1:])]
+
+    lines = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            lines += commented(f"{indent}{f.name}:", " ".join(hint.__doc__.split()))
+            lines += _yaml_keys(hint, indent + "  ")
+        else:
+            lines += commented(f"{indent}{f.name}: {_yaml_value(_default(f))}", f.metadata["doc"])
+    return lines
 
 
 def _allowed(f: dataclasses.Field, hint: Any) -> str:
@@ -844,19 +950,22 @@ def config_reference() -> str:
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
     intro = ("Every key of a configuration, section by section: its default, the values it takes and what it does. "
              "A YAML file (`--config FILE`; `examples/config.yaml` holds every key with its default) sets any of "
-             "them, `--set SECTION.KEY=VALUE` one on the command line, and some have a flag of their own (named in "
-             "their row). Every value is checked before anything is computed.",
+             "them, `--set SECTION.KEY=VALUE` one on the command line (`--set train.densify.start=300` for a key of "
+             "a nested section), and some have a flag of their own (named in their row). Every value is checked "
+             "before anything is computed.",
              "Written by `python -m insitu.config` from `insitu/config.py`, where each key's text is declared with "
              "its field; `tests/test_config.py` checks that this file and `examples/config.yaml` are current.")
     lines = ["# Configuration"]
     for paragraph in intro:
         lines += ["", *textwrap.wrap(paragraph, DOC_WIDTH, break_on_hyphens=False)]
-    for section, cls in typing.get_type_hints(Config).items():
+    for section, cls in config_sections().items():
         hints = typing.get_type_hints(cls)
-        lines += ["", f"## {section}", "", *textwrap.wrap(" ".join(cls.__doc__.split()), DOC_WIDTH), "",
+        heading = "###" if "." in section else "##"
+        lines += ["", f"{heading} {section}", "", *textwrap.wrap(" ".join(cls.__doc__.split()), DOC_WIDTH), "",
                   "| key | default | values | meaning |", "| --- | --- | --- | --- |"]
         lines += [f"| `{section}.{f.name}` | `{cell(_yaml_value(_default(f)))}` | {cell(_allowed(f, hints[f.name]))} "
-                  f"| {cell(f.metadata['doc'])} |" for f in dataclasses.fields(cls)]
+                  f"| {cell(f.metadata['doc'])} |" for f in dataclasses.fields(cls)
+                  if not dataclasses.is_dataclass(hints[f.name])]
     return "\n".join(lines) + "\n"
 
 

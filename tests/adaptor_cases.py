@@ -79,7 +79,7 @@ def make_collective_process(fail_at: int | None = None, stall_at: int | None = N
     """A stand-in for pipeline.run_step whose work is a torch.distributed all-reduce (gloo), as training's is.
 
     At step ``fail_at`` rank 1 raises before the all-reduce, so rank 0's all-reduce waits until the group's
-    timeout (parallel.timeout_s); at step ``stall_at`` rank 1 stalls ``stall_s`` seconds and returns without
+    timeout (run.timeout_s); at step ``stall_at`` rank 1 stalls ``stall_s`` seconds and returns without
     the all-reduce. Every step checks that the all-reduce summed one value per rank."""
     import torch
 
@@ -117,12 +117,12 @@ def run(case: str, out: Path) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     out.mkdir(parents=True, exist_ok=True)
-    base = {"parallel": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(out / "out")}}
+    base = {"run": {"device": "cpu", "timeout_s": 60}, "output": {"dir": str(out / "out")}}
     record: dict = {"rank": rank}
     log: list = []
 
-    def config(**insitu):
-        return {**base, "insitu": {"warm_iterations": 7, **insitu}}
+    def config(**run):
+        return {**base, "run": {**base["run"], **run}, "series": {"warm_iterations": 7}}
 
     if case == "discard":
         ad = Adaptor(comm, config(policy="discard", queue=1),
@@ -206,7 +206,7 @@ def run(case: str, out: Path) -> None:
     elif case == "bad_config":
         path = out / ("missing.yaml" if rank == 1 else "good.yaml")
         if rank == 0:
-            path.write_text("insitu:\n  mode: sync\n")
+            path.write_text("run:\n  mode: sync\n")
         comm.Barrier()
         try:
             Adaptor(comm, path, process=make_process({}))
@@ -229,9 +229,8 @@ def run(case: str, out: Path) -> None:
         ad.finalize()
         record["errors"] = errors
     elif case == "silent_rank":
-        # rank 1 stops calling execute() for longer than parallel.timeout_s: rank 0 must not wait for ever
-        ad = Adaptor(comm, {**config(mode="sync"), "parallel": {"device": "cpu", "timeout_s": 2}},
-                     process=make_process({}, log=log))
+        # rank 1 stops calling execute() for longer than run.timeout_s: rank 0 must not wait for ever
+        ad = Adaptor(comm, config(mode="sync", timeout_s=2), process=make_process({}, log=log))
         errors = []
         t0 = time.monotonic()
         steps = 3 if rank == 0 else 1
@@ -253,7 +252,7 @@ def run(case: str, out: Path) -> None:
         record["errors"] = errors
     elif case == "collective_failure":
         # rank 1 raises inside a step while rank 0 waits in a gloo collective until it times out
-        ad = Adaptor(comm, {**config(policy="block", queue=1), "parallel": {"device": "cpu", "timeout_s": 3}},
+        ad = Adaptor(comm, config(policy="block", queue=1, timeout_s=3),
                      process=make_collective_process(fail_at=1, log=log))
         record["errors"] = simulate(ad, 4, rank, size, pause=0.2)
         try:
@@ -264,7 +263,7 @@ def run(case: str, out: Path) -> None:
     elif case == "stalled_rank":
         # rank 1's training stalls in step 1 for longer than any agreement waits: rank 0 must not wait for ever,
         # and neither rank's simulation (rank 1's waits for room in its queue)
-        ad = Adaptor(comm, {**config(policy="block", queue=1), "parallel": {"device": "cpu", "timeout_s": 2}},
+        ad = Adaptor(comm, config(policy="block", queue=1, timeout_s=2),
                      process=make_collective_process(stall_at=1, stall_s=20, log=log))
         t0 = time.monotonic()
         record["errors"] = simulate(ad, 5, rank, size, pause=0.2)
@@ -304,10 +303,10 @@ def run(case: str, out: Path) -> None:
     elif case == "bad_step_then_good":
         # the real pipeline: step 0 is uniform (no surface), steps 1 and 2 a sphere; background mode
         out_dir = out / "out"
-        cfg = {**base, "insitu": {"mode": "background", "warm_iterations": 2},
-               "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 100},
+        cfg = {**base, "run": {**base["run"], "mode": "background", "progress": False, "backend": "torch"},
+               "series": {"warm_iterations": 2}, "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 100},
                "views": {"count": 8, "resolution": 16, "supersample": 1},
-               "train": {"iterations": 3, "progress": False, "backend": "torch"},
+               "train": {"iterations": 3},
                "output": {"dir": str(out_dir), "images": 0}}
         ad = Adaptor(comm, cfg)
         n = 12
@@ -331,10 +330,10 @@ def run(case: str, out: Path) -> None:
         record["out"] = str(out_dir)
     elif case == "pipeline":
         # the real pipeline, tiny: a sphere that grows from step to step, trained in the background
-        cfg = {**base, "insitu": {"mode": "background", "warm_iterations": 10},
-               "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 500},
+        cfg = {**base, "run": {**base["run"], "mode": "background", "progress": False, "backend": "torch"},
+               "series": {"warm_iterations": 10}, "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 500},
                "views": {"count": 8, "resolution": 32, "supersample": 1},
-               "train": {"iterations": 20, "progress": False, "backend": "torch"}, "output": {**base["output"], "images": 1}}
+               "train": {"iterations": 20}, "output": {**base["output"], "images": 1}}
         ad = Adaptor(comm, cfg)
         n = 16
         z, y, x = np.meshgrid(*(np.linspace(-1, 1, n, dtype=np.float32),) * 3, indexing="ij")

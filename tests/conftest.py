@@ -68,23 +68,25 @@ def uint8_ball(n: int = 12) -> np.ndarray:
 
 
 def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held_out: int = 2, budget: int = 200,
-                images: int = 2, **train):
+                images: int = 2, densify: dict | None = None, **train):
     """A small step for one CPU process: ``views`` orbit views of ``resolution``^2 pixels, one ray each,
     ``held_out`` views of each held-out set, ``budget`` seeds, ``images`` held-out images written; training
     (``train``: TrainConfig fields, 10 iterations unless given) one view per step on the torch rasterizer,
-    without densification or opacity resets unless asked for."""
-    from insitu.config import Config
+    quiet, without densification or opacity resets unless asked for (``densify``: DensifyConfig fields, e.g.
+    ``densify=dict(start=2, every=4, stop=9)``)."""
+    from insitu.config import Config, DensifyConfig
 
     cfg = Config()
     cfg.input.iso = [iso]
     cfg.views.count, cfg.views.resolution, cfg.views.supersample, cfg.views.held_out = views, resolution, 1, held_out
     cfg.seeds.budget = budget
     cfg.output.images = images
+    cfg.run.backend, cfg.run.progress = "torch", False
     t = cfg.train
-    t.iterations, t.backend, t.progress, t.batch = 10, "torch", False, 1
-    t.densify_from, t.opacity_reset_every = 10**6, 0
+    t.iterations, t.batch = 10, 1
+    t.densify = DensifyConfig(**{"start": 10**6, "reset_every": 0, **(densify or {})})
     for k, v in train.items():
-        if not hasattr(t, k):
+        if not hasattr(t, k) or k == "densify":
             raise TypeError(f"tiny_config: the train section has no setting {k!r}")
         setattr(t, k, v)
     return cfg

@@ -142,10 +142,10 @@ def test_ranks_with_different_configurations_get_a_config_error_naming_the_keys(
 
 @pytest.mark.mpi
 def test_a_rank_that_stops_calling_execute_does_not_hang_the_others(misuse_cases):
-    r0, r1 = misuse_cases["silent_rank"]            # parallel.timeout_s 2; rank 1 calls execute(0) only
+    r0, r1 = misuse_cases["silent_rank"]            # run.timeout_s 2; rank 1 calls execute(0) only
     first = r0["errors"][0]
     assert first["step"] == 1 and first["type"] == "InsituError"
-    assert "did not answer within 2 s (parallel.timeout_s)" in first["message"]
+    assert "did not answer within 2 s (run.timeout_s)" in first["message"]
     assert first["after_s"] > 1.9                  # it waited for the configured timeout, not less
     assert [e["step"] for e in r0["errors"]] == [1, 2, 9]    # unusable afterwards: raises at once
     assert r1["errors"][-1]["step"] == 9 and "did not answer" in r1["errors"][-1]["message"]
@@ -271,8 +271,8 @@ def test_invalid_config_values_fail_before_any_work():
     from insitu.errors import ConfigError
     from insitu.run.adaptor import Adaptor
 
-    with pytest.raises(ConfigError, match="insitu.policy: expected one of block, discard, got 'newest'"):
-        Adaptor(None, {"insitu": {"policy": "newest"}}, process=lambda *a, **k: None)
+    with pytest.raises(ConfigError, match="run.policy: expected one of block, discard, got 'newest'"):
+        Adaptor(None, {"run": {"policy": "newest"}}, process=lambda *a, **k: None)
     with pytest.raises(ConfigError, match="expected a Config, a dict, a YAML path or None, got int"):
         Adaptor(None, 3, process=lambda *a, **k: None)
 
@@ -288,8 +288,7 @@ def test_single_process_sync_run_and_stats(tmp_path):
         seen.append((step, time, block.data.shape, block.start, block.fields["V"].dtype.name))
         return type("R", (), {"gaussians": None, "metrics": {}})()
 
-    cfg = {"insitu": {"mode": "sync"}, "input": {"color_var": "V"}, "output": {"dir": str(tmp_path)},
-           "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "input": {"color_var": "V"}, "output": {"dir": str(tmp_path)}}
     u = np.zeros((4, 5, 6), np.float32)
     with Adaptor(None, cfg, process=process) as ad:
         ad.execute(3, 0.5, {"U": u, "V": u.astype(np.float64)}, (6, 5, 4), (0, 0, 0))
@@ -323,10 +322,10 @@ def test_pipeline_end_to_end_in_the_background(tmp_path):
 
 def tiny_sync_config(out: Path) -> dict:
     """The real pipeline, one rank, sync mode, sizes that train a step in about a second on a CPU."""
-    return {"insitu": {"mode": "sync", "warm_iterations": 1}, "input": {"iso": [50]}, "seeds": {"budget": 100},
-            "views": {"count": 8, "resolution": 16, "supersample": 1},
-            "train": {"iterations": 2, "progress": False, "backend": "torch"},
-            "output": {"dir": str(out), "images": 0}, "parallel": {"device": "cpu"}}
+    return {"run": {"mode": "sync", "progress": False, "backend": "torch", "device": "cpu"},
+            "series": {"warm_iterations": 1}, "input": {"iso": [50]}, "seeds": {"budget": 100},
+            "views": {"count": 8, "resolution": 16, "supersample": 1}, "train": {"iterations": 2},
+            "output": {"dir": str(out), "images": 0}}
 
 
 def sphere(n: int = 10, radius: float = 0.5) -> np.ndarray:

@@ -26,7 +26,7 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     assert sorted(by_name) == ["heat", "heat_cold", "heat_stream"]
     warm, (cold,), streamed = by_name["heat"], by_name["heat_cold"], by_name["heat_stream"]
     assert [row["step"] for row in warm] == [row["step"] for row in streamed] == [10, 20, 30, 40, 50]
-    assert cold["step"] == 50 and cold["cmd"].endswith("--steps 50 --set insitu.warm_start=false")
+    assert cold["step"] == 50 and cold["cmd"].endswith("--steps 50 --set series.warm_start=false")
     assert warm[0]["cmd"].startswith("insitu replay heat.bp --var T --iso 0.5 ")
     assert streamed[0]["cmd"].startswith("insitu stream heat_sst --var T --iso 0.5 ")
     for row in warm:

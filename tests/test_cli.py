@@ -138,7 +138,7 @@ def test_bad_input_on_two_ranks_exits_2_with_one_line(inputs, tmp_path, case):
 
 DEMO = ["demo", "--L", "16", "--steps", "40", "--plotgap", "20", "--views", "8", "--resolution", "24",
         "--iterations", "6", "--budget", "150", "--quiet", "--set", "views.supersample=1",
-        "--set", "insitu.warm_iterations=4", "--out", "out"]
+        "--set", "series.warm_iterations=4", "--out", "out"]
 
 
 @pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)], ids=["1 process", "2 ranks"])
@@ -164,7 +164,7 @@ def gray_scott_bp(tmp_path_factory) -> Path:
     return d / "gs.bp"
 
 
-REPLAY = ["--var", "U", "--iso", "0.6", *TINY, "--set", "insitu.warm_iterations=3"]
+REPLAY = ["--var", "U", "--iso", "0.6", *TINY, "--set", "series.warm_iterations=3"]
 
 
 @pytest.mark.parametrize("select, steps", [([], [10, 20, 30, 40]), (["--every", "2"], [10, 30]),
@@ -184,9 +184,9 @@ def test_replay_trains_the_selected_steps(gray_scott_bp, tmp_path, select, steps
 
 def test_iterations_flag_bounds_warm_started_steps_too(gray_scott_bp, tmp_path):
     """``--iterations N`` is the iterations per step: a warm-started step must not train longer
-    (insitu.warm_iterations is meant to shorten warm steps; with its default of 500, plain
+    (series.warm_iterations is meant to shorten warm steps; with its default of 500, plain
     ``insitu replay ... --iterations 4`` trains the second step 500 iterations)."""
     r = insitu("replay", gray_scott_bp, "--var", "U", "--iso", "0.6", *TINY, "--steps", "10", "20",
-               "--set", "insitu.warm_iterations=30", "--out", "out", cwd=tmp_path, timeout=240)
+               "--set", "series.warm_iterations=30", "--out", "out", cwd=tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     assert [it for _, _, it in summaries(r.stdout)] == [4, 4]

@@ -22,9 +22,10 @@ def small_config(color_model: str = "lit", **views) -> Config:
     for k, v in views.items():
         setattr(cfg.views, k, v)
     cfg.seeds.budget = 200
+    cfg.run.progress = False
     t = cfg.train
-    t.iterations, t.progress, t.color_model, t.sh_degree = 10, False, color_model, 1
-    t.densify_from, t.opacity_reset_every = 10**6, 0
+    t.iterations, t.color_model, t.sh_degree = 10, color_model, 1
+    t.densify.start, t.densify.reset_every = 10**6, 0
     return cfg
 
 
@@ -156,7 +157,7 @@ def test_a_config_goes_to_the_child_compiler_and_comes_back_the_same():
 
 def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(monkeypatch):
     """Off CUDA the child runs the groups' torch code: it exits 0 when every group it was given ran, 1
-    when one failed or is unknown; nothing starts without groups, with parallel.compile_in_child off, or
+    when one failed or is unknown; nothing starts without groups, with run.compile_in_child off, or
     from a program that is not the Python sys.executable names (a simulation that embeds Python)."""
     import json
     import sys
@@ -171,9 +172,9 @@ def test_the_child_compiler_runs_the_groups_it_is_given_and_says_when_one_fails(
     unknown = compiler.spawn(cfg, ["loss", "no such group"], cpu, shapes)
     assert child.wait(timeout=120) == 0 and unknown.wait(timeout=120) == 1
     assert compiler.children == [child, unknown]
-    cfg.parallel.compile_in_child = False
+    cfg.run.compile_in_child = False
     assert compiler.spawn(cfg, ["loss"], cpu, shapes) is None
-    cfg.parallel.compile_in_child = True
+    cfg.run.compile_in_child = True
     monkeypatch.setattr(sys, "executable", "/opt/sim/bin/my_simulation")
     assert compiler.spawn(cfg, ["loss"], cpu, shapes) is None
 

@@ -30,10 +30,13 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("train:\n  iterations: many\n", "train.iterations: expected an integer, got str 'many'"),
     ("views:\n  resolution: 0\n", "views.resolution: expected a value > 0, got 0"),
     ("views:\n  count: -3\n", "views.count: expected a value > 0, got -3"),
-    ("train:\n  backend: vulkan\n", "train.backend: expected one of auto, gsplat, torch, got 'vulkan'"),
+    ("run:\n  backend: vulkan\n", "run.backend: expected one of auto, gsplat, torch, got 'vulkan'"),
     ("input:\n  iso: []\n", "input.iso: expected at least one iso value"),
-    ("train:\n  progress: 3\n", "expected true or false"),
-    ("parallel:\n  threads: -1\n", "parallel.threads: expected a value >= 0, got -1"),
+    ("run:\n  progress: 3\n", "expected true or false"),
+    ("run:\n  threads: -1\n", "run.threads: expected a value >= 0, got -1"),
+    ("train:\n  densify:\n    start: -1\n", "train.densify.start: expected a value >= 0, got -1"),
+    ("train:\n  densify:\n    begin: 5\n", "train.densify: unknown key(s) begin; expected some of every, "),
+    ("train:\n  densify: 5\n", "train.densify: expected a mapping of keys, got int 5"),
     ("- a\n- b\n", "expected a mapping of sections"),
     ("views:\n  march_step: 2\n", "views.march_step: expected a step in (0, 1] cells"),
     ("seeds:\n  fill: true\n", "seeds.fill: true starts at seeds.budget (2000000) whatever the surface's size, and "
@@ -62,26 +65,28 @@ def test_seeds_come_by_density_or_with_a_density_of_0_as_fill_says():
 def test_the_example_config_and_the_reference_are_generated_from_the_dataclasses():
     """examples/config.yaml and docs/configuration.md are what insitu/config.py writes from each key's field
     (after changing a key: python -m insitu.config); every key has its doc, citing no benchmark run, and
-    appears in both; the example sets every key and loads as the defaults."""
+    appears in both (a nested section's keys in its own block and table); the example sets every key and loads
+    as the defaults."""
     import dataclasses
     import re
-    import typing
     from pathlib import Path
 
-    from insitu.config import GENERATED, config_file_values
+    from insitu.config import GENERATED, config_file_values, config_keys, config_sections, config_value
 
     root = Path(__file__).resolve().parents[1]
     for name, write in GENERATED.items():
         assert (root / name).read_text(encoding="utf-8") == write(), f"{name} is stale: run python -m insitu.config"
     example = root / "examples" / "config.yaml"
     values, reference = config_file_values(example), (root / "docs" / "configuration.md").read_text()
-    for section, cls in typing.get_type_hints(Config).items():
-        names = [f.name for f in dataclasses.fields(cls)]
-        assert list(values[section]) == names, section
-        for f in dataclasses.fields(cls):
-            doc = f.metadata.get("doc") or ""
-            assert len(doc.split()) >= 3 and not re.search(r"\bruns? \d|BENCHMARKS", doc), (section, f.name, doc)
-            assert reference.count(f"| `{section}.{f.name}` |") == 1, (section, f.name)
+    for section, cls in config_sections().items():
+        assert list(config_value(values, section)) == [f.name for f in dataclasses.fields(cls)], section
+        heading = "###" if "." in section else "##"                       # a nested section: a table of its own
+        assert len(cls.__doc__.split()) >= 3 and reference.count(f"\n{heading} {section}\n") == 1, section
+    assert "train.densify" in config_sections()
+    for key, (f, _) in config_keys().items():
+        doc = f.metadata.get("doc") or ""
+        assert len(doc.split()) >= 3 and not re.search(r"\bruns? \d|BENCHMARKS", doc), (key, doc)
+        assert reference.count(f"| `{key}` |") == 1, key
     assert load_config(example).to_dict() == Config().to_dict()
 
 
@@ -94,27 +99,25 @@ def test_missing_file_and_bad_override(tmp_path):
 
 
 def test_every_declared_constraint_is_checked_under_its_own_key():
-    import dataclasses
-    import typing
+    import re
 
-    from insitu.config import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, Config, from_dict
+    from insitu.config import FRACTION, NON_NEGATIVE, OPEN_FRACTION, POSITIVE, config_keys, from_dict, merge
 
     checked = 0
-    for section, cls in typing.get_type_hints(Config).items():
-        for f in dataclasses.fields(cls):
-            checks, choices = f.metadata.get("checks", ()), f.metadata.get("choices")
-            below, at_most = f.metadata.get("below"), f.metadata.get("at_most")
-            bad = ([("nope", "expected one of")] if choices else []) + \
-                  ([(-1, "expected a value > 0")] if POSITIVE in checks else []) + \
-                  ([(-1, "expected a value >= 0")] if NON_NEGATIVE in checks else []) + \
-                  ([(2, "expected a value in [\\[(]0, 1\\]")] if FRACTION in checks else []) + \
-                  ([(1, "expected a value in \\(0, 1\\)")] if OPEN_FRACTION in checks else []) + \
-                  ([(below[0], "expected a value < ")] if below else []) + \
-                  ([(at_most[0] * 2, "expected a value <= ")] if at_most else [])
-            for value, message in bad:
-                with pytest.raises(ConfigError, match=f"^{section}\\.{f.name}: {message}"):
-                    from_dict({section: {f.name: value}})
-                checked += 1
+    for key, (f, _) in config_keys().items():
+        checks, choices = f.metadata.get("checks", ()), f.metadata.get("choices")
+        below, at_most = f.metadata.get("below"), f.metadata.get("at_most")
+        bad = ([("nope", "expected one of")] if choices else []) + \
+              ([(-1, "expected a value > 0")] if POSITIVE in checks else []) + \
+              ([(-1, "expected a value >= 0")] if NON_NEGATIVE in checks else []) + \
+              ([(2, "expected a value in [\\[(]0, 1\\]")] if FRACTION in checks else []) + \
+              ([(1, "expected a value in \\(0, 1\\)")] if OPEN_FRACTION in checks else []) + \
+              ([(below[0], "expected a value < ")] if below else []) + \
+              ([(at_most[0] * 2, "expected a value <= ")] if at_most else [])
+        for value, message in bad:
+            with pytest.raises(ConfigError, match=f"^{re.escape(key)}: {message}"):
+                from_dict(merge({}, {key: value}))
+            checked += 1
     assert checked >= 40          # the constraints of the sections (renaming a field keeps its own)
 
 
@@ -125,7 +128,7 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
     cfg.views.count, cfg.views.resolution, cfg.seeds.fill, cfg.seeds.budget = 10, 100, True, 1000
     cfg.train.batch = 1                                                       # one view per step (then 3, below)
     sort_last = memory_estimate(cfg, ranks=2)
-    cfg.parallel.layout = "replicated"
+    cfg.run.layout = "replicated"
     replicated, one = memory_estimate(cfg, ranks=2), memory_estimate(cfg, ranks=1)
     assert sort_last["ground_truth"] == 10 * 50 * 100 * 4 * 2                 # a band of every view (RGBA)
     assert replicated["ground_truth"] == 10 * (50 + 100) * 100 * 4 * 2        # the band, then the whole views
@@ -139,3 +142,83 @@ def test_memory_estimate_of_the_replicated_layout_holds_whole_images_and_the_who
                                   ranks=1)                                    # one rank: no replicas
     cfg.train.batch = 3                                                       # the SH factors of every view
     assert memory_estimate(cfg, ranks=1)["gaussians"] == one["gaussians"] + 2 * 1000 * 37 * 4
+
+
+def test_a_nested_sections_keys_come_from_the_file_the_defaults_and_set_alike(tmp_path):
+    """train.densify's keys: each one's own value from a YAML block, --set (three-level keys) or a command's
+    defaults, the rest kept, each source over the one below key by key; compared and hashed as nested keys."""
+    from insitu.config import config_differences, config_hash, config_value, parse_override
+
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  iterations: 9\n  densify:\n    start: 7\n    every: 3\n")
+    key, value = parse_override("train.densify.every=5")
+    cfg = load_config(f, {key: value}, defaults={"train.densify.stop": 11, "train.densify.start": 1})
+    d = cfg.train.densify
+    assert (cfg.train.iterations, d.start, d.every, d.stop, d.reset_every) == (9, 7, 5, 11, 3000)
+    values, default = cfg.to_dict(), Config().to_dict()
+    assert config_value(values, "train.densify.every") == 5
+    assert config_differences(default, values) == ["train.densify.every", "train.densify.start",
+                                                   "train.densify.stop", "train.iterations"]
+    assert config_hash(cfg) != config_hash(Config())
+    assert load_config(None, {"train.densify.every": 5}).train.densify.start == 500
+    with pytest.raises(ConfigError, match=r"^train.densify: expected a mapping of keys, got 3$"):
+        load_config(None, {"train.densify": 3, "train.densify.start": 1})
+
+
+@pytest.mark.parametrize("text, overrides, message", [   # (each line "# old key": the rename script leaves it)
+    ("parallel:\n  device: cpu\n", {}, "config: parallel.device is now run.device"),  # old key
+    ("train:\n  densify_from: 10\n  backend: torch\n", {},  # old key
+     "config: train.densify_from is now train.densify.start; train.backend is now run.backend"),  # old key
+    ("insitu:\n  mode: sync\n  warm_start: false\n", {},  # old key
+     "config: insitu.mode is now run.mode; insitu.warm_start is now series.warm_start"),  # old key
+    ("insitu: {}\n", {}, "config: insitu is now run and series"),  # old key
+    (None, {"train.opacity_reset_every": 0},  # old key
+     "config: train.opacity_reset_every is now train.densify.reset_every"),  # old key
+    (None, {"parallel.layout": "replicated"}, "config: parallel.layout is now run.layout"),  # old key
+    (None, {"insitu.warm_iterations": 5}, "config: insitu.warm_iterations is now series.warm_iterations"),  # old key
+])
+def test_a_key_that_moved_is_refused_naming_where_it_is_now(tmp_path, text, overrides, message):
+    f = None
+    if text is not None:
+        f = tmp_path / "c.yaml"
+        f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, overrides)
+    assert str(e.value) == message
+
+
+def test_every_moved_key_names_a_key_of_the_configuration_and_run_keys_are_keys():
+    """MOVED's new places and RUN_KEYS (what a resumed run may change) name keys that exist; no old key does.
+    The run section's keys that change the trained numbers are compared on resume."""
+    from insitu.config import MOVED, RUN_KEYS, config_keys
+
+    keys = config_keys()
+    assert set(MOVED.values()) <= set(keys) and not set(MOVED) & set(keys)
+    assert RUN_KEYS <= set(keys)
+    assert {"run.backend", "run.layout", "run.transfer"}.isdisjoint(RUN_KEYS)
+    assert {k for k in keys if k.startswith("run.")} - {"run.backend", "run.layout", "run.transfer"} <= RUN_KEYS
+
+
+def test_a_step_config_written_before_the_keys_moved_reads_as_the_same_configuration(tmp_path):
+    """A step folder's config.yaml from before the move (what --resume compares with) is read with its keys
+    where they are now: the defaults written the old way are the defaults; a setting keeps its value."""
+    import functools
+
+    import yaml
+
+    from insitu.config import MOVED, upgraded
+    from insitu.output.export import kept_differences
+
+    cfg = load_config(None, {"train.densify.start": 501})
+    old = cfg.to_dict()                         # written the old way: every moved key back where it was
+    for was, now in MOVED.items():
+        *path, name = now.split(".")
+        section, key = was.split(".")
+        old.setdefault(section, {})[key] = functools.reduce(dict.get, path, old).pop(name)
+    assert old.pop("run") == old.pop("series") == old["train"].pop("densify") == {}
+    assert set(old) == {"input", "seeds", "views", "train", "output", "parallel", "insitu"}
+
+    assert upgraded(old) == cfg.to_dict() and old["train"]["densify_from"] == 501   # old key: left as it was
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    assert kept_differences(tmp_path, cfg, None) == []
+    assert kept_differences(tmp_path, Config(), None) == ["train.densify.start (501 kept vs 500 now)"]

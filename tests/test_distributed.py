@@ -87,7 +87,7 @@ def deferred_figures_match(tmp_path, two: dict) -> None:
 
 
 def test_replicas_take_the_step_of_one_rank_with_the_whole_batch():
-    """parallel.layout: replicated, 2 ranks with one view each against one rank with both views:
+    """run.layout: replicated, 2 ranks with one view each against one rank with both views:
     the same parameters within 1e-9 after 4 steps (float64), replicas bitwise identical after 8
     steps with densification and an opacity reset, as many Gaussians as one rank
     (tests/mpi/dist_replicated.py)."""
@@ -109,7 +109,7 @@ def test_replicas_on_two_gpus_take_the_step_of_one_gpu_with_the_whole_batch():
 
 
 def test_replicated_training_matches_one_rank(tmp_path):
-    """run_step with parallel.layout: replicated on 2 ranks vs 1 rank taking both views of a step at once
+    """run_step with run.layout: replicated on 2 ranks vs 1 rank taking both views of a step at once
     (the dist_train set-up, 60 steps): PSNR within 0.2 dB and SSIM within 0.005 of it, training gained;
     at the end each rank holds the Gaussians in its block, all of them once, and a warm-started second
     step starts from them (better than the cold start's initial model)."""
@@ -154,9 +154,9 @@ def caught(stdout: str, case: str) -> dict[int, tuple[float, str]]:
 
 
 def collective_timeout(out) -> float:
-    """The ``parallel.timeout_s`` the failing job ran with (its rank 0 prints it): a rank left waiting in a
+    """The ``run.timeout_s`` the failing job ran with (its rank 0 prints it): a rank left waiting in a
     collective would end only then."""
-    return float(re.search(r"parallel\.timeout_s ([\d.]+)", out.stdout)[1])
+    return float(re.search(r"run\.timeout_s ([\d.]+)", out.stdout)[1])
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_nan_on_one_rank_ends_every_rank(failures):
 def test_missing_colour_field_on_one_rank_ends_every_rank(failures):
     """cfg.input.color_var names a field rank 1 lacks: rank 1 fails inside the ground-truth stage.
     Both ranks must end with a RankFailure that names the missing field before the torch collective's
-    timeout (``parallel.timeout_s``; the agreement watchdog's is longer), and the job must exit cleanly."""
+    timeout (``run.timeout_s``; the agreement watchdog's is longer), and the job must exit cleanly."""
     reports = caught(failures.stdout, "color")
     assert all_ok(failures, 2) and sorted(reports) == [0, 1], failures.stdout
     for seconds, message in reports.values():

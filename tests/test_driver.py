@@ -12,8 +12,8 @@ class Recorder:
         return f"result {step}"
 
 
-def driver(**insitu):
-    cfg = from_dict({"train": {"iterations": 20}, "insitu": {"warm_iterations": 7, **insitu}})
+def driver(**series):
+    cfg = from_dict({"train": {"iterations": 20}, "series": {"warm_iterations": 7, **series}})
     process = Recorder()
     return StepDriver(cfg, comm=None, writer="w", process=process), process
 

@@ -105,7 +105,7 @@ def test_one_and_two_ranks_write_the_same_steps(heat_bp):
 
 def test_insitu_replay_trains_every_step(heat_bp, tmp_path):
     """``insitu replay`` reads the file as it reads the Gray-Scott mini-app's."""
-    r = insitu("replay", heat_bp / "one.bp", "--var", "T", "--iso", "0.5", *TINY, "--set", "insitu.warm_iterations=2",
+    r = insitu("replay", heat_bp / "one.bp", "--var", "T", "--iso", "0.5", *TINY, "--set", "series.warm_iterations=2",
                "--out", "out", cwd=tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "out").glob("step_*")) == ["step_000020", "step_000040"]

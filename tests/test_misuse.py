@@ -146,7 +146,7 @@ def test_a_float32_npy_on_one_rank_trains(files, tmp_path):
     (["{d}/ball.npy", "--spacing", "1e30", "1", "1"], r"--spacing: expected 3 finite values .* got 1e\+30 1 1$"),
     (["{d}/ball.npy", "--spacing", "0", "1", "1"], r"--spacing: expected 3 finite values"),
     (["{d}/ball.npy", "--backend", "gsplat", "--device", "cpu"],
-     r"train\.backend: gsplat needs a CUDA device, and this run trains on cpu"),
+     r"run\.backend: gsplat needs a CUDA device, and this run trains on cpu"),
     (["{d}/ball.npy", "--set", "views.colormap=jet"], r"views\.colormap: expected one of viridis, gray, got 'jet'"),
     (["{d}/ball.npy", "--ssim-target", "2"], r"train\.ssim_target: expected a value in \[0, 1\], got 2"),
     (["{d}/ball.npy", "--psnr-target", "-5"], r"train\.psnr_target: expected a value > 0, got -5"),
@@ -171,14 +171,14 @@ def test_bad_input_is_one_line_exit_2_and_no_output_folder(files, tmp_path, args
 def test_cuda_asked_for_without_cuda_is_one_line_and_no_traceback(files, tmp_path):
     r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--device", "cuda", "--out", "out", cwd=tmp_path,
                env={"CUDA_VISIBLE_DEVICES": ""})
-    assert "parallel.device: 'cuda' asked for, but CUDA is not available on" in one_error(r)
+    assert "run.device: 'cuda' asked for, but CUDA is not available on" in one_error(r)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("flags, message", [
-    (["--device", "cuda"], "parallel.device: 'cuda' asked for, but CUDA is not available on"),
-    (["--backend", "gsplat", "--device", "cpu"], "train.backend: gsplat needs a CUDA device"),
+    (["--device", "cuda"], "run.device: 'cuda' asked for, but CUDA is not available on"),
+    (["--backend", "gsplat", "--device", "cpu"], "run.backend: gsplat needs a CUDA device"),
 ], ids=["cuda without cuda", "gsplat on cpu"])
 def test_a_device_or_backend_this_machine_lacks_is_one_line_on_two_ranks(files, tmp_path, flags, message):
     r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, *flags, "--out", "out", cwd=tmp_path, ranks=2,
@@ -420,7 +420,7 @@ def test_the_adaptor_refuses_an_output_folder_with_results_and_resumes_when_aske
     from insitu.run.adaptor import Adaptor
 
     out = tmp_path / "out"
-    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(out)}}
     StepWriter(out, provenance={"command": "adaptor"}).write(3, None, [], {"psnr": 20.0}, from_dict(cfg))
     with pytest.raises(ConfigError, match=r"holds the results of an earlier run \(steps 3\); give --resume"):
         Adaptor(None, cfg, process=_process([]))
@@ -438,11 +438,11 @@ def test_the_adaptor_refuses_sizes_that_cannot_fit_and_an_output_path_under_a_fi
     from insitu.run.adaptor import Adaptor
 
     with pytest.raises(ConfigError, match=r"need at least [\d.e+]+ GiB per rank"):
-        Adaptor(None, {"views": {"resolution": 100000}, "parallel": {"device": "cpu"},
+        Adaptor(None, {"views": {"resolution": 100000}, "run": {"device": "cpu"},
                        "output": {"dir": str(tmp_path / "o")}}, process=_process([]))
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError, match=r"is a file, so the folder cannot be created"):
-        Adaptor(None, {"parallel": {"device": "cpu"}, "output": {"dir": str(tmp_path / "f" / "o")}},
+        Adaptor(None, {"run": {"device": "cpu"}, "output": {"dir": str(tmp_path / "f" / "o")}},
                 process=_process([]))
 
 
@@ -452,7 +452,7 @@ def test_the_adaptor_refuses_a_step_number_given_before(tmp_path):
 
     seen = []
     u = np.zeros((4, 5, 6), np.float32)
-    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path / "o")}, "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(tmp_path / "o")}}
     with Adaptor(None, cfg, process=_process(seen)) as ad:
         ad.execute(5, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
         with pytest.raises(InputError, match=r"step 5: given to execute\(\) before; each step number once"):
@@ -467,7 +467,7 @@ def test_the_adaptor_refuses_to_resume_steps_of_another_configuration(tmp_path):
     from insitu.run.adaptor import Adaptor
 
     out = tmp_path / "out"
-    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out), "existing": "resume"}, "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(out), "existing": "resume"}}
     StepWriter(out, provenance={"command": "adaptor"}).write(3, None, [], {"psnr": 20.0}, from_dict(cfg))
     with pytest.raises(ConfigError, match=r"--resume would keep steps made from another input or configuration "
                                           r"\(step 3: input\.iso \(\[0\.25\] kept vs \[0\.5\] now\)\)"):
@@ -485,7 +485,7 @@ def test_the_adaptor_refuses_a_folder_another_process_writes(tmp_path):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(out)}, "parallel": {"device": "cpu"}}
+        cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(out)}}
         with pytest.raises(ConfigError, match=rf"in use by another run \(PID {holder.pid} on "
                                               rf"{re.escape(socket.gethostname())}, insitu replay other\.bp, since"):
             Adaptor(None, cfg, process=_process([]))
@@ -500,7 +500,7 @@ def test_the_adaptor_rejects_a_step_number_that_cannot_name_an_output(tmp_path):
 
     seen = []
     u = np.zeros((4, 5, 6), np.float32)
-    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path / "o")}, "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(tmp_path / "o")}}
     with Adaptor(None, cfg, process=_process(seen)) as ad:
         for bad in (-1, 1.5):
             with pytest.raises(InputError, match=r"step: expected an integer >= 0"):

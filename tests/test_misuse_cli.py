@@ -4,6 +4,7 @@ that consumes them accepts. Every case: exit 2, one line naming the input, nothi
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -191,14 +192,14 @@ def test_a_config_that_cannot_be_one_is_one_line(tmp_path, case, message):
     ("seeds.opacity", 0, r"seeds\.opacity: expected a value in \(0, 1\), got 0"),
     ("seeds.opacity", 1, r"seeds\.opacity: expected a value in \(0, 1\), got 1"),
     ("seeds.thickness", 1.5, r"seeds\.thickness: expected a value in \(0, 1\], got 1\.5"),
-    ("train.prune_opacity", 0.5, r"train\.prune_opacity: expected a value < 0\.5 \(an opacity reset caps every "
-                                 r"opacity at twice it"),
-    ("train.prune_opacity", 0, r"train\.prune_opacity: expected a value > 0 while train\.opacity_reset_every "
-                               r"\(3000\) resets opacities"),
-    ("parallel.timeout_s", 1e300, r"parallel\.timeout_s: expected a value <= 604800 \(seconds, a week"),
+    ("train.densify.prune_opacity", 0.5, r"train\.densify\.prune_opacity: expected a value < 0\.5 \(an opacity "
+                                         r"reset caps every opacity at twice it"),
+    ("train.densify.prune_opacity", 0, r"train\.densify\.prune_opacity: expected a value > 0 while "
+                                       r"train\.densify\.reset_every \(3000\) resets opacities"),
+    ("run.timeout_s", 1e300, r"run\.timeout_s: expected a value <= 604800 \(seconds, a week"),
     ("input.timeout_s", TIMEOUT_S_MAX * 2, r"input\.timeout_s: expected a value <= 604800 "),
-    ("parallel.threads", 2**31, r"parallel\.threads: expected a value <= 2147483647 \(torch takes a 32-bit count\)"),
-    ("insitu.warm_iterations", 0, r"insitu\.warm_iterations: expected a value > 0, got 0"),
+    ("run.threads", 2**31, r"run\.threads: expected a value <= 2147483647 \(torch takes a 32-bit count\)"),
+    ("series.warm_iterations", 0, r"series\.warm_iterations: expected a value > 0, got 0"),
 ])
 def test_values_the_consuming_code_refuses_are_refused_by_the_config(key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -207,21 +208,29 @@ def test_values_the_consuming_code_refuses_are_refused_by_the_config(key, value,
 
 @pytest.mark.parametrize("overrides", [
     {"seeds.opacity": 1e-6}, {"seeds.opacity": 1 - 1e-6}, {"seeds.thickness": 1},
-    {"train.prune_opacity": 0.4999}, {"train.prune_opacity": 0, "train.opacity_reset_every": 0},
-    {"parallel.timeout_s": TIMEOUT_S_MAX}, {"input.timeout_s": TIMEOUT_S_MAX}, {"parallel.threads": 2**31 - 1},
-    {"insitu.warm_iterations": 1},
+    {"train.densify.prune_opacity": 0.4999}, {"train.densify.prune_opacity": 0, "train.densify.reset_every": 0},
+    {"run.timeout_s": TIMEOUT_S_MAX}, {"input.timeout_s": TIMEOUT_S_MAX}, {"run.threads": 2**31 - 1},
+    {"series.warm_iterations": 1},
 ])
 def test_the_bounds_themselves_are_accepted(overrides):
     cfg = load_config(None, overrides)
     key, value = next(iter(overrides.items()))
-    section, name = key.split(".")
-    assert getattr(getattr(cfg, section), name) == value
+    assert functools.reduce(getattr, key.split("."), cfg) == value
 
 
 def test_the_set_flag_refuses_an_opacity_of_0_or_1(tmp_path):
     for value in ("0", "1"):
         line = one_error(insitu("demo", "--set", f"seeds.opacity={value}", "--out", "out", cwd=tmp_path, env=SIMS))
         assert f"seeds.opacity: expected a value in (0, 1), got {float(value)}" in line, line
+
+
+def test_a_key_that_moved_is_one_line_naming_its_new_place_from_set_and_file_alike(tmp_path):
+    line = one_error(insitu("demo", "--set", "parallel.device=cpu", "--out", "out", cwd=tmp_path, env=SIMS))  # old key
+    assert line == "insitu: error: config: parallel.device is now run.device", line  # old key
+    (tmp_path / "c.yaml").write_text("train:\n  densify_from: 100\n")  # old key
+    line = one_error(insitu("demo", "--config", "c.yaml", "--out", "out", cwd=tmp_path, env=SIMS))
+    assert line == "insitu: error: config: train.densify_from is now train.densify.start", line  # old key
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_consumers_take_the_bounds_the_config_accepts():

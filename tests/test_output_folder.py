@@ -147,7 +147,7 @@ def test_resume_refuses_kept_steps_of_another_input(inputs, tmp_path, change, ke
 
 def test_resume_accepts_settings_that_change_only_how_the_run_runs(inputs, tmp_path):
     assert insitu(*run_args(inputs, "out"), cwd=tmp_path).returncode == 0
-    r = insitu(*run_args(inputs, "out", "--resume", "--set", "parallel.timeout_s=100", "--set", "parallel.threads=1"),
+    r = insitu(*run_args(inputs, "out", "--resume", "--set", "run.timeout_s=100", "--set", "run.threads=1"),
                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "step 0: complete in out, kept (--resume)" in r.stdout

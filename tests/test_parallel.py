@@ -39,14 +39,14 @@ def test_single_process_comm_is_identity():
 
 
 def test_init_comm_rejects_bad_arguments():
-    with pytest.raises(ConfigError, match="parallel.device: expected"):
+    with pytest.raises(ConfigError, match="run.device: expected"):
         init_comm(device="tpu")
     with pytest.raises(ValueError, match="timeout_s"):
         init_comm(timeout_s=0)
     with pytest.raises(ValueError, match="threads: expected >= 0"):
         init_comm(threads=-2)
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="parallel.device: 'cuda' asked for, but CUDA is not available"):
+        with pytest.raises(ConfigError, match="run.device: 'cuda' asked for, but CUDA is not available"):
             init_comm(device="cuda")
 
 

@@ -36,8 +36,8 @@ def test_bonsai_training_gains_over_the_initial_model(comm, bonsai):
     ends at least 3.5 dB above the initial model's and at least 20 dB (both about a decibel under what it
     reaches)."""
     cfg = tiny_config(iso=40.0, views=32, resolution=64, budget=2000, color_model="sh", iterations=300, sh_degree=1,
-                      sh_increase_every=60, densify_from=60, densify_every=60, densify_until=240, max_gaussians=4000,
-                      antialiased=False)
+                      sh_increase_every=60, antialiased=False,
+                      densify=dict(start=60, every=60, stop=240, max_gaussians=4000))
     cfg.seeds.opacity, cfg.seeds.color_init = 0.8, "constant"
     cfg.output.ply, cfg.output.ply_metrics = False, False       # the model's own figures: model.ply's fit not needed
     m = run_step(cut_block(bonsai, 0, 1), cfg, comm).metrics
@@ -460,7 +460,7 @@ def test_blocks_that_do_not_tile_the_grid_are_refused_before_anything_is_compute
 # ------------------------------------------------------------------------------------------ warm start
 
 def test_warm_start_from_the_previous_step(comm):
-    cfg = tiny_config(densify_from=2, densify_every=4, densify_until=9, grad_threshold=0.0,
+    cfg = tiny_config(densify=dict(start=2, every=4, stop=9, grad_threshold=0.0),
                       sh_degree=3, sh_increase_every=8, iterations=16, color_model="sh")
     first = run_step(whole_block(sphere_field()), cfg, comm, step=0)
     assert first.metrics["gaussians"] > cfg.seeds.budget                # densified past the budget
@@ -628,7 +628,8 @@ def test_the_initial_figures_drawn_while_the_metrics_import_are_those_of_the_ini
     after it (training does not wait; its figure is shown after training's progress): the same figures, to the
     kept images' float16."""
 
-    cfg = tiny_config(progress=True)
+    cfg = tiny_config()
+    cfg.run.progress = True
     want = compute_step(whole_block(sphere_field()), cfg, comm,
                         using=Collaborators(importing_metrics=lambda: False)).metrics
     before = capsys.readouterr().err.splitlines()

@@ -228,7 +228,7 @@ def test_demo_defaults_fit_the_device():
     assert cfg.views.resolution == demo_defaults(gpu=False)["views.resolution"] and cfg.train.eval_every > 0
     gpu = demo_defaults(gpu=True)
     assert gpu["views.resolution"] >= 512 and GPU_SIMULATION["L"] >= 128
-    assert GPU_SIMULATION["steps"] // GPU_SIMULATION["plotgap"] >= 4 and gpu["insitu.warm_start"]
+    assert GPU_SIMULATION["steps"] // GPU_SIMULATION["plotgap"] >= 4 and gpu["series.warm_start"]
     assert CPU_SIMULATION["steps"] // CPU_SIMULATION["plotgap"] == 2
     from insitu.config import TrainConfig
     assert cfg.train.lr_means == demo_defaults(gpu=False)["train.lr_means"] > TrainConfig().lr_means

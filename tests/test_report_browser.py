@@ -28,7 +28,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 # the CPU demo as `make demo` runs it (two analysed steps, the second warm-started) with a third of its iterations:
 # its held-out views still score far above what the viewer test asks
 RUN = ["demo", "--device", "cpu", "--quiet", "--set", "output.images=2", "--set", "train.iterations=200",
-       "--set", "insitu.warm_iterations=100"]
+       "--set", "series.warm_iterations=100"]
 
 
 def find_browser() -> str | None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import sphere_field
 
-from insitu.config import Config, TrainConfig
+from insitu.config import Config, DensifyConfig, TrainConfig
 from insitu.groundtruth.scene import make_scene
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.training.appearance import ColorModel
@@ -41,12 +41,11 @@ def shard(block):
     return init_gaussians(extract_seeds(block, ISO), 150, opacity=0.5, sh_degree=0, seed=0)
 
 
-def train_config(**kw) -> TrainConfig:
-    """Densification and opacity resets off unless asked for; one view per step; the torch rasterizer."""
-    base = dict(densify_from=10**6, densify_until=10**7, opacity_reset_every=0, backend="torch", progress=False,
-                color_model="sh", batch=1)
-    base.update(kw)
-    return TrainConfig(**base)
+def train_config(densify: dict | None = None, **kw) -> TrainConfig:
+    """Densification and opacity resets off unless asked for (``densify``: DensifyConfig fields); one view
+    per step."""
+    off = dict(start=10**6, stop=10**7, reset_every=0)
+    return TrainConfig(**{"color_model": "sh", "batch": 1, **kw}, densify=DensifyConfig(**{**off, **(densify or {})}))
 
 
 def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_gaussians=10**6, total=100,
@@ -91,7 +90,7 @@ def assert_optimizers_consistent(trainer: Trainer) -> None:
 # ------------------------------------------------------------------------------------------ opacity reset
 
 def test_opacity_reset_runs_at_its_iteration_and_resets_adam(shard, block, scene, comm):
-    cfg = train_config(opacity_reset_every=3, prune_opacity=0.01)
+    cfg = train_config(densify=dict(reset_every=3, prune_opacity=0.01))
     trainer = make_trainer(shard, block, cfg, total=10)
     for it in range(2):
         step(trainer, scene, comm, it)
@@ -99,7 +98,7 @@ def test_opacity_reset_runs_at_its_iteration_and_resets_adam(shard, block, scene
     step(trainer, scene, comm, 2)
     assert trainer.iteration == 3
     op = torch.sigmoid(trainer.params["opacities"])
-    assert op.max() <= 2 * cfg.prune_opacity * (1 + 1e-5)
+    assert op.max() <= 2 * cfg.densify.prune_opacity * (1 + 1e-5)
     assert_optimizers_consistent(trainer)
     state = trainer.optimizers["opacities"].state[trainer.params["opacities"]]
     assert torch.count_nonzero(state["exp_avg"]) == 0 and torch.count_nonzero(state["exp_avg_sq"]) == 0
@@ -110,16 +109,16 @@ def test_opacity_reset_runs_at_its_iteration_and_resets_adam(shard, block, scene
 
 
 def test_no_opacity_reset_when_disabled(shard, block, scene, comm):
-    trainer = make_trainer(shard, block, train_config(opacity_reset_every=0, prune_opacity=0.01), total=10)
+    trainer = make_trainer(shard, block, train_config(densify=dict(reset_every=0, prune_opacity=0.01)), total=10)
     for it in range(3):
         step(trainer, scene, comm, it)
     assert torch.sigmoid(trainer.params["opacities"]).min() > 0.3
 
 
 def test_the_last_iteration_does_not_reset_the_opacities(shard, block, scene, comm):
-    """With iterations a multiple of opacity_reset_every (the defaults: 3000 and 3000), the
+    """With iterations a multiple of densify.reset_every (the defaults: 3000 and 3000), the
     reset must not be the last thing training does: the model handed on would be transparent."""
-    cfg = train_config(opacity_reset_every=3, prune_opacity=0.01)
+    cfg = train_config(densify=dict(reset_every=3, prune_opacity=0.01))
     trainer = make_trainer(shard, block, cfg, total=3)
     for it in range(3):
         step(trainer, scene, comm, it)
@@ -128,12 +127,11 @@ def test_the_last_iteration_does_not_reset_the_opacities(shard, block, scene, co
 
 # ------------------------------------------------------------------------------------------ densification
 
-def densify_config(**kw) -> TrainConfig:
-    """Densify after every step; every Gaussian with a positional gradient counts as high."""
-    base = dict(densify_from=0, densify_every=1, grad_threshold=0.0, lr_means=1e-9, lr_means_final=1e-10,
-                opacity_reset_every=10**6)
-    base.update(kw)
-    return train_config(**base)
+def densify_config(densify: dict | None = None, **kw) -> TrainConfig:
+    """Densify after every step; every Gaussian with a positional gradient counts as high (``densify``:
+    DensifyConfig fields over these)."""
+    every_step = dict(start=0, every=1, grad_threshold=0.0, reset_every=10**6)
+    return train_config(**{"lr_means": 1e-9, "lr_means_final": 1e-10, **kw}, densify={**every_step, **(densify or {})})
 
 
 def test_clone_adds_copies_of_small_gaussians(shard, block, scene, comm):
@@ -184,7 +182,7 @@ def test_prune_removes_low_opacity_gaussians(shard, block, scene, comm):
     low = torch.arange(len(g)) % 3 == 0
     g.opacity_logits[low] = math.log(1e-4 / (1 - 1e-4))
     keep_means = g.means[~low]
-    trainer = make_trainer(g, block, densify_config(grad_threshold=1e9, prune_opacity=0.005))   # no growth
+    trainer = make_trainer(g, block, densify_config(dict(grad_threshold=1e9, prune_opacity=0.005)))   # no growth
     step(trainer, scene, comm, 0)
     assert len(trainer) == int((~low).sum())
     assert torch.sigmoid(trainer.params["opacities"]).min() >= 0.005
@@ -525,16 +523,16 @@ def test_visible_gradients_are_the_visible_views_pixel_gradient_norms(shard, blo
 
 def test_densification_statistics_are_gathered_only_while_a_refine_lies_ahead(shard, block, scene, comm):
     """A refine at iteration it needs the statistics since the last one; after the last refine
-    (densify_until, or the schedule's end) the steps no longer gather them."""
-    trainer = make_trainer(shard, block, train_config(densify_from=0, densify_every=2, densify_until=3,
-                                                      grad_threshold=1e9), total=100)
+    (densify.stop, or the schedule's end) the steps no longer gather them."""
+    trainer = make_trainer(shard, block, train_config(densify=dict(start=0, every=2, stop=3, grad_threshold=1e9)),
+                           total=100)
     gathered = []
     for it in range(5):
         before = float(trainer.state.count.sum())
         step(trainer, scene, comm, it)
         gathered.append(float(trainer.state.count.sum()) != before)
     assert gathered == [True, True, True, False, False]       # the refine at 2 zeroes them; none after 3
-    late = make_trainer(shard, block, train_config(densify_from=10**6), total=100)
+    late = make_trainer(shard, block, train_config(densify=dict(start=10**6)), total=100)
     step(late, scene, comm, 0)
     assert float(late.state.count.sum()) == 0                 # no refine before the schedule ends
 

@@ -100,8 +100,7 @@ def test_a_warm_start_follows_its_model_into_the_next_steps_frame(comm):
     """The grid moves 2 cells along x between two steps, the surface staying where it is in the world: the
     previous step's model (densified past the seed budget) is kept as where the grid did not move, not
     dropped as lying 2 cells off the surface (as it would read in the new frame without being moved into it)."""
-    cfg = tiny_config(**{**SMALL, "iterations": 8}, densify_from=2, densify_every=3, densify_until=7,
-                      grad_threshold=0.0)
+    cfg = tiny_config(**{**SMALL, "iterations": 8}, densify=dict(start=2, every=3, stop=7, grad_threshold=0.0))
     cfg.input.iso = [4e-4]
     s = 1e-4
     first = compute_step(whole_block(sphere_field(14, dtype=F64) * s, spacing=(s,) * 3), cfg, comm)
@@ -232,7 +231,7 @@ def test_the_adaptor_refuses_it_before_the_step_is_queued(tmp_path, case):
         trained.append(step)
         return type("R", (), {"gaussians": None, "metrics": {}})()
 
-    cfg = {"insitu": {"mode": "sync"}, "output": {"dir": str(tmp_path)}, "parallel": {"device": "cpu"}}
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(tmp_path)}}
     u = sphere_field(12)
     with Adaptor(None, cfg, process=process) as ad:
         with pytest.raises(InputError, match=rf"{next(iter(given))}: .*{words}"):

@@ -80,7 +80,7 @@ def run(args) -> list[dict]:
         case_args = ["--iso", f"{iso:g}", "--budget", str(budget), *size, "--iterations", str(args.iterations),
                      "--set", "seeds.density=0", "--set", "seeds.fill=true", "--set", "train.sh_degree=3",
                      "--set", f"train.sh_increase_every={max(1, args.iterations // 4)}",
-                     "--set", "train.densify_from=1000000000", "--set", "train.opacity_reset_every=0",
+                     "--set", "train.densify.start=1000000000", "--set", "train.densify.reset_every=0",
                      "--set", "output.images=2", "--set", "output.ply_metrics=false"]
         if ranks == 1 and args.no_ply_on_one:
             case_args += ["--set", "output.ply=false"]

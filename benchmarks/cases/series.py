@@ -10,7 +10,7 @@ where a quality target was reached, evaluation and write seconds, and any column
 adds: a time budget's verdict, say).
 
 Every ``--cold-every``-th step (the 5th, 10th, ...) is also trained cold: the same file replayed once more
-with ``--steps N1 N2 ... --set insitu.warm_start=false`` (one process; rows named SERIES_cold), and the warm
+with ``--steps N1 N2 ... --set series.warm_start=false`` (one process; rows named SERIES_cold), and the warm
 step's row gains ``extra.cold_psnr_foreground``, ``extra.cold_gaussians``, ``extra.below_cold_db`` (cold
 minus warm surface PSNR) and ``extra.gaussians_over_cold`` (warm / cold).
 ``--stream SERIES`` trains that series once more as it is simulated: the mini-app writing through ADIOS2 SST
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VIEWS = ("--views", "448", "--resolution", "1024")
 # --tiny: the tests' tiny step (tests/conftest.py TINY), warm steps as short
 TINY_ARGS = ("--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100",
-             "--set", "views.supersample=1", "--set", "insitu.warm_iterations=2")
+             "--set", "views.supersample=1", "--set", "series.warm_iterations=2")
 # metrics.csv columns that are no schema field, kept under extra (the step's other figures)
 EXTRA = ("gaussians_initial", "target_reached_at", "evaluation_seconds", "initial_evaluation_seconds",
          "color_init_seconds", "scene_seconds", "export_seconds", "model_write_seconds", "web_model_bytes")
@@ -247,7 +247,7 @@ def run(args) -> list[dict]:
             trained = [r["step"] for r in warm if "error" not in r and "step" in r]
             cold_steps = trained[args.cold_every - 1::args.cold_every] if args.cold_every else []
             cold = replay(args, f"{name}_cold", series, bp, work, "--steps", *map(str, cold_steps),
-                          "--set", "insitu.warm_start=false") if cold_steps else []
+                          "--set", "series.warm_start=false") if cold_steps else []
             compare(warm, cold)
             rows += warm + cold
             if args.keep:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iso", type=float, default=0.2)
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0, help="parallel.threads: torch CPU threads (0: default)")
+    p.add_argument("--threads", type=int, default=0, help="run.threads: torch CPU threads (0: default)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     out = Path(tempfile.mkdtemp(prefix="bench_adaptor_")) if comm.rank == 0 else None
@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = GrayScottSettings(L=args.L, steps=args.steps, plotgap=args.plotgap, engine="none")
     base = {"input": {"var": "V", "iso": [args.iso]}, "seeds": {"budget": 2000},
             "views": {"count": 16, "resolution": 64, "supersample": 1},
-            "train": {"iterations": args.iterations, "progress": False},
-            "parallel": {"device": args.device, "threads": args.threads}, "output": {"images": 0},
-            "insitu": {"warm_iterations": max(args.iterations // 2, 1)}}
+            "train": {"iterations": args.iterations}, "output": {"images": 0},
+            "run": {"progress": False, "device": args.device, "threads": args.threads},
+            "series": {"warm_iterations": max(args.iterations // 2, 1)}}
     rows = []
     for mode in ("off", "sync", "background"):
         adaptor = None
         if mode != "off":
-            cfg = {**base, "insitu": {**base["insitu"], "mode": mode}, "output": {"images": 0, "dir": str(out / mode)}}
+            cfg = {**base, "run": {**base["run"], "mode": mode}, "output": {"images": 0, "dir": str(out / mode)}}
             adaptor = Adaptor(comm, cfg)
         comm.Barrier()
         t0 = time.perf_counter()

@@ -171,7 +171,7 @@ def take_apart(trainer, scene, comm, cfg, colors, images: Path | None, tag: str,
         acc, se, fg = Anatomy(), [], []
         for j, part in enumerate(ids.split(4)):
             pred, info = render_bands(trainer.params, views, part, scene.order, comm, background=black,
-                                      colors=colors, backend=cfg.train.backend, **training_blur(cfg))
+                                      colors=colors, backend=cfg.run.backend, **training_blur(cfg))
             rgba, gt = torch.cat([pred, info["alpha"]], -1).float(), scene.gt[part].float()
             acc.add(rgba, gt)
             mask = foreground(rgba[..., 3], gt[..., 3])

@@ -37,7 +37,7 @@ def main() -> None:
     while sim.step_count < args.step:
         sim.step()
     overrides = {k: v for k, v in DEMO_DEFAULTS.items() if not k.startswith(("insitu.", "output."))}
-    overrides.update({"train.progress": False, "output.ply": False})
+    overrides.update({"run.progress": False, "output.ply": False})
     sets = dict(parse_override(s) for s in args.set)
     cfg = load_config(None, {**overrides, **sets})
     comm = init_comm(device="cpu")

@@ -53,7 +53,7 @@ def base_settings(args: argparse.Namespace):
     """``(volume, overrides)``: the volume of ``--data`` and the settings of :func:`volume_arguments`."""
     volume = downsample(read_raw(args.data), args.downsample)
     base = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-            "train.progress": False, "parallel.device": args.device}
+            "run.progress": False, "run.device": args.device}
     if args.budget is not None:
         base["seeds.budget"] = args.budget
     if args.iterations is not None:

@@ -77,7 +77,7 @@ def main() -> None:
 
     comm = init_comm(device=args.device)
     overrides = {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
-                 "seeds.budget": args.budget, "train.iterations": args.iterations, "train.progress": False}
+                 "seeds.budget": args.budget, "train.iterations": args.iterations, "run.progress": False}
     overrides.update(dict(parse_override(s) for s in args.set))
     cfg = load_config(None, overrides)
     tc = cfg.train
@@ -102,7 +102,7 @@ def main() -> None:
     image_quality(tiny, tiny.flip(1))               # torchmetrics' first use in the process, on a tiny image
     out["metrics_first_s"] = round(sync(comm) - t, 3)
     t = sync(comm)
-    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
+    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=cfg.run.backend)
     out["evaluate_first_s"] = round(sync(comm) - t, 3)
     out["first_ms"] = round(timed(comm, trainer, scene, cfg, draws, 1), 1)
     chunks = []
@@ -112,10 +112,10 @@ def main() -> None:
     out["chunks"] = chunks
 
     t = sync(comm)
-    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=tc.backend)
+    evaluation.evaluate(trainer.params, scene, comm, colors=trainer.colors, backend=cfg.run.backend)
     out["evaluate_s"] = round(sync(comm) - t, 3)
 
-    steady = dataclasses.replace(tc, densify_from=10**9, opacity_reset_every=0)
+    steady = dataclasses.replace(tc, densify=dataclasses.replace(tc.densify, start=10**9, reset_every=0))
     trainer.cfg = steady
     if comm.device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile

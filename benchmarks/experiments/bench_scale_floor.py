@@ -56,7 +56,7 @@ def main() -> None:
     overrides = {k: v for k, v in demo_defaults(gpu=args.device == "cuda").items() if not k.startswith("insitu.")}
     for step in args.steps:
         for floor in args.floors:
-            cfg = load_config(None, {**overrides, "train.progress": False, "train.min_scale_px": floor})
+            cfg = load_config(None, {**overrides, "run.progress": False, "train.min_scale_px": floor})
             t0 = time.perf_counter()
             m = compute_step(whole_block(fields[step]), cfg, comm, step=step, iterations=args.iterations).metrics
             print(json.dumps({"step": step, "min_scale_px": floor, "iterations": args.iterations,

@@ -50,8 +50,8 @@ def main() -> None:
     comm = init_comm(device=args.device)
     cfg = load_config(None, {"input.iso": [args.iso], "views.count": args.views, "views.resolution": args.resolution,
                              "views.test_every": args.views, "train.sh_degree": args.sh_degree,
-                             "train.batch": args.batch, "train.densify_from": 10 ** 9, "train.opacity_reset_every": 0,
-                             "train.progress": False, "parallel.transfer": args.transfer})
+                             "train.batch": args.batch, "train.densify.start": 10 ** 9, "train.densify.reset_every": 0,
+                             "run.progress": False, "run.transfer": args.transfer})
     block = cut_block(read_raw(args.data), comm.rank, comm.size)
     seeds = extract_seeds(block, args.iso)
     total = comm.mpi.allreduce(seeds.total_area)

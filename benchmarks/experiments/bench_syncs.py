@@ -127,7 +127,8 @@ def main() -> None:
     with count.phase("train_first"):
         for _, (ids, bg) in zip(range(args.counted), draws):
             loop.train_iteration(trainer, scene, ids, bg, cfg, comm)
-    trainer.cfg = dataclasses.replace(cfg.train, densify_from=10**9, opacity_reset_every=0)
+    trainer.cfg = dataclasses.replace(cfg.train, densify=dataclasses.replace(cfg.train.densify, start=10**9,
+                                                                             reset_every=0))
     with count.phase("train_steady"):
         for _, (ids, bg) in zip(range(args.counted), draws):
             loop.train_iteration(trainer, scene, ids, bg, cfg, comm)

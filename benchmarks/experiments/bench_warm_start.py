@@ -7,7 +7,7 @@ The simulation (``--L`` cells, the demo's parameters, no noise) runs to step ``-
 - warm: from the previous step's model (``insitu.step.seeding.warm_shard``), evaluated every
   ``--eval-every`` iterations, stopping at the first evaluation that reaches the cold step's
   foreground PSNR (the early stop judges the foreground);
-- warm_fixed: from the previous step's model for ``insitu.warm_iterations`` steps, as the
+- warm_fixed: from the previous step's model for ``series.warm_iterations`` steps, as the
   driver runs a warm-started step (``driver.StepDriver``), and ``warm_N`` for each of
   ``--warm-iterations N ...``.
 
@@ -80,7 +80,7 @@ def main() -> None:
     if any(not 0 < g < args.step for g in args.gap):
         ap.error(f"--gap: expected values in 1..{args.step - 1}, got {args.gap}")
     comm = init_comm(device=args.device)
-    overrides = {"train.progress": False, "parallel.device": args.device}
+    overrides = {"run.progress": False, "run.device": args.device}
     if args.package:
         overrides.update({"input.var": "V", "input.iso": [0.3], "views.resolution": args.resolution or 1024})
     elif args.resolution:
@@ -107,7 +107,7 @@ def main() -> None:
         fixed = {f"warm_{n}": pick(pipeline.run_step(block(args.step), cfg, comm, step=args.step, warm=previous,
                                                     iterations=n).metrics) for n in args.warm_iterations}
         fixed["warm_fixed"] = pick(pipeline.run_step(block(args.step), cfg, comm, step=args.step, warm=previous,
-                                                     iterations=min(cfg.insitu.warm_iterations, iterations)).metrics)
+                                                     iterations=min(cfg.series.warm_iterations, iterations)).metrics)
         print(json.dumps({"L": args.L, "step": args.step, "gap": gap, "device": str(comm.device),
                           "settings": "package" if args.package else "demo", "set": args.set,
                           "changed_side_fraction": round(moved, 4), "cold": pick(cold), "warm": pick(warm),

@@ -38,7 +38,8 @@ import numpy as np
 import yaml
 from torch import Tensor
 
-from insitu.config import RUN_KEYS, Config, OutputConfig, config_differences, config_value, load_config
+from insitu.config import (RUN_KEYS, Config, OutputConfig, config_differences, config_file_values, config_value,
+                           from_dict, upgraded)
 from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
 from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans,
@@ -191,8 +192,8 @@ def _check_kept(out: Path, done: list[int], config: Config, provenance: Mapping[
 def kept_differences(folder: Path, config: Config, provenance: Mapping[str, Any] | None) -> list[str]:
     """How a complete step folder's input (``metrics.json``'s ``provenance``) and configuration (``config.yaml``)
     differ from this run's, as ``key (kept vs now)`` texts; [] when they agree (``RUN_KEYS`` aside)."""
-    try:
-        kept = load_config(folder / "config.yaml")
+    try:                                        # (written before keys moved: compared where they are now)
+        kept = from_dict(upgraded(config_file_values(folder / "config.yaml")))
     except ConfigError as e:
         return [f"its configuration cannot be compared ({e})"]
     now, then = plain(config.to_dict()), plain(kept.to_dict())

@@ -30,7 +30,7 @@ def allgather_within(mpi, obj: Any, seconds: float, what: str) -> list[Any]:
 
     def late() -> None:
         raise AgreementTimeout(f"{what}: the other ranks did not answer within {seconds:g} s "
-                               "(parallel.timeout_s): a rank skipped this call, hangs or died")
+                               "(run.timeout_s): a rank skipped this call, hangs or died")
 
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     counts = np.empty(size, dtype=np.int64)

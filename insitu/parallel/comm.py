@@ -103,7 +103,7 @@ class Comm:
 
     def solo(self) -> "Comm":
         """This process alone, on the same device: a Comm of one rank (its collectives are the
-        identity), for work every rank does by itself (``parallel.layout: replicated``)."""
+        identity), for work every rank does by itself (``run.layout: replicated``)."""
         from mpi4py import MPI
 
         return Comm(mpi=MPI.COMM_SELF, rank=0, size=1, local_rank=self.local_rank, device=self.device, group=None,
@@ -387,8 +387,8 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     except RankFailure as e:
         mpi.Free()
         text = "; ".join(dict.fromkeys(e.messages))
-        raise ConfigError(f"parallel.{text}" + (f" (on rank(s) {', '.join(map(str, e.ranks))} of {size})"
-                                                 if len(e.ranks) < size else "")) from None
+        raise ConfigError(f"run.{text}" + (f" (on rank(s) {', '.join(map(str, e.ranks))} of {size})"
+                                            if len(e.ranks) < size else "")) from None
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)

@@ -2,8 +2,8 @@
 
 The simulation keeps its own MPI decomposition. Every ``execute()`` builds this rank's
 Block (one collective halo exchange on the adaptor's own communicator), copies the
-fields it needs and either trains the step at once (``insitu.mode: sync``) or hands it
-to one worker thread per rank and returns (``insitu.mode: background``)::
+fields it needs and either trains the step at once (``run.mode: sync``) or hands it
+to one worker thread per rank and returns (``run.mode: background``)::
 
     with Adaptor(MPI.COMM_WORLD, "gs.yaml") as adaptor:
         for step in range(n):
@@ -12,7 +12,7 @@ to one worker thread per rank and returns (``insitu.mode: background``)::
                             global_shape=(nx, ny, nz), start=(x0, y0, z0))
 
 Background mode keeps a bounded queue of steps waiting to be trained
-(``insitu.queue``). With policy ``block`` every step is trained and ``execute()``
+(``run.queue``). With policy ``block`` every step is trained and ``execute()``
 waits for room; with ``discard`` the newest step wins and the oldest waiting step
 is dropped. Training is collective, so every rank must train the same steps: the
 decision to drop is taken collectively (an allgather on the simulation thread while
@@ -34,14 +34,14 @@ the same ``execute()`` call, on every rank, and that step is not taken (nothing 
 
 Agreement never hangs and never pairs different calls: every call starts with one
 cross-rank decision (the call and step number, bad input, failures to report) that waits
-at most ``parallel.timeout_s``. Ranks that call ``execute()`` with different step numbers
+at most ``run.timeout_s``. Ranks that call ``execute()`` with different step numbers
 get an InputError naming each rank's call; when some call ``finalize()`` (a simulation that
 ends early on one rank), the analysis ends on every rank: the steps queued are trained (or,
 with ``finalize(drain=False)``, recorded as skipped), every rank raises the InputError, and
 later calls raise InsituError at once. A rank that does not call at all makes the others raise
 InsituError after the timeout, after which the adaptor is unusable (every call raises,
 ``finalize()`` frees what it can) while the simulation goes on. The ranks agree on a trained
-step's outcome within 3 x ``parallel.timeout_s``; a rank whose training stalls past that
+step's outcome within 3 x ``run.timeout_s``; a rank whose training stalls past that
 stops the training on every rank (the others tell it, and each other, with a message that
 even a rank waiting for room in its queue sees): the step is recorded as failed, the steps
 after it as skipped with the reason, and every later ``execute()`` raises InsituError saying
@@ -68,7 +68,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from insitu.config import Config, ParallelConfig, check_backend, check_memory, from_dict, load_config, validate
+from insitu.config import Config, RunConfig, check_backend, check_memory, from_dict, load_config, validate
 from insitu.errors import AgreementTimeout, ConfigError, InputError, InsituError
 from insitu.input.decomposition import block_from_local
 from insitu.output.export import StepWriter, claim_output
@@ -244,7 +244,7 @@ class Adaptor:
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         self._sim = comm.Dup()              # the simulation thread's collectives
-        self._timeout = ParallelConfig().timeout_s
+        self._timeout = RunConfig().timeout_s
         self._broken: str | None = None     # a cross-rank decision timed out: the adaptor is unusable
         self._work = self._base = self._notice = self._lock = None
         self._thread: threading.Thread | None = None
@@ -257,7 +257,7 @@ class Adaptor:
             except (ConfigError, OSError) as e:
                 error = str(e)
             self._agree([error], "invalid configuration", ConfigError)
-            self._timeout = cfg.parallel.timeout_s
+            self._timeout = cfg.run.timeout_s
             compare_configs(self._sim, cfg, self._timeout)      # the same validated configuration everywhere
             self._setup(comm, cfg, process)
         except BaseException:
@@ -269,21 +269,21 @@ class Adaptor:
         self.cfg: Config = cfg
         self.rank = self._sim.Get_rank()
         self.size = self._sim.Get_size()
-        self.mode = cfg.insitu.mode
+        self.mode = cfg.run.mode
         if self.mode == "background" and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            warnings.warn("insitu.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
+            warnings.warn("run.mode background needs MPI initialised with MPI_THREAD_MULTIPLE "
                           f"(got thread level {MPI.Query_thread()}); training synchronously instead. "
                           "Initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) "
                           "to train in the background.", RuntimeWarning, stacklevel=3)
             self.mode = "sync"
         self._base = comm.Dup()              # the training's agreements, and the base of its process groups
         self._notice = comm.Dup()            # halt notices between the ranks (_halt), from any thread
-        self._settle_s = 3 * cfg.parallel.timeout_s     # a rank stuck in a collective (timeout_s) or in a
-                                                        # phase's agreement (2 x timeout_s) has given up by then
+        self._settle_s = 3 * cfg.run.timeout_s  # a rank stuck in a collective (timeout_s) or in a
+                                                # phase's agreement (2 x timeout_s) has given up by then
         # the training's own duplicate of comm + torch.distributed group (the worker thread's in background
         # mode); a timed-out agreement inside a step raises (the simulation goes on) instead of aborting the job
-        self._work = init_comm(self._base, device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s,
-                               threads=cfg.parallel.threads, abort_on_timeout=False)
+        self._work = init_comm(self._base, device=cfg.run.device, timeout_s=cfg.run.timeout_s,
+                               threads=cfg.run.threads, abort_on_timeout=False)
         error, done = None, []
         try:                                 # before any step: sizes that cannot fit, an unusable output folder
             check_memory(cfg, self.size, device_memory(self._work.device), f"device {self._work.device}")
@@ -402,7 +402,7 @@ class Adaptor:
 
     # ------------------------------------------------------------------ internals
     def _gather(self, what: str, obj: Any) -> list[Any]:
-        """Allgather on the simulation communicator within ``parallel.timeout_s``; past that the
+        """Allgather on the simulation communicator within ``run.timeout_s``; past that the
         adaptor is unusable (InsituError now and from every later call), the simulation goes on."""
         try:
             return agree_errors(self._sim, obj, seconds=self._timeout, what=what)
@@ -656,9 +656,9 @@ class Adaptor:
         return [it.step for it in dropped]
 
     def _enqueue(self, item: _Item, record: ExecuteRecord) -> None:
-        capacity = self.cfg.insitu.queue
+        capacity = self.cfg.run.queue
         with self._cond:
-            if self.cfg.insitu.policy == "discard":
+            if self.cfg.run.policy == "discard":
                 record.dropped = self._drop_waiting(keep=capacity - 1)
                 self.stats.dropped.extend(record.dropped)
             else:
@@ -672,8 +672,8 @@ class Adaptor:
                 self._enqueued += 1
                 self._queue.append(item)
                 self._cond.notify_all()
-        self._skipped(record.dropped, f"dropped: newer steps arrived while it waited (insitu.policy discard, "
-                                      f"insitu.queue {capacity})")
+        self._skipped(record.dropped, f"dropped: newer steps arrived while it waited (run.policy discard, "
+                                      f"run.queue {capacity})")
 
     def _worker(self) -> None:
         while True:
@@ -689,7 +689,7 @@ class Adaptor:
 
     def _train(self, step: int, time: float, block: Block) -> None:
         """Train one step on the worker communicator; afterwards all ranks agree whether it succeeded
-        (within 3 x ``parallel.timeout_s``), so every rank records the same outcome. After a failure the
+        (within 3 x ``run.timeout_s``), so every rank records the same outcome. After a failure the
         process group is rebuilt (:meth:`_rebuild`) and the next steps train; an agreement that times
         out stops the training (:meth:`_halt`)."""
         t0 = _time.perf_counter()
@@ -709,7 +709,7 @@ class Adaptor:
         except AgreementTimeout as e:
             self._failed(step, f"training step {step} failed: {e}" + (f"; rank {self.rank}: {message}" if message else ""))
             self._halt(f"the ranks did not agree on training step {step} within {self._settle_s:g} s "
-                       "(3 x parallel.timeout_s): a rank's training hangs or died")
+                       "(3 x run.timeout_s): a rank's training hangs or died")
             return
         if any(gathered):                   # reported once, recorded; the next steps train as usual
             self._failed(step, _report(f"training step {step} failed", gathered))
@@ -723,12 +723,12 @@ class Adaptor:
     def _rebuild(self, step: int) -> None:
         """A new communicator and process group for the next steps, after step ``step`` failed: the failure
         may have left the group's connections broken (a rank's collective timed out while another had left
-        it). Collective over the training ranks, within ``parallel.timeout_s``; failing, training stops."""
+        it). Collective over the training ranks, within ``run.timeout_s``; failing, training stops."""
         try:
             agree_errors(self._base, None, seconds=self._timeout, what=f"rebuilding the process group after step {step}")
             shutdown(self._work)
-            pc = self.cfg.parallel
-            self._work = init_comm(self._base, device=pc.device, timeout_s=pc.timeout_s, threads=pc.threads,
+            rc = self.cfg.run
+            self._work = init_comm(self._base, device=rc.device, timeout_s=rc.timeout_s, threads=rc.threads,
                                    abort_on_timeout=False)
         except Exception as e:           # noqa: BLE001 - the simulation goes on without training
             self._halt(f"rebuilding the process group after step {step} failed ({type(e).__name__}: {e})")

@@ -33,16 +33,16 @@ DEMO_DEFAULTS = {
     "output.ply_refine": 0.0,            # model.ply: the SH fit alone (trained as viewers draw it for a sixth of
                                          # the iterations would add 2 dB to it and 20 s to the demo; the report
                                          # draws the model)
-    "train.densify_until": 0,            # no growth: the seeds alone score 0.5 dB more at both steps, 20 s sooner
-    "train.opacity_reset_every": 0, "train.max_gaussians": 20000, "train.eval_every": 100,
+    "train.densify.stop": 0,             # no growth: the seeds alone score 0.5 dB more at both steps, 20 s sooner
+    "train.densify.reset_every": 0, "train.densify.max_gaussians": 20000, "train.eval_every": 100,
     "train.antialiased": False,          # at 96^2 the classic blur is 0.2 dB better
     "train.min_scale_px": 0.25,          # step 600's walls are a pixel thin: +0.3 dB there against the package's 0.5
     "train.lr_means": 1e-3,             # the means move 6x as fast as the package's: +1.35 / +0.8 dB at steps 300 /
                                          # 600 here, where on the GPU at 1024^2 it costs 1.4-2.2 dB
     "train.pixel_loss": "l1",            # the squared error grows step 300's model to the cap for -0.8 dB here
                                          # (L1 32.1 / 19.8 dB in 53 s, l2 31.3 / 19.8 in 65)
-    "insitu.mode": "background", "insitu.queue": 1, "insitu.policy": "block",
-    "insitu.warm_start": True, "insitu.warm_iterations": 300,
+    "run.mode": "background", "run.queue": 1, "run.policy": "block",
+    "series.warm_start": True, "series.warm_iterations": 300,
     "output.images": 4,
 }
 # with a CUDA GPU: a grid, images and model sized for it (the simulation: GPU_SIMULATION)
@@ -53,16 +53,16 @@ DEMO_DEFAULTS_GPU = {
     "views.closeups": ViewConfig().closeups,    # the package's: what a user zooms to is trained (not on the CPU)
     "seeds.budget": 200_000,
     "train.iterations": 3000, "train.sh_degree": 3, "train.sh_increase_every": 300,
-    "train.densify_from": 300, "train.densify_every": 100, "train.densify_until": 2500,
-    "train.max_gaussians": 1_000_000, "train.eval_every": 250,
-    "train.grad_threshold": 1e-4,       # as measured on this demo; the package's 5e-5 is tuned on the bonsai's
-                                        # squared error, not on this demo's L1
+    "train.densify.start": 300, "train.densify.every": 100, "train.densify.stop": 2500,
+    "train.densify.max_gaussians": 1_000_000, "train.eval_every": 250,
+    "train.densify.grad_threshold": 1e-4,   # as measured on this demo; the package's 5e-5 is tuned on the
+                                            # bonsai's squared error, not on this demo's L1
     "train.antialiased": TrainConfig().antialiased,
     "train.lr_means": TrainConfig().lr_means,   # the package's: the CPU demo's faster means cost the GPU's 1024^2
                                         # volumes 1.4-2.2 dB; not measured on the GPU demo
     "train.min_scale_px": 1.0,          # as measured on this demo (with the CPU demo's L1): the package's finer floor
                                         # is not measured on the GPU demo yet
-    "insitu.warm_iterations": 1000,
+    "series.warm_iterations": 1000,
     "output.ply_refine": OutputConfig().ply_refine,
 }
 # The simulation's own noise (0.1 by default) breaks the V = 0.3 surface at L = 32 into 166 pieces
@@ -129,7 +129,7 @@ def check_demo(args: argparse.Namespace, cfg: Config, ranks: int, device_type: s
     block = 1
     for n in gs.largest_block(s.L, ranks):
         block *= n + 3                          # a ghost layer below; above, the cells' closing layer and a ghost
-    waiting = cfg.insitu.queue + 2 if cfg.insitu.mode == "background" else 1   # queued, training, being copied
+    waiting = cfg.run.queue + 2 if cfg.run.mode == "background" else 1   # queued, training, being copied
     parts = {"the simulation": gs.memory_bytes(s, ranks),
              "the analysis's copies of its block": waiting * 8 * block + 4 * block,   # float64, and float32 trained
              "the training step": sum(memory_estimate(cfg, ranks).values()) if device_type == "cpu" else 0}
@@ -150,7 +150,7 @@ def run_demo(args: argparse.Namespace, cfg, comm, writer) -> int:
     L, steps, plotgap = settings.L, settings.steps, settings.plotgap
     if comm.rank == 0:
         print(f"demo: Gray-Scott L={L}, {steps} steps on {comm.size} rank(s); training on V = "
-              f"{cfg.input.iso} every {plotgap} steps ({cfg.insitu.mode}) on {comm.device}; "
+              f"{cfg.input.iso} every {plotgap} steps ({cfg.run.mode}) on {comm.device}; "
               f"outputs in {cfg.output.dir}", flush=True)
     t0 = time.perf_counter()
 

@@ -207,8 +207,8 @@ def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...
     elif args.command != "run":
         what += f", variable {cfg.input.var}"
     per_step = "" if args.command == "run" else " per timestep" + (
-        f" ({min(cfg.insitu.warm_iterations, tc.iterations)} when warm-started from the one before)"
-        if cfg.insitu.warm_start else "")
+        f" ({min(cfg.series.warm_iterations, tc.iterations)} when warm-started from the one before)"
+        if cfg.series.warm_start else "")
     return (f"insitu {args.command}: {what}, iso {', '.join(f'{v:g}' for v in cfg.input.iso)}: {vc.count} views of "
             f"{vc.resolution}x{vc.resolution} px, {tc.iterations} iterations of {tc.batch} view(s){per_step}, "
             f"on {comm.size} rank(s) ({comm.device.type}); outputs in {cfg.output.dir}")
@@ -316,8 +316,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from insitu.step.compilation import compile_ahead
 
     try:
-        comm = init_comm(device=cfg.parallel.device, timeout_s=cfg.parallel.timeout_s, threads=cfg.parallel.threads)
-    except ConfigError as e:                    # e.g. parallel.device cuda without CUDA: on every rank alike
+        comm = init_comm(device=cfg.run.device, timeout_s=cfg.run.timeout_s, threads=cfg.run.threads)
+    except ConfigError as e:                    # e.g. run.device cuda without CUDA: on every rank alike
         from mpi4py import MPI
 
         if MPI.COMM_WORLD.Get_rank() == 0:
@@ -327,7 +327,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     provenance = run_provenance(args)
     lock = None
     try:
-        compare_configs(comm.mpi, cfg, cfg.parallel.timeout_s,
+        compare_configs(comm.mpi, cfg, cfg.run.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
         # before any work: sizes that cannot fit, a rasterizer the device lacks, input refused as it is
         _agreed(comm, lambda: (check_memory(cfg, comm.size, device_memory(comm.device), f"device {comm.device}"),

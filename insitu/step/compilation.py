@@ -144,13 +144,13 @@ class Compiler:
         :func:`insitu.step.layouts.training_ranks`); returns at once, and may be called before the step's data
         comes (at a run's start).
 
-        Nothing starts off CUDA, without Triton, with ``parallel.compile_ahead`` off, or for a group
+        Nothing starts off CUDA, without Triton, with ``run.compile_ahead`` off, or for a group
         this compiler has started before with the same key.
         """
         device = comm.device
         if shapes is None:
             shapes = KernelShapes.planned(cfg, *training_ranks(cfg, comm))
-        if device.type != "cuda" or triton is None or not cfg.parallel.compile_ahead:
+        if device.type != "cuda" or triton is None or not cfg.run.compile_ahead:
             return Ahead()
         ahead = Ahead()
         with self._lock:
@@ -197,12 +197,12 @@ class Compiler:
         """A child process (this Python with its flags, this ``insitu`` package, this environment: the same
         kernel cache) that runs the groups ``names`` of :func:`kernel_groups` on ``device`` (its own CUDA
         context on the same GPU), filling the kernel cache on disk, then exits (0 when every group ran);
-        None when there is nothing to run there, ``parallel.compile_in_child`` is off, or it cannot start.
+        None when there is nothing to run there, ``run.compile_in_child`` is off, or it cannot start.
         It does not initialise MPI (an MPI rank's environment is passed on), writes nothing to this
         process's output, and ends when this process does however it ends (it reads its spec on its
         standard input, then waits for that pipe to close). None too where this process's program is not
         the Python that ``sys.executable`` names (a simulation that embeds Python)."""
-        if not names or not cfg.parallel.compile_in_child or not _python_is_this_program():
+        if not names or not cfg.run.compile_in_child or not _python_is_this_program():
             return None
         try:
             spec = json.dumps({"config": asdict(cfg), "groups": names, "device": str(device),

@@ -1,7 +1,7 @@
 """One driver for a sequence of timesteps: ``insitu run/replay/stream`` and the Adaptor train through it.
 
-The rule it holds, in one place: with ``insitu.warm_start``, a step starts from the previous
-trained step's model and trains ``min(insitu.warm_iterations, train.iterations)`` iterations;
+The rule it holds, in one place: with ``series.warm_start``, a step starts from the previous
+trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations;
 the first step, a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
 that failed, as the caller decides) and a step after one whose training diverged (NaN or infinite
 values: :class:`insitu.errors.TrainingDiverged`, raised on every rank alike) start cold and train
@@ -45,8 +45,8 @@ class StepDriver:
         model before it was trained with the settings that diverged and may hold what ran away."""
         if self.cfg.input.nonfinite == "outside":
             block = masked(block, self.cfg, self.comm)
-        warm = self.previous if self.cfg.insitu.warm_start else None
-        iterations = min(self.cfg.insitu.warm_iterations, self.cfg.train.iterations) if warm is not None else None
+        warm = self.previous if self.cfg.series.warm_start else None
+        iterations = min(self.cfg.series.warm_iterations, self.cfg.train.iterations) if warm is not None else None
         try:
             return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
                                 warm=warm, iterations=iterations)

@@ -144,7 +144,7 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
     (float16, the ground truth's own precision; ``1/views.test_every`` of the ground truth's
     pixels), and the returned ``score()`` scores them (collective, as :func:`evaluate_trainer`),
     so that training need not wait for the import."""
-    colors, backend, blur = trainer.colors, cfg.train.backend, training_blur(cfg)
+    colors, backend, blur = trainer.colors, cfg.run.backend, training_blur(cfg)
 
     def render(comm):
         kept = [pred.half().cpu() for _, pred, _ in
@@ -193,7 +193,7 @@ def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config
     held-out views) as ``layout`` evaluates; collective. Returns the Quality on every rank and rank
     0's ``keep_images`` (name, gt, pred) images."""
     return layout.evaluate(lambda comm: evaluate(trainer.params, scene, comm, colors=colors,
-                                                 backend=cfg.train.backend, keep_images=keep_images, ids=ids,
+                                                 backend=cfg.run.backend, keep_images=keep_images, ids=ids,
                                                  **training_blur(cfg)))
 
 
@@ -214,7 +214,7 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
     whole = gather_gaussians(ply.to("cpu"), layout.comm.mpi) if ply is not shard else merged
-    quality, _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, backend=cfg.train.backend), []))
+    quality, _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, backend=cfg.run.backend), []))
     return merged, quality
 
 

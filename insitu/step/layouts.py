@@ -1,4 +1,4 @@
-"""How the ranks share a step's training (``parallel.layout``): one object, chosen once per step.
+"""How the ranks share a step's training (``run.layout``): one object, chosen once per step.
 
 :class:`SortLast` (the default): each rank trains the Gaussians of its own block; every render is
 composited across the ranks (:mod:`insitu.render.compositing`) and each rank's loss is its band's term.
@@ -82,7 +82,7 @@ class Layout(Protocol):
 
 
 def _replicated(cfg: Config, comm: Comm) -> bool:
-    return cfg.parallel.layout == "replicated" and comm.size > 1
+    return cfg.run.layout == "replicated" and comm.size > 1
 
 
 def training_ranks(cfg: Config, comm: Comm) -> tuple[int, int]:
@@ -92,7 +92,7 @@ def training_ranks(cfg: Config, comm: Comm) -> tuple[int, int]:
 
 
 def choose_layout(cfg: Config, comm: Comm, block: Block, decomposition: Decomposition) -> Layout:
-    """The layout ``cfg.parallel.layout`` names (one rank: sort-last, which is then the whole model)."""
+    """The layout ``cfg.run.layout`` names (one rank: sort-last, which is then the whole model)."""
     if _replicated(cfg, comm):
         return Replicated(comm, block, decomposition, per_rank=cfg.train.batch)
     return SortLast(comm, block)
@@ -143,7 +143,7 @@ class SortLast:
 @dataclass
 class Replicated:
     """Each rank trains the whole model on its own ``per_rank`` views of every step's
-    ``per_rank x P`` (``parallel.layout: replicated``).
+    ``per_rank x P`` (``run.layout: replicated``).
 
     comm:          every rank of the step (more than one).
     block:         this rank's block.
@@ -167,7 +167,7 @@ class Replicated:
         every view, on every rank."""
         train = len(scene.views.train_ids)
         if self.per_rank * self.comm.size > train:      # the same verdict on every rank
-            raise InputError(f"parallel.layout=replicated: train.batch x ranks = {self.per_rank} x {self.comm.size} "
+            raise InputError(f"run.layout=replicated: train.batch x ranks = {self.per_rank} x {self.comm.size} "
                              f"views per step, more than the {train} training views")
         model = gather_gaussians(shard.to("cpu"), self.comm.mpi, everywhere=True).to(self.comm.device)
         views = scene.views

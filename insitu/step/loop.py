@@ -67,7 +67,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
         for it in range(iterations):
             ids, bg = layout.batch(*next(draws))                    # this rank's views of the step's batch
             loss = train_iteration(trainer, scene, ids, bg, cfg, layout.train_comm)
-            if tc.progress and (it % show_every == 0 or it == iterations - 1):     # every rank: whole-model figures
+            if cfg.run.progress and (it % show_every == 0 or it == iterations - 1):  # every rank: whole-model figures
                 value = layout.loss(loss)
                 check_training(trainer, layout, iterations, loss=value)     # (NaN Gaussians draw nothing:
                                                                             # the loss alone can stay finite)
@@ -94,8 +94,8 @@ def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg
     step's rasterizer (``cfg.train``); collective over ``comm``. Returns this rank's loss."""
     blur = training_blur(cfg)
     render = lambda p: render_bands(p, scene.views, ids, scene.order, comm, background=bg,  # noqa: E731
-                                    colors=trainer.colors, backend=cfg.train.backend,
-                                    transfer=cfg.parallel.transfer, **blur)
+                                    colors=trainer.colors, backend=cfg.run.backend,
+                                    transfer=cfg.run.transfer, **blur)
     gt, gt_alpha = scene.gt_with_alpha(ids, bg)                     # one gather of the batch's views
     if cfg.train.pixel_loss != "l2":                                # no squared error's foreground
         gt_alpha = None

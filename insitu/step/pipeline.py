@@ -117,7 +117,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
     clock = PhaseClock(comm.device)
     torch.manual_seed(cfg.train.seed + comm.rank)
-    show = cfg.train.progress and comm.rank == 0
+    show = cfg.run.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
     block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
     decomposition = check_input(block, cfg, comm)
@@ -240,13 +240,14 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
     """
     model, scene = layout.prepare(shard, scene)
     device, tc = layout.comm.device, cfg.train
+    cap = layout.max_gaussians(tc.densify.max_gaussians, share, len(shard))
     lo, hi = layout.bounds
     margin = 2.0 * float(min(block.spacing))
     glo, ghi = block.global_box
     trainer = trainer_class(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
                             box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
                                  torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
-                            max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
+                            max_gaussians=cap, device=device,
                             total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
                             replicas=layout.replicas,
                             pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))

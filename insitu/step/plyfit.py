@@ -54,7 +54,7 @@ def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
         else:
             ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
             sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
-                                    rows=scene.rows, backend=cfg.train.backend, transfer=cfg.parallel.transfer,
+                                    rows=scene.rows, backend=cfg.run.backend, transfer=cfg.run.transfer,
                                     **training_blur(cfg))
             fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
     fitted = refine_for_viewers(fitted, trainer, scene, layout, cfg)
@@ -75,7 +75,7 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     if steps == 0 or not refits_ply(cfg):
         return fitted
     tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps,
-                 densify_from=10**9, opacity_reset_every=0, lr_means=0.0, lr_means_final=0.0,
+                 densify=replace(cfg.train.densify, start=10**9, reset_every=0), lr_means=0.0, lr_means_final=0.0,
                  seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
     viewer = Trainer(fitted, tc, extent=trainer.extent, box=trainer.box, max_gaussians=len(fitted),

@@ -34,7 +34,7 @@ class Seeding:
     shard:   the Gaussians.
     fresh:   [N] bool, the Gaussians whose colours are still to be set (None: all).
     share:   this rank's part of the whole surface's area, by which it takes its part of the seeds'
-             count (and of ``train.max_gaussians`` in sort-last).
+             count (and of ``train.densify.max_gaussians`` in sort-last).
     targets: [M, 3] points on the whole surface, the same on every rank (:func:`surface_targets`):
              what the close-up cameras look at.
     """
@@ -222,6 +222,6 @@ def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tens
     train = scene.views.train_ids
     k = min(cfg.seeds.color_views, len(train))
     ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)] if k else train[:0]
-    return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.train.backend,
+    return colors_from_images(shard, scene.views, ids, scene.order, scene.gt, comm, backend=cfg.run.backend,
                               batch=cfg.train.batch, only=only, **training_blur(cfg))
 

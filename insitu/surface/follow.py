@@ -22,7 +22,7 @@ triangles on the new surface, on which a step draws its new seeds. ``expected`` 
 cold step starts from ``seed_count`` seeds (``seeds.density`` per pixel of area, at most ``seeds.budget``; this
 rank its share) and densification grows them by a factor its own metrics record (``gaussians`` over
 ``gaussians_initial``), which a series carries from its last cold step; a warm step, whose
-``insitu.warm_iterations`` are below ``train.densify_from`` by default, does not densify.
+``series.warm_iterations`` are below ``train.densify.start`` by default, does not densify.
 
 Coordinates: ``points`` and ``means`` are in the coordinates of ``block`` (``world = origin + spacing *
 index``); with ``frame`` (:class:`insitu.volume.Frame`), they are in that frame's coordinates and ``block``
@@ -218,7 +218,7 @@ def follow_budget(expected: float, kept: int, new_share: float, area: float, *, 
     area:      the surface's area on this rank.
     slack:     the band ``[expected / slack, expected * slack]`` within which the kept model's own density
                is carried on unchanged.
-    ceiling:   at most this many Gaussians (e.g. this rank's share of ``train.max_gaussians``).
+    ceiling:   at most this many Gaussians (e.g. this rank's share of ``train.densify.max_gaussians``).
 
     The kept model's density over the whole surface is ``kept / (1 - new_share)``; the target is that,
     clamped to the band (and the ceiling); the new surface gets ``target * new_share`` seeds and the covered

@@ -382,8 +382,8 @@ class Trainer:
 
     def _refines_ahead(self) -> bool:
         """Whether a densification refine comes after this iteration (else its statistics go unused)."""
-        until = min(self.cfg.densify_until, self.total - 1)
-        return max(self.iteration, self.cfg.densify_from) < until
+        until = min(self.cfg.densify.stop, self.total - 1)
+        return max(self.iteration, self.cfg.densify.start) < until
 
     @torch.no_grad()
     def _visible_gradients(self, info: dict) -> tuple[Tensor, Tensor] | None:
@@ -425,11 +425,11 @@ class Trainer:
     @torch.no_grad()
     def _densify(self) -> None:
         cfg, it = self.cfg, self.iteration
-        until = min(cfg.densify_until, self.total - 1)  # never add untrained Gaussians at the end
-        refine = cfg.densify_from < it <= until and it % cfg.densify_every == 0 and len(self) > 0
+        until = min(cfg.densify.stop, self.total - 1)  # never add untrained Gaussians at the end
+        refine = cfg.densify.start < it <= until and it % cfg.densify.every == 0 and len(self) > 0
         # no reset in the second half of training: the model needs iterations to recover from it
-        reset = bool(cfg.opacity_reset_every) and it % cfg.opacity_reset_every == 0 \
-            and it <= min(cfg.densify_until, self.total // 2)
+        reset = bool(cfg.densify.reset_every) and it % cfg.densify.reset_every == 0 \
+            and it <= min(cfg.densify.stop, self.total // 2)
         if not (refine or reset):                       # most iterations: nothing to do
             return
         from gsplat.strategy.ops import duplicate, remove, reset_opa, split  # gsplat: lazy, seconds to import
@@ -438,7 +438,7 @@ class Trainer:
         if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = self._too_big_to_clone()
-            high = grads > cfg.grad_threshold
+            high = grads > cfg.densify.grad_threshold
             room = max(self.max_gaussians - len(self), 0)
             clone, grow = high & ~big, high & big
             if int(clone.sum() + grow.sum()) > room:    # keep the cap: grow the strongest first
@@ -451,18 +451,18 @@ class Trainer:
                 grow = torch.cat([grow, torch.zeros(int(clone.sum()), dtype=torch.bool, device=grow.device)])
             if grow.any():
                 # the split's samples from a generator seeded by the step: the same on every replica
-                # (parallel.layout=replicated) whatever else drew random numbers on some ranks only
+                # (run.layout=replicated) whatever else drew random numbers on some ranks only
                 cuda = [self.device] if torch.device(self.device).type == "cuda" else []
                 with torch.random.fork_rng(devices=cuda):
                     torch.manual_seed(self.cfg.seed * 1_000_003 + it)
                     split(self.params, self.optimizers, state, grow)
-            low = torch.sigmoid(self.params["opacities"]) < cfg.prune_opacity
-            if it > cfg.opacity_reset_every:
+            low = torch.sigmoid(self.params["opacities"]) < cfg.densify.prune_opacity
+            if it > cfg.densify.reset_every:
                 low |= torch.exp(self.params["scales"]).max(dim=-1).values > 0.1 * self.extent
             if low.any() and int(low.sum()) < len(self):
                 remove(self.params, self.optimizers, state, low)
             for v in state.values():
                 v.zero_()
         if reset:
-            reset_opa(self.params, self.optimizers, state, value=cfg.prune_opacity * 2.0)
+            reset_opa(self.params, self.optimizers, state, value=cfg.densify.prune_opacity * 2.0)
         self.state = DensifyState(**state)

@@ -1,4 +1,4 @@
-"""Data parallelism (``parallel.layout: replicated``) against one rank that takes the whole batch.
+"""Data parallelism (``run.layout: replicated``) against one rank that takes the whole batch.
 
 Run as ``mpiexec -n P python dist_replicated.py [cuda]`` (CPU by default; ``cuda``: one GPU per rank,
 NCCL, the torch rasterizer in float64 there too). Every rank builds the same model (seeds of the
@@ -45,10 +45,11 @@ def config(steps: int, densify: bool) -> Config:
     cfg = Config()
     cfg.input.iso = [0.5]
     cfg.views.count, cfg.views.resolution, cfg.views.supersample = 12, 32, 1
+    cfg.run.backend, cfg.run.progress = "torch", False
     t = cfg.train
-    t.batch, t.backend, t.progress, t.iterations = 1, "torch", False, steps
-    t.densify_from, t.densify_every, t.grad_threshold = (1 if densify else 10**6), 2, 1e-7
-    t.opacity_reset_every = 6 if densify else 0
+    t.batch, t.iterations = 1, steps
+    t.densify.start, t.densify.every, t.densify.grad_threshold = (1 if densify else 10**6), 2, 1e-7
+    t.densify.reset_every = 6 if densify else 0
     return cfg
 
 

@@ -7,7 +7,7 @@ MODE train:  a tiny training run on three metaballs (its surface crosses the cut
              initial figures drawn before training and scored after it: DIR/metrics_P_deferred.json),
              then the same run on one rank (rank 0 alone, on ``MPI.COMM_SELF``, the whole field as
              its block); rank 0 writes the metrics of both to DIR/metrics_P.json and DIR/metrics_1.json.
-MODE replicated: as train (the deferred figures too), with ``parallel.layout: replicated`` (every rank trains the whole model
+MODE replicated: as train (the deferred figures too), with ``run.layout: replicated`` (every rank trains the whole model
              on its own views; each keeps the Gaussians in its block at the end); the one-rank run
              takes the P views of a step at once (``train.batch = P``). Then a second step, warm-started
              from the first (30 iterations): its metrics in DIR/metrics_P_warm.json; then a step whose
@@ -19,7 +19,7 @@ MODE fail:   two failing steps on the same ranks, one after the other:
              (nan)   rank 1's block holds a NaN;
              (color) cfg.input.color_var names a field that only rank 0 has, so rank 1 fails
                      inside the ground-truth stage (torch collective timeout
-                     ``parallel.timeout_s`` = 5 s, agreement watchdog 10 s).
+                     ``run.timeout_s`` = 5 s, agreement watchdog 10 s).
              Every rank must end each with a RankFailure naming rank 1.
 
 Every trained step checks that the shapes of the kernels it compiled ahead, planned from the configuration, are
@@ -70,7 +70,7 @@ def dist_config(iso: float) -> Config:
     step (per replica in the replicated layout), on the CPU."""
     cfg = tiny_config(iso=iso, views=24, resolution=48, budget=2000, images=0, iterations=60, seed=3)
     cfg.seeds.fill = True
-    cfg.parallel.device = "cpu"
+    cfg.run.device = "cpu"
     return cfg
 
 
@@ -120,13 +120,13 @@ def train(comm, cfg, field, path: Path, warm=None, importing=None):
 def main(mode: str, out: Path | None) -> None:
     cfg = dist_config(0.0 if mode == "corner" else 0.5)
     if mode == "fail":
-        cfg.parallel.timeout_s = 5.0
+        cfg.run.timeout_s = 5.0
         cfg.train.iterations = 5
-    comm = init_comm(device="cpu", timeout_s=cfg.parallel.timeout_s)
+    comm = init_comm(device="cpu", timeout_s=cfg.run.timeout_s)
     P, rank = comm.size, comm.rank
     if mode == "fail":
         if rank == 0:
-            print(f"parallel.timeout_s {cfg.parallel.timeout_s}", flush=True)
+            print(f"run.timeout_s {cfg.run.timeout_s}", flush=True)
         field = metaballs()
         block = cut_block(field, rank, P)
         if rank == 1:
@@ -141,7 +141,7 @@ def main(mode: str, out: Path | None) -> None:
     else:
         field = metaballs()
         if mode == "replicated":
-            cfg.parallel.layout = "replicated"
+            cfg.run.layout = "replicated"
         result = train(comm, cfg, field, out / f"metrics_{P}.json")
         # again, rank 1 alone still importing the metrics: every rank draws the initial figures now and
         # scores them later
