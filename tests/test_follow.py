@@ -10,7 +10,7 @@ import torch
 from scipy import ndimage
 from conftest import sphere_field
 
-from insitu.surface.follow import (Budget, coverage, follow_budget, plan, stale, submesh, surface_offsets,
+from insitu.surface.follow import (Budget, CellIndex, coverage, follow_budget, plan, stale, submesh, surface_offsets,
                                    thinned, uncovered)
 from insitu.surface.seeds import extract_seeds, init_gaussians
 from insitu.volume import Frame, iso_distance, whole_block
@@ -56,13 +56,14 @@ def test_offsets_are_the_distance_to_the_surface_and_project_onto_it(spheres):
     got = surface_offsets(new, [NEW["radius"]], shard.means)            # a tensor as well as an array
     # first order in a trilinear field: within a few hundredths of a cell of the exact distance
     np.testing.assert_allclose(got.cells, off_new_sphere(means), atol=0.05)
-    np.testing.assert_allclose(got.cells, iso_distance(new, [NEW["radius"]], means), rtol=1e-9)
-    np.testing.assert_allclose(off_new_sphere(got.projected), 0.0, atol=0.05)
+    # the numpy reference (float64, scipy's trilinear samples): the same to float32's rounding
+    np.testing.assert_allclose(got.cells, iso_distance(new, [NEW["radius"]], means), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(off_new_sphere(got.projected.numpy()), 0.0, atol=0.05)
     outside = surface_offsets(new, [NEW["radius"]], np.array([[-3.0, C, C], [C, C, N + 1.0]]))   # off the grid
-    assert np.isinf(outside.cells).all()
+    assert torch.isinf(outside.cells).all()
     np.testing.assert_array_equal(outside.projected, [[-3.0, C, C], [C, C, N + 1.0]])
     flat = surface_offsets(whole_block(np.full((8, 8, 8), 2.0, np.float32)), [1.0], np.array([[3.0, 3.5, 4.0]]))
-    assert np.isinf(flat.cells).all()                                       # no gradient: nowhere to go
+    assert torch.isinf(flat.cells).all()                                    # no gradient: nowhere to go
 
 
 def test_stale_gaussians_are_those_off_the_moved_surface(spheres):
@@ -74,7 +75,7 @@ def test_stale_gaussians_are_those_off_the_moved_surface(spheres):
     np.testing.assert_array_equal(gone[clear], exact[clear] > 0.5)
     x = (means[:, 0] - C) / OLD["radius"]
     assert gone[x > 0.9].all() and not gone[x < 0.1].any()    # the leading side moved 0.8 cells, the rest less
-    assert 0.1 < gone.mean() < 0.5
+    assert 0.1 < gone.float().mean() < 0.5
     assert stale(new, [NEW["radius"]], means, cells=2.0).sum() == 0
     assert stale(new, [NEW["radius"], 2.0], means).sum() == gone.sum()      # a second, distant surface: the same
 
@@ -202,6 +203,30 @@ def test_a_submesh_holds_the_triangles_on_flagged_vertices():
 def test_bad_arguments_are_refused_saying_what_was_expected(call, message):
     with pytest.raises(ValueError, match=message):
         call(whole_block(sphere_field(12)))
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 500])
+def test_the_voxel_grid_covers_the_points_a_kd_tree_finds_a_centre_near(monkeypatch, chunk):
+    """The GPU's search (:class:`CellIndex`, here on the CPU) against scipy's k-d tree (the reference, and what
+    the CPU uses): centres strewn over a box and a tight cluster of them, points around and beyond, radii from
+    under a cell's spacing to the box's size; the pairs measured in chunks of 500 (whole points at a time) as in
+    one; a grid too fine for 64-bit keys widens its cells."""
+    from scipy.spatial import cKDTree
+
+    import insitu.surface.follow as follow
+
+    monkeypatch.setattr(follow, "CHUNK", chunk)
+    rng = np.random.default_rng(0)
+    centres = np.concatenate([rng.random((400, 3)) * 10, 3.0 + rng.random((300, 3)) * 0.2]).astype(np.float32)
+    points = (rng.random((3000, 3)) * 12 - 1).astype(np.float32)
+    for radius in (0.05, 0.3, 1.0, 2.5, 20.0):
+        d, _ = cKDTree(centres).query(points, distance_upper_bound=radius)
+        got = CellIndex(torch.from_numpy(centres), radius).covered(torch.from_numpy(points))
+        assert got.dtype == torch.bool and np.array_equal(got.numpy(), np.isfinite(d)), radius
+        assert np.array_equal(uncovered(points, centres, radius).numpy(), ~np.isfinite(d)), radius
+    far = torch.tensor([[0.0, 0.0, 0.0], [1e6, 1e6, 1e6]])
+    assert CellIndex(far, 0.01).covered(torch.tensor([[0, 0, 1e-3], [1e6, 1e6, 1e6 + 0.5]])).tolist() == [True, False]
+    assert uncovered(points[:3], centres[:0], 1.0).all() and not uncovered(points[:3], centres, math.inf).any()
 
 
 def test_the_coverage_radius_shrinks_to_the_covered_area():
