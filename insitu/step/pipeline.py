@@ -37,7 +37,7 @@ from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
-from insitu.step.seeding import init_colors, seed_shard
+from insitu.step.seeding import Follow, init_colors, seed_shard
 from insitu.surface.gaussians import Gaussians
 from insitu.training.trainer import Trainer
 from insitu.volume import Block, Frame, check_field, check_geometry, readable_block
@@ -62,6 +62,9 @@ class StepResult:
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
                ``model``, ``ply`` and ``cameras`` are: ``frame.gaussians_to_world`` gives world units, as
                ``model.ply`` holds them.
+    growth:    the factor by which the series' last cold step grew its seeds in training (its ``gaussians``
+               over ``gaussians_initial``; this step's own when it started cold): a warm start from this
+               result steers its count to its seeds times it (:func:`insitu.step.seeding.warm_shard`).
     :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
     """
 
@@ -75,6 +78,7 @@ class StepResult:
     images: list = field(default_factory=list)
     cameras: Views | None = None
     frame: Frame = field(default_factory=Frame)
+    growth: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     block, warm = frame.inside(block), in_frame(warm, frame)
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
-    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None)
+    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
+                         growth=warm.growth if warm is not None else 1.0)
     n0 = comm.mpi.allreduce(len(seeding.shard))
+    follow = follow_counts(comm, seeding.follow)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
 
     def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
@@ -158,10 +164,11 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer)
+                           closer=closer, follow=follow)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
+    growth = warm.growth if warm is not None else total / max(n0, 1)
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame)
+                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame, growth=growth)
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -253,12 +260,26 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
     return trainer, scene
 
 
+def follow_counts(comm, follow: Follow | None) -> dict:
+    """metrics.json's counts of a warm start (:class:`insitu.step.seeding.Follow`), summed over the ranks:
+    ``gaussians_stale`` (removed, off the new surface), ``gaussians_dropped`` (removed on it: faint or
+    thinned) and ``gaussians_new`` (seeds added); None each for a cold start (the same on every rank);
+    collective."""
+    keys = ("gaussians_stale", "gaussians_dropped", "gaussians_new")
+    if follow is None:
+        return dict.fromkeys(keys)
+    return dict(zip(keys, comm.mpi.allreduce(np.array([follow.stale, follow.dropped, follow.new], np.int64))
+                    .tolist()))
+
+
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality | None, clock: PhaseClock, *,
-                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality]) -> dict:
+                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality],
+                 follow: dict | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model file's figures (or None),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
-    whole model's Gaussians before and after training. ``total_seconds`` is read last."""
+    whole model's Gaussians before and after training, ``follow``: a warm start's counts
+    (:func:`follow_counts`). ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
         "step": step, "time": time,             # the surface's figures first: what a user looks at
@@ -274,6 +295,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,
+        **(follow or follow_counts(comm, None)),
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
         "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),
