@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import sphere_field, tiny_config
+from conftest import sphere_field, ticking_clock, tiny_config
 
 from insitu.input.decomposition import cut_block
 from insitu.output.export import StepWriter
@@ -522,6 +522,27 @@ def test_a_warm_start_drops_faint_gaussians_and_steers_a_thin_model_to_a_cold_st
     shard, fresh, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900 / 3)
     assert (follow.dropped, follow.new) == (2000 - round(1.5 * 1900 / 3), 0)
     assert float(shard.opacity_logits.min()) > float(old.opacity_logits.quantile(0.5))     # the faintest went
+
+
+# ------------------------------------------------------------------------------------------ when training stops
+
+def test_a_time_budget_stops_a_step_at_its_first_look_past_the_budget(comm):
+    """train.time_budget_s 25 on a clock that a second passes on every iteration: training stops after 30 of
+    60 iterations (the look every 10 iterations after 20 s finds 30 s) and says so; without a budget, or with
+    one never reached, all 60 are trained."""
+    cfg = tiny_config(iterations=60, time_budget_s=25.0)
+    m = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0)).metrics
+    assert (m["iterations"], m["stopped_by"], m["train_seconds"]) == (30, "time budget", 30.0)
+    for budget in (None, 61.0):
+        cfg.train.time_budget_s = budget
+        m = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0)).metrics
+        assert (m["iterations"], m["stopped_by"]) == (60, "iterations")
+
+
+def test_a_quality_target_met_stops_a_step_and_says_so(comm):
+    cfg = tiny_config(iterations=60, psnr_target=1.0, eval_every=5)
+    m = compute_step(whole_block(sphere_field()), cfg, comm).metrics
+    assert (m["iterations"], m["target_reached_at"], m["stopped_by"]) == (5, 5, "target")
 
 
 # ------------------------------------------------------------------------------------------ seed colours

@@ -93,6 +93,8 @@ class Collaborators:
     importing_metrics:  ``() -> bool``, whether that import still runs
                         (:func:`insitu.step.evaluation.importing_metrics`).
     trainer:            the trainer's class (:class:`insitu.training.trainer.Trainer`, or one that extends it).
+    clock:              ``() -> seconds``, what the step's phases and its time budget are timed by
+                        (``time.perf_counter``).
     """
 
     compile_ahead: Callable[..., Ahead] = compile_ahead
@@ -100,6 +102,7 @@ class Collaborators:
     preload_evaluation: Callable[[torch.device], None] = preload_evaluation
     importing_metrics: Callable[[], bool] = importing_metrics
     trainer: type[Trainer] = Trainer
+    clock: Callable[[], float] = _time.perf_counter
 
 
 REAL = Collaborators()
@@ -119,7 +122,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     """
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
-    clock = PhaseClock(comm.device)
+    clock = PhaseClock(comm.device, timer=using.clock)
     torch.manual_seed(cfg.train.seed + comm.rank)
     show = cfg.train.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
@@ -293,7 +296,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
-        "sh_degree": trainer.sh_degree_trained,
+        "stopped_by": log.stopped_by, "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,
         **(follow or follow_counts(comm, None)),
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
