@@ -8,11 +8,12 @@ rank (no communication, nothing trained), in torch on the device the Gaussians a
   the nearest isosurface, ``|f - iso| / |grad f|``, is more than ``cells`` cells (:func:`surface_offsets`), or
   when the field cannot say (outside the block's samples, a flat field).
 * :func:`coverage`: the new step's seeds on new surface, those that no kept Gaussian covers. The kept
-  centres are first moved onto the new surface along the field's gradient (a Gaussian kept half a cell off
-  a surface that moved still covers the piece of surface it stands over), then a seed is new when no moved
-  centre lies within ``reach`` times the kept model's spacing, ``sqrt(area / kept)``, of it.
+  centres are first moved onto the new surface along the field's gradient (a Gaussian kept off a surface
+  that moved still covers the piece of surface it stands over), then a seed is new when no moved centre lies
+  within ``reach`` times the kept model's spacing, ``sqrt(area / kept)``, of it, and so is the band beside
+  such seeds that no moved centre lies within one spacing of.
 * :func:`follow_budget`: how many Gaussians the model holds after the warm start. It is steered towards
-  ``expected``, the count a cold step would end the same surface with, within a factor ``slack``: inside
+  ``expected``, the count a cold step would end the same surface with, within a factor ``slack`` (1.25): inside
   that band the kept model's own density is carried on (new surface is seeded at it, nothing else
   changes, so a field that stops changing keeps its count); a kept model thinner than the band is topped up
   with seeds on the covered surface too, a denser one thinned (:func:`thinned`: the least opaque go).
@@ -41,11 +42,15 @@ from torch import Tensor
 from insitu.surface.seeds import Seeds
 from insitu.volume import Block, Frame, unit_field
 
-STALE_CELLS = 0.5       # a centre farther off every isosurface than this is stale (the warm start's rule so far)
+STALE_CELLS = 0.25      # a centre farther off every isosurface than this, and farther than this beyond where its
+                        # step left it, is stale: a quarter of a cell is a pixel or two of the views a step trains
+                        # on, and a kept Gaussian so far off shows worse than a new seed on the surface does
 REACH = 2.0             # a seed within this many of the kept model's spacings of a kept centre is covered: for
                         # centres strewn at random (Poisson) a surface point is left uncovered with probability
                         # exp(-pi REACH^2), 3.5e-6, so an unchanged surface gives no new seeds
-SLACK = 1.5             # the kept model's count may stray this factor from a cold step's before it is corrected
+SLACK = 1.25            # the kept model's count may stray this factor from the estimate of a cold step's before it is
+                        # corrected: the estimate (seeds times a cold step's growth) is itself some percent off, and
+                        # a step's count is to stay within 1.5 times a cold step's
 
 
 def _points(points, name: str = "points", device=None) -> Tensor:
@@ -136,13 +141,28 @@ def surface_offsets(block: Block, isos, points, *, frame: Frame | None = None, d
     return SurfaceOffsets(cells, points - step[:, None] * direction)
 
 
-def stale(block: Block, isos, means, *, cells: float = STALE_CELLS, frame: Frame | None = None,
+def stale(block: Block, isos, means, *, cells: float = STALE_CELLS, then=None, frame: Frame | None = None,
           device=None) -> Tensor:
     """``[N]`` bool: the Gaussians (centres ``means: [N, 3]``) that are no longer on the surface: more than
     ``cells`` cells off every isosurface of ``block``, or where its field cannot place them
-    (:func:`surface_offsets`)."""
+    (:func:`surface_offsets`). ``then: [N]``: each Gaussian's offset (cells) when its step ended (the same
+    function on that step's field): a Gaussian is stale only if it is also more than ``cells`` farther off than
+    that, so that what training left off the first-order surface (thin features, sharp edges) stays where the
+    field did not change."""
+    offsets = surface_offsets(block, isos, means, frame=frame, device=device)
+    return _stale(offsets.cells, cells, then)
+
+
+def _stale(now: Tensor, cells: float, then) -> Tensor:
+    """:func:`stale` of the offsets ``now: [N]`` (cells)."""
     cells = _positive(cells, "cells")
-    return ~(surface_offsets(block, isos, means, frame=frame, device=device).cells <= cells)
+    off = ~(now <= cells)
+    if then is None:
+        return off
+    then = torch.as_tensor(then, dtype=now.dtype).to(now.device).reshape(-1)
+    if then.shape != now.shape:
+        raise ValueError(f"then: expected [N] = [{len(now)}] offsets, one per Gaussian, got shape {tuple(then.shape)}")
+    return off & ~(now <= then + cells)
 
 
 CHUNK = 1 << 22         # candidate pairs (point, centre) measured at once
@@ -268,8 +288,9 @@ def coverage_radius(area: float, kept: int, reach: float = REACH) -> float:
 class Coverage:
     """The new step's seed points against the kept Gaussians (:func:`coverage`).
 
-    new:       [M] bool, the points on new surface (no kept centre within ``radius``), on the points' device.
-    radius:    the coverage radius used (world units; ``inf`` with no kept Gaussian: every point is new).
+    new:       [M] bool, the points on new surface, on the points' device.
+    radius:    the kept model's spacing (world units; ``inf`` with no kept Gaussian: every point is new): a point
+               farther than it from every kept centre is uncovered.
     new_share: the part of the surface's area that is new (by the points' areas), in [0, 1].
     """
 
@@ -281,10 +302,15 @@ class Coverage:
 def coverage(points, areas, centres, *, reach: float = REACH, device=None) -> Coverage:
     """Which of the seed ``points: [M, 3]`` (the surface's marching-cubes vertices, each standing for its
     ``areas: [M]``) lie on new surface, given the kept Gaussians' ``centres: [K, 3]`` (moved onto the new
-    surface: :attr:`SurfaceOffsets.projected`). The radius is :func:`coverage_radius` of the covered area:
-    first taken over the whole area, then over the area left covered by that first answer (where the
-    surface grew, the kept Gaussians are denser on what they still cover than over the whole). On ``device``
-    (default the points' own; :class:`CellIndex`)."""
+    surface: :attr:`SurfaceOffsets.projected`). New surface is found with :func:`coverage_radius` (``reach``
+    spacings of the kept model) of the covered area: first taken over the whole area, then over the area left
+    covered by that first answer (where the surface grew, the kept Gaussians are denser on what they still
+    cover than over the whole). A kept centre covers about one spacing around it, so the band between that and
+    ``reach`` spacings, where it borders new surface, is new too (points farther than a spacing from every
+    kept centre and within one of a new point): left out, it would stay a gap between the kept model and the
+    new seeds. On an unchanged surface nothing is new, however unevenly the kept centres lie. The
+    :attr:`Coverage.radius` returned is the spacing: a seed drawn on the new surface is kept where no kept
+    centre lies within it (:func:`uncovered`). On ``device`` (default the points' own; :class:`CellIndex`)."""
     device = _device(points, device)
     points, centres = _points(points, device=device), _points(centres, "centres", device=device)
     areas = torch.as_tensor(np.asarray(areas.detach().cpu() if isinstance(areas, Tensor) else areas,
@@ -299,11 +325,13 @@ def coverage(points, areas, centres, *, reach: float = REACH, device=None) -> Co
                         1.0 if total > 0 else 0.0)
     new = uncovered(points, centres, coverage_radius(total, len(centres), reach))
     radius = coverage_radius(total - float(areas[new].sum()), len(centres), reach)
-    if math.isfinite(radius):
-        new = uncovered(points, centres, radius)
-    else:                                       # nothing covered on the first pass: all of it is new
-        new = torch.ones(len(points), dtype=torch.bool, device=device)
-    return Coverage(new, radius, float(areas[new].sum()) / total)
+    if not math.isfinite(radius):               # nothing covered on the first pass: all of it is new
+        return Coverage(torch.ones(len(points), dtype=torch.bool, device=device), math.inf, 1.0)
+    new = uncovered(points, centres, radius)
+    spacing = radius / reach
+    if new.any():       # the band along new surface that the kept centres reach but do not cover: new as well
+        new |= uncovered(points, centres, spacing) & ~uncovered(points, points[new], spacing)
+    return Coverage(new, spacing, float(areas[new].sum()) / total)
 
 
 @dataclass(frozen=True)
@@ -427,16 +455,16 @@ class FollowPlan:
 
 
 def plan(block: Block, isos, seeds: Seeds, means, opacity_logits, expected: float, *,
-         cells: float = STALE_CELLS, reach: float = REACH, slack: float = SLACK, ceiling: int | None = None,
-         faint: float = 0.0, frame: Frame | None = None, device=None) -> FollowPlan:
-    """:func:`stale`, :func:`coverage` and :func:`follow_budget` for one rank: the previous shard's centres
-    ``means: [N, 3]`` and ``opacity_logits: [N]``, the new step's ``seeds`` (its marching-cubes vertices, in
-    the coordinates of ``means``) and ``expected`` (:func:`follow_budget`). ``faint``: the Gaussians of an
-    opacity below it go as well (they draw nothing, and a warm step, which does not densify, would never prune
-    them). On ``device`` (default the means' own)."""
+         cells: float = STALE_CELLS, then=None, reach: float = REACH, slack: float = SLACK,
+         ceiling: int | None = None, faint: float = 0.0, frame: Frame | None = None, device=None) -> FollowPlan:
+    """:func:`stale` (``cells``, ``then``), :func:`coverage` and :func:`follow_budget` for one rank: the previous
+    shard's centres ``means: [N, 3]`` and ``opacity_logits: [N]``, the new step's ``seeds`` (its marching-cubes
+    vertices, in the coordinates of ``means``) and ``expected`` (:func:`follow_budget`). ``faint``: the
+    Gaussians of an opacity below it go as well (they draw nothing, and a warm step, which does not densify,
+    would never prune them). On ``device`` (default the means' own)."""
     device = _device(means, device)
     offsets = surface_offsets(block, isos, means, frame=frame, device=device)
-    gone = ~(offsets.cells <= _positive(cells, "cells"))
+    gone = _stale(offsets.cells, cells, then)
     logits = _logits(opacity_logits, len(gone), device)
     alive = ~gone & (torch.sigmoid(logits) >= faint)
     projected = offsets.projected[alive]
