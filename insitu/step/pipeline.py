@@ -38,6 +38,7 @@ from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
 from insitu.step.seeding import Follow, init_colors, seed_shard
+from insitu.surface.follow import surface_offsets
 from insitu.surface.gaussians import Gaussians
 from insitu.training.trainer import Trainer
 from insitu.volume import Block, Frame, check_field, check_geometry, readable_block
@@ -65,6 +66,10 @@ class StepResult:
     growth:    the factor by which the series' last cold step grew its seeds in training (its ``gaussians``
                over ``gaussians_initial``; this step's own when it started cold): a warm start from this
                result steers its count to its seeds times it (:func:`insitu.step.seeding.warm_shard`).
+    offsets:   [N] each of ``gaussians``' distance (cells) to this step's isosurfaces at the end of the step
+               (:func:`insitu.surface.follow.surface_offsets`; with ``insitu.warm_start``, else None): a warm start
+               from this result takes a Gaussian for stale only if the new surface lies farther from it than
+               that (:func:`insitu.surface.follow.stale`).
     :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
     """
 
@@ -79,6 +84,7 @@ class StepResult:
     cameras: Views | None = None
     frame: Frame = field(default_factory=Frame)
     growth: float = 1.0
+    offsets: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
-                         growth=warm.growth if warm is not None else 1.0)
+                         growth=warm.growth if warm is not None else 1.0,
+                         offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     follow = follow_counts(comm, seeding.follow)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
@@ -150,7 +157,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
         note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
     trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
-                                  warm=warm, trainer_class=using.trainer)
+                                  warm=warm, trainer_class=using.trainer, ceiling=seeding.ceiling)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
@@ -170,8 +177,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                            closer=closer, follow=follow)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
+    offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.insitu.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame, growth=growth)
+                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame, growth=growth,
+                      offsets=offsets)
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -179,7 +188,8 @@ def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
     cells changed since); None for a cold start."""
     if warm is None or warm.frame == frame:
         return warm
-    return replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame)
+    offsets = None if warm.offsets is None else warm.offsets * (warm.frame.scale / frame.scale)   # in its cells
+    return replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame, offsets=offsets)
 
 
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
@@ -239,14 +249,19 @@ def check_input(block: Block, cfg: Config, comm) -> Decomposition:
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
-                 iterations: int, warm: StepResult | None,
-                 trainer_class: type[Trainer] = Trainer) -> tuple[Trainer, Scene]:
+                 iterations: int, warm: StepResult | None, trainer_class: type[Trainer] = Trainer,
+                 ceiling: int | None = None) -> tuple[Trainer, Scene]:
     """The trainer of the model this rank trains in ``layout``, and the scene it trains on; collective.
 
     shard: this rank's coloured shard (:func:`init_colors`); ``share``: its part of the surface area.
     The learning rates scale with the whole domain's extent; the means stay within the layout's
-    bounds plus two cells; training goes on at the SH degree ``warm`` reached. ``trainer_class``: the
-    trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends it).
+    bounds plus two cells; densification grows the whole model to ``train.max_gaussians`` at most, or to
+    ``ceiling`` (a warm start's: :attr:`insitu.step.seeding.Seeding.ceiling`). After a warm start training goes
+    on at the SH degree ``warm`` reached, and its ``iterations`` are the first of a cold step's means' schedule
+    (a schedule over the warm iterations alone would cut the rate a hundredfold within them: the new surface's
+    seeds, and the kept Gaussians on a surface that moved, would settle before they got there).
+    ``trainer_class``: the trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends
+    it).
     """
     model, scene = layout.prepare(shard, scene)
     device, tc = layout.comm.device, cfg.train
@@ -256,8 +271,10 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
     trainer = trainer_class(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
                             box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
                                  torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
-                            max_gaussians=layout.max_gaussians(tc.max_gaussians, share, len(shard)), device=device,
-                            total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
+                            max_gaussians=layout.max_gaussians(min(tc.max_gaussians, ceiling or tc.max_gaussians),
+                                                               share, len(shard)), device=device,
+                            total_iterations=iterations, schedule=max(iterations, tc.iterations) if warm is not None else None,
+                            sh_degree_start=warm.sh_degree if warm is not None else 0,
                             replicas=layout.replicas,
                             pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
     return trainer, scene

@@ -20,7 +20,7 @@ from insitu.config import Config
 from insitu.errors import SurfaceTooSmall
 from insitu.groundtruth.scene import Scene, global_range
 from insitu.groundtruth.views import pixels_per_area
-from insitu.surface.follow import plan, submesh, uncovered
+from insitu.surface.follow import SLACK, plan, submesh, uncovered
 from insitu.surface.gaussians import Gaussians, rgb_to_sh0
 from insitu.surface.seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from insitu.training.appearance import BlockSamples, base_colors
@@ -39,6 +39,10 @@ class Seeding:
     targets: [M, 3] points on the whole surface, the same on every rank (:func:`surface_targets`):
              what the close-up cameras look at.
     follow:  a warm start's counts on this rank (:class:`Follow`), None for a cold start.
+    ceiling: a warm start's most Gaussians over all ranks, the same on every rank: the top of the band its count
+             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with),
+             which its densification (a warm step as long as ``train.densify_from``) may not pass; None for a
+             cold start (``train.max_gaussians``).
     """
 
     shard: Gaussians
@@ -46,6 +50,7 @@ class Seeding:
     share: float
     targets: np.ndarray
     follow: Follow | None = None
+    ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,14 @@ def model_sh_degree(cfg: Config) -> int:
     return 0 if cfg.train.color_model == "lit" else cfg.train.sh_degree
 
 
-def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growth: float = 1.0) -> Seeding:
+def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growth: float = 1.0,
+               offsets: Tensor | None = None) -> Seeding:
     """This rank's initial shard: Gaussians seeded on its block's surface (its share of :func:`seed_count`),
-    or ``warm`` (the previous step's shard on this rank) made to follow the surface (:func:`warm_shard`),
-    its count steered to what a cold step would end with: the seeds times ``growth`` (the factor by which a
-    cold step of the series grew its seeds); with the lit colour model, turned and coloured as the ground
-    truth shades the surface (:func:`lit_seeds`); collective."""
+    or ``warm`` (the previous step's shard on this rank) made to follow the surface (:func:`warm_shard`; its
+    Gaussians' ``offsets`` from the previous step's surface, when known), its count steered to what a cold
+    step would end with: the seeds times ``growth`` (the factor by which a cold step of the series grew its
+    seeds); with the lit colour model, turned and coloured as the ground truth shades the surface
+    (:func:`lit_seeds`); collective."""
     lit = cfg.train.color_model == "lit"
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
@@ -129,11 +136,13 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     count = seed_count(cfg, total_area, block)
-    fresh, follow = None, None
+    fresh, follow, ceiling = None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
             shard, fresh, follow = warm_shard(warm, seeds, cfg, block, comm.device, expected=count * share * growth,
-                                              ceiling=int(cfg.train.max_gaussians * share), rank=comm.rank)
+                                              ceiling=int(cfg.train.max_gaussians * share), then=offsets,
+                                              rank=comm.rank)
+            ceiling = min(cfg.train.max_gaussians, math.ceil(SLACK * count * growth))
         else:
             shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
                                    opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
@@ -143,7 +152,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
-    return Seeding(shard, fresh, share, targets, follow)
+    return Seeding(shard, fresh, share, targets, follow, ceiling)
 
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
@@ -191,9 +200,11 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
 
 
 def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
-               ceiling: int | None = None, rank: int = 0) -> tuple[Gaussians, Tensor, Follow]:
+               ceiling: int | None = None, then: Tensor | None = None,
+               rank: int = 0) -> tuple[Gaussians, Tensor, Follow]:
     """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
-    ``device``): the Gaussians whose centre is off it go (stale), so do the faint ones (an opacity below
+    ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
+    ``then``, their offsets when their step ended, where known), so do the faint ones (an opacity below
     ``train.prune_opacity``: a warm step does not densify, so nothing else would prune them); new surface
     gets seeds at the kept model's density; the count is steered towards ``expected`` (what a cold step
     would end this rank's surface with) within a factor 1.5, at most ``ceiling``, by seeds on the covered
@@ -204,7 +215,7 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
     (:class:`Follow`). ``rank``: this rank's number, for the new seeds' draws (as a cold start's).
     """
     old = warm.to(device)
-    p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling,
+    p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling, then=then,
              faint=cfg.train.prune_opacity, device=device)
     kept = old.select(p.keep)
     draw = dict(color=cfg.views.surface_color, opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
