@@ -229,6 +229,12 @@ class TrainConfig:
                                             "no target")
     eval_every: int = constrained(0, NON_NEGATIVE, doc="evaluate the held-out views every k iterations during "
                                   "training (for the targets and the report's curves); 0: only at the end")
+    time_budget_s: float | None = constrained(None, POSITIVE, doc="stop a step's training once it has taken this "
+                                              "many seconds (what metrics' train_seconds counts: its iterations and "
+                                              "evaluations), looked at every 10 iterations, every rank stopping at "
+                                              "the same one; cold and warm steps alike; metrics' stopped_by says "
+                                              "what ended each step's training (iterations, target or time "
+                                              "budget); null: no budget")
     seed: int = constrained(0, NON_NEGATIVE, doc="seed of the random draws (seeds, the views' order, the "
                             "backgrounds, the splits); below 2^32")
     eps2d: float = constrained(0.05, NON_NEGATIVE, doc="px^2 the rasterizer adds to every projected 2D covariance "
@@ -319,7 +325,10 @@ class SeriesConfig:
     warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
                                   "still on the surface, new seeds where it is not) instead of fresh seeds")
     warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
-                                       "train.iterations); its new seeds need some")
+                                       "train.iterations); its new seeds need some; with a quality target "
+                                       "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "
+                                       "trains up to train.iterations instead, until the target or "
+                                       "train.time_budget_s")
 
 
 @dataclass

@@ -92,6 +92,23 @@ def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held
     return cfg
 
 
+def ticking_clock(seconds: float):
+    """Collaborators of a step (:class:`insitu.step.pipeline.Collaborators`) whose clock is fake: it stands still
+    but for ``seconds`` added by every optimiser step (a trainer that ticks it), so that a time budget ends the
+    step at an iteration known beforehand, however long the iterations take here."""
+    from insitu.step.pipeline import Collaborators
+    from insitu.training.trainer import Trainer
+
+    now = [0.0]
+
+    class Ticking(Trainer):
+        def step(self, *args, **kwargs):
+            now[0] += seconds
+            return super().step(*args, **kwargs)
+
+    return Collaborators(trainer=Ticking, clock=lambda: now[0])
+
+
 @pytest.fixture(scope="module")
 def comm():
     """A one-process communicator on the CPU (gloo), for the module's tests."""

@@ -86,6 +86,21 @@ def deferred_figures_match(tmp_path, two: dict) -> None:
     assert abs(later["psnr"] - two["psnr"]) < 0.01, (later["psnr"], two["psnr"])
 
 
+def test_a_time_budget_stops_every_rank_at_the_same_iteration(tmp_path):
+    """train.time_budget_s 25 on 2 ranks whose clocks run at 1 and 2 seconds an iteration: both stop after 20
+    iterations (rank 1's clock passed the budget at the look after 20; rank 0's alone would have gone to 30);
+    a warm step from it records its warm start's counts, summed over the ranks, the same on both."""
+    out = run_mpi(2, "dist_train.py", "budget", str(tmp_path), timeout=180)
+    assert all_ok(out, 2), out.stdout
+    m = json.loads((tmp_path / "metrics_2.json").read_text())
+    assert m["per_rank"] == [[20, "time budget"], [20, "time budget"]], m["per_rank"]
+    warm = json.loads((tmp_path / "metrics_2_warm.json").read_text())
+    counts = [warm[k] for k in ("gaussians_stale", "gaussians_dropped", "gaussians_new", "gaussians_initial")]
+    assert warm["per_rank"] == [counts, counts], warm["per_rank"]
+    assert warm["gaussians_stale"] > 0 and warm["gaussians_new"] > 0, counts      # the surface moved a cell
+    assert warm["gaussians_initial"] == m["gaussians"] - counts[0] - counts[1] + counts[2], (m["gaussians"], counts)
+
+
 def test_replicas_take_the_step_of_one_rank_with_the_whole_batch():
     """run.layout: replicated, 2 ranks with one view each against one rank with both views:
     the same parameters within 1e-9 after 4 steps (float64), replicas bitwise identical after 8

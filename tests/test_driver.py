@@ -41,3 +41,16 @@ def test_forget_and_warm_start_off_start_cold():
     d.trained(d.train(None, step=0, time=0.0))
     d.train(None, step=1, time=0.0)
     assert p.calls[1][1:3] == (None, None)
+
+
+def test_a_warm_step_with_a_quality_target_trains_until_it_meets_it():
+    """With a target looked at during training, a warm step may take train.iterations (the target or the time
+    budget ends it sooner); a target never looked at (train.eval_every 0) cannot, so the warm iterations hold."""
+    for train, want in (({"psnr_target": 30.0, "eval_every": 5}, 20), ({"ssim_target": 0.9, "eval_every": 5}, 20),
+                        ({"psnr_target": 30.0}, 7), ({"time_budget_s": 5.0}, 7)):
+        cfg = from_dict({"train": {"iterations": 20, **train}, "series": {"warm_iterations": 7}})
+        process = Recorder()
+        d = StepDriver(cfg, comm=None, process=process)
+        d.trained(d.train(None, step=0, time=0.0))
+        d.train(None, step=1, time=1.0)
+        assert [c[2] for c in process.calls] == [None, want], train

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import sphere_field, tiny_config
+from conftest import sphere_field, ticking_clock, tiny_config
 
 from insitu.input.decomposition import cut_block
 from insitu.output.export import StepWriter
@@ -477,50 +477,73 @@ def test_warm_start_from_the_previous_step(comm):
 
 
 def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
+    """The sphere grew by 0.15, 0.5 or 2 cells: the Gaussians more than a quarter of a cell off the new sphere are
+    stale (all of them past 0.15 cells) and the new sphere gets seeds, marked for their colours, as many as the
+    count steered to; at 0.15 cells every Gaussian is kept and, moved onto the new sphere, covers it: no seeds."""
     from insitu.step.seeding import warm_shard
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
-    cfg.seeds.density = 0.0                                             # seeds: the vertices (as `old`)
-    old_seeds = extract_seeds(whole_block(sphere_field(24)), [5.0])
-    old = init_gaussians(old_seeds, 10**6, sh_degree=cfg.train.sh_degree)   # a Gaussian on every vertex, radius 5
-    # the sphere grew by 0.3, 0.7 or 2 cells: Gaussians 0.7 cells off (kept by a 1-cell rule) are stale
-    for radius, kept in ((5.3, 1.0), (5.7, 0.0), (7.0, 0.0)):
+    old = init_gaussians(extract_seeds(whole_block(sphere_field(24)), [5.0]), 3000, fill=True,
+                         sh_degree=cfg.train.sh_degree)
+    for radius, kept in ((5.15, 1.0), (5.5, 0.0), (7.0, 0.0)):
         cfg.input.iso = [radius]
         new_block = whole_block(sphere_field(24))
-        new_seeds = extract_seeds(new_block, [radius])
-        shard, new = warm_shard(old, new_seeds, 10**6, cfg, new_block, torch.device("cpu"))
-        on_old = np.abs(np.linalg.norm(shard.means.numpy() - 11.5, axis=1) - 5.0) < 0.05
-        assert np.array_equal(new.numpy(), ~on_old)                     # the new seeds, marked for colouring
+        shard, fresh, follow = warm_shard(old, extract_seeds(new_block, [radius]), cfg, new_block,
+                                          torch.device("cpu"), expected=len(old))
+        on_old = np.abs(np.linalg.norm(shard.means.numpy() - 11.5, axis=1) - 5.0) < 0.1     # (on triangles)
+        assert np.array_equal(fresh.numpy(), ~on_old)                   # the new seeds, marked for colouring
         assert on_old.sum() == pytest.approx(kept * len(old), abs=0.01 * len(old))
-        fresh = shard.means.numpy()[~on_old]
-        assert np.all(np.abs(np.linalg.norm(fresh - 11.5, axis=1) - radius) < 0.1)   # new seeds, on the new surface
-        assert (len(fresh) > 0) == (kept == 0.0)                       # new only where no old Gaussian is near
+        assert (follow.stale, follow.dropped, follow.new) == (len(old) - on_old.sum(), 0, (~on_old).sum())
+        r = np.linalg.norm(shard.means.numpy()[~on_old] - 11.5, axis=1)
+        assert np.all(np.abs(r - radius) < 0.1)                         # new seeds, on the new surface
+        assert len(shard) == pytest.approx(3000, rel=0.03), (radius, len(shard))
 
 
-def test_a_density_seeded_warm_start_refills_to_the_cold_starts_density():
-    """With seeds by density (points on the triangles, the default) a warm start's shard holds about as
-    many Gaussians as a cold start's seeds, whether the surface moved away from every old Gaussian or
-    a sparse fifth of them is kept: new ones are drawn as a cold start draws them, wherever the kept
-    ones are sparser than that (before, they were the marching-cubes vertices alone, and none within a
-    cell of a kept Gaussian)."""
+def test_a_warm_start_drops_faint_gaussians_and_steers_a_thin_model_to_a_cold_steps_count():
+    """On an unchanged sphere: Gaussians fainter than train.densify.prune_opacity go (dropped); a kept model a fifth of
+    the count a cold step ends with is topped up to the bottom of the band (SLACK times under it), one 3 times
+    over it thinned to its top, the faintest first."""
     from insitu.step.seeding import warm_shard
+    from insitu.surface.follow import SLACK
     from insitu.surface.seeds import extract_seeds, init_gaussians
 
     cfg = tiny_config()
-    assert cfg.seeds.density > 0 and not cfg.seeds.fill
-    budget = 4000
-    full = init_gaussians(extract_seeds(whole_block(sphere_field(24)), [5.0]), budget, fill=True)
-    for radius, old, kept in ((5.7, full, 0), (5.2, full.select(torch.arange(len(full)) % 5 == 0), budget // 5)):
-        cfg.input.iso = [radius]
-        new_block = whole_block(sphere_field(24))
-        new_seeds = extract_seeds(new_block, [radius])
-        assert len(new_seeds) < budget / 2                              # the vertices alone fall short
-        shard, new = warm_shard(old, new_seeds, budget, cfg, new_block, torch.device("cpu"))
-        assert int((~new).sum()) == kept                                # 0.7 cells off: dropped; 0.2: kept
-        assert 0.8 * budget <= len(shard) <= 1.3 * budget, (radius, len(shard))
-        r = np.linalg.norm(shard.means.numpy()[new.numpy()] - 11.5, axis=1)
-        assert np.all(np.abs(r - radius) < 0.1)                         # new seeds, on the new surface
+    block = whole_block(sphere_field(24))
+    seeds = extract_seeds(block, [5.0])
+    old = init_gaussians(seeds, 2000, fill=True, sh_degree=cfg.train.sh_degree)
+    old.opacity_logits[:100] = -10.0                                   # opacity 4.5e-5, under 0.005
+    shard, fresh, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900)
+    assert (follow.stale, follow.dropped, follow.new) == (0, 100, 0) and not fresh.any()
+    assert torch.equal(shard.means, old.means[100:])
+    shard, fresh, follow = warm_shard(old.select(torch.arange(2000) >= 100), seeds, cfg, block,
+                                      torch.device("cpu"), expected=5 * 1900)
+    assert follow.new == int(fresh.sum()) == round(5 * 1900 / SLACK) - 1900
+    old.opacity_logits[100:] = torch.linspace(-2.0, 2.0, 1900)
+    shard, fresh, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900 / 3)
+    assert (follow.dropped, follow.new) == (2000 - round(SLACK * 1900 / 3), 0)
+    assert float(shard.opacity_logits.min()) > float(old.opacity_logits.quantile(0.5))     # the faintest went
+
+
+# ------------------------------------------------------------------------------------------ when training stops
+
+def test_a_time_budget_stops_a_step_at_its_first_look_past_the_budget(comm):
+    """train.time_budget_s 25 on a clock that a second passes on every iteration: training stops after 30 of
+    60 iterations (the look every 10 iterations after 20 s finds 30 s) and says so; without a budget, or with
+    one never reached, all 60 are trained."""
+    cfg = tiny_config(iterations=60, time_budget_s=25.0)
+    m = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0)).metrics
+    assert (m["iterations"], m["stopped_by"], m["train_seconds"]) == (30, "time budget", 30.0)
+    for budget in (None, 61.0):
+        cfg.train.time_budget_s = budget
+        m = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0)).metrics
+        assert (m["iterations"], m["stopped_by"]) == (60, "iterations")
+
+
+def test_a_quality_target_met_stops_a_step_and_says_so(comm):
+    cfg = tiny_config(iterations=60, psnr_target=1.0, eval_every=5)
+    m = compute_step(whole_block(sphere_field()), cfg, comm).metrics
+    assert (m["iterations"], m["target_reached_at"], m["stopped_by"]) == (5, 5, "target")
 
 
 # ------------------------------------------------------------------------------------------ seed colours
@@ -568,8 +591,8 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     before, after = sphere - 5.0, np.minimum(sphere - 5.0, blob)
     old = init_gaussians(extract_seeds(whole_block(before), [0.0]), 10**6, sh_degree=cfg.train.sh_degree)
     old.sh0[:, 0, 1] = 2.0                                              # trained colours: a marker
-    shard, new = warm_shard(old, extract_seeds(whole_block(after), [0.0]), 10**6, cfg, whole_block(after),
-                            torch.device("cpu"))
+    shard, new, _ = warm_shard(old, extract_seeds(whole_block(after), [0.0]), cfg, whole_block(after),
+                               torch.device("cpu"), expected=len(old))
     assert 0 < new.sum() < len(shard)
     scene = make_scene(whole_block(after, fields={"ramp": ramp}), cfg, comm)
     out = init_colors(shard, scene, cfg, comm, only=new)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -17,21 +17,25 @@ class PhaseClock:
              work queued so far, so that the kernels a phase queued count to it.
     seconds: phase name -> seconds, of the phases ended so far (in order).
     spans:   name -> the seconds of each span timed inside a phase (:meth:`span`), in order.
+    timer:   the clock read, in seconds (``time.perf_counter``; a test's fake clock).
     """
 
     device: torch.device
     seconds: dict[str, float] = field(default_factory=dict)
     spans: dict[str, list[float]] = field(default_factory=dict)
-    started: float = field(default_factory=_time.perf_counter)
+    timer: Callable[[], float] = _time.perf_counter
+    started: float | None = None                # default: when the clock is made
     mark: float = field(init=False)             # when the current phase began
 
     def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.timer()
         self.mark = self.started
 
     def _now(self, sync: bool) -> float:
         if sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return _time.perf_counter()
+        return self.timer()
 
     def lap(self, name: str, *, sync: bool = True) -> float:
         """End the current phase as ``name`` (after the device's queued work when ``sync``) and
@@ -41,13 +45,13 @@ class PhaseClock:
         self.mark = now
         return self.seconds[name]
 
-    def elapsed(self) -> float:
-        """Seconds since the current phase began (not waiting for the device)."""
-        return _time.perf_counter() - self.mark
+    def elapsed(self, *, sync: bool = False) -> float:
+        """Seconds since the current phase began (after the device's queued work when ``sync``)."""
+        return self._now(sync) - self.mark
 
     def total(self) -> float:
         """Seconds since the clock started (not waiting for the device)."""
-        return _time.perf_counter() - self.started
+        return self.timer() - self.started
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -56,4 +60,4 @@ class PhaseClock:
         device, so its end does not wait."""
         start = self._now(True)
         yield
-        self.spans.setdefault(name, []).append(_time.perf_counter() - start)
+        self.spans.setdefault(name, []).append(self.timer() - start)

@@ -1,7 +1,10 @@
 """One driver for a sequence of timesteps: ``insitu run/replay/stream`` and the Adaptor train through it.
 
 The rule it holds, in one place: with ``series.warm_start``, a step starts from the previous
-trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations;
+trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations, or, with a
+quality target looked at during training (``train.psnr_target``, ``train.ssim_target``, ``train.eval_every``),
+up to ``train.iterations``: until the target is met or the time budget (``train.time_budget_s``) is spent, as a
+cold step;
 the first step, a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
 that failed, as the caller decides) and a step after one whose training diverged (NaN or infinite
 values: :class:`insitu.errors.TrainingDiverged`, raised on every rank alike) start cold and train
@@ -46,7 +49,7 @@ class StepDriver:
         if self.cfg.input.nonfinite == "outside":
             block = masked(block, self.cfg, self.comm)
         warm = self.previous if self.cfg.series.warm_start else None
-        iterations = min(self.cfg.series.warm_iterations, self.cfg.train.iterations) if warm is not None else None
+        iterations = warm_iterations(self.cfg) if warm is not None else None
         try:
             return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
                                 warm=warm, iterations=iterations)
@@ -61,6 +64,17 @@ class StepDriver:
     def forget(self) -> None:
         """The next step starts cold (the previous one was kept from an earlier run, or failed)."""
         self.previous = None
+
+
+def warm_iterations(cfg: Config) -> int:
+    """A warm-started step's iterations: ``series.warm_iterations`` (at most ``train.iterations``), or, with a
+    quality target that training looks at (every ``train.eval_every`` iterations), ``train.iterations``: where
+    the surface changed more than the warm iterations can follow, the step trains on until it meets the
+    target (or its time budget ends it)."""
+    tc = cfg.train
+    if (tc.psnr_target is not None or tc.ssim_target is not None) and tc.eval_every > 0:
+        return tc.iterations
+    return min(cfg.series.warm_iterations, tc.iterations)
 
 
 def masked(block, cfg: Config, comm: Any):

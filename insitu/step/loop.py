@@ -4,7 +4,8 @@
 iteration a batch of views (:class:`insitu.training.sampling.ViewSampler`, this rank's of them as the layout says),
 one optimiser step on them (:func:`train_iteration`: their ground truth and a render of the shard, given to
 :meth:`insitu.training.trainer.Trainer.step`), progress, and every ``train.eval_every`` iterations the held-out
-figures, until the quality target is met. A model that went non-finite is an error on every rank
+figures, until the quality target is met or the step's time budget is spent (:func:`out_of_time`: every rank
+at the same iteration). A model that went non-finite is an error on every rank
 (:func:`check_training`), found where the loop waits for the device anyway.
 """
 from __future__ import annotations
@@ -36,22 +37,26 @@ if TYPE_CHECKING:
 class Training:
     """What the training loop leaves (:func:`train`).
 
-    initial: the figures of the model before the first iteration.
-    history: one row per evaluation (:func:`history_row`), the initial model's first.
-    reached: the iteration at which the quality target was met, or None.
+    initial:    the figures of the model before the first iteration.
+    history:    one row per evaluation (:func:`history_row`), the initial model's first.
+    reached:    the iteration at which the quality target was met, or None.
+    stopped_by: what ended the training: ``"iterations"`` (all of them done), ``"target"`` (the quality
+                target met) or ``"time budget"`` (``train.time_budget_s`` spent).
     """
 
     initial: Quality
     history: list[dict]
     reached: int | None
+    stopped_by: str = "iterations"
 
 
 def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: PhaseClock, *, iterations: int,
           step: int, gaussians: int, show: bool, importing: Callable[[], bool] = importing_metrics) -> Training:
     """``iterations`` optimiser steps of ``trainer`` on the training views (collective over ``layout.comm``); the
     held-out views evaluated first (:func:`initial_figures`; ``importing``: whether this rank still imports the
-    metrics) and every ``train.eval_every`` iterations, training stopped once the quality target is met (the same
-    on every rank). ``gaussians``: the initial model's; ``show``: progress on this rank; ``clock`` times the
+    metrics) and every ``train.eval_every`` iterations, training stopped once the quality target is met or once the
+    current phase of ``clock`` (the training's) has lasted ``train.time_budget_s`` (:func:`out_of_time`; both the
+    same on every rank). ``gaussians``: the initial model's; ``show``: progress on this rank; ``clock`` times the
     evaluations (its ``evaluation`` spans).
 
     Training that diverges raises :class:`insitu.errors.TrainingDiverged` on every rank (:func:`check_training`):
@@ -61,7 +66,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     initial = initial_figures(trainer, scene, layout, cfg, clock, step=step, show=show, importing=importing)
     draws = iter(ViewSampler(scene, replace(tc, batch=trainer.images_per_step)))
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
-    history, reached = [], None
+    history, reached, stopped_by = [], None, "iterations"
     bar = progress_bar(iterations, f"step {step} train", show)
     try:
         for it in range(iterations):
@@ -79,13 +84,33 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
                     q, _ = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
                 history.append(history_row(q, it + 1, layout.whole(len(trainer)), clock.elapsed()))
                 if target_reached(q, tc):
-                    reached = it + 1
+                    reached, stopped_by = it + 1, "target"
                     break
+            if out_of_time(it + 1, iterations, tc.time_budget_s, clock, layout.comm):
+                stopped_by = "time budget"
+                break
         check_training(trainer, layout, iterations)
     finally:
         bar.close()
     q0 = initial()
-    return Training(q0, [history_row(q0, 0, gaussians, 0.0)] + history, reached)
+    return Training(q0, [history_row(q0, 0, gaussians, 0.0)] + history, reached, stopped_by)
+
+
+BUDGET_EVERY = 10       # iterations between two looks at the time budget: each waits for the device and
+                        # reduces one number over the ranks, so a step overruns its budget by at most this many
+
+
+def out_of_time(done: int, iterations: int, budget: float | None, clock: PhaseClock, comm) -> bool:
+    """Whether training stops after ``done`` of ``iterations`` for its time budget: every ``BUDGET_EVERY``
+    iterations (never after the last), once the current phase of ``clock`` has lasted ``budget`` seconds on
+    some rank of ``comm`` (the ranks' longest, one all-reduce: every rank stops at the same iteration, as
+    the compositing needs); collective when it looks. ``budget`` None: never."""
+    if budget is None or done % BUDGET_EVERY or done >= iterations:
+        return False
+    elapsed = clock.elapsed(sync=True)
+    if comm.size > 1:
+        elapsed = comm.mpi.allreduce(elapsed, op=MPI.MAX)
+    return elapsed >= budget
 
 
 def train_iteration(trainer: Trainer, scene: Scene, ids: Tensor, bg: Tensor, cfg: Config, comm) -> Tensor:

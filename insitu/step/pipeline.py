@@ -37,7 +37,8 @@ from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
-from insitu.step.seeding import init_colors, seed_shard
+from insitu.step.seeding import Follow, init_colors, seed_shard
+from insitu.surface.follow import surface_offsets
 from insitu.surface.gaussians import Gaussians
 from insitu.training.trainer import Trainer
 from insitu.volume import Block, Frame, check_field, check_geometry, readable_block
@@ -62,6 +63,13 @@ class StepResult:
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
                ``model``, ``ply`` and ``cameras`` are: ``frame.gaussians_to_world`` gives world units, as
                ``model.ply`` holds them.
+    growth:    the factor by which the series' last cold step grew its seeds in training (its ``gaussians``
+               over ``gaussians_initial``; this step's own when it started cold): a warm start from this
+               result steers its count to its seeds times it (:func:`insitu.step.seeding.warm_shard`).
+    offsets:   [N] each of ``gaussians``' distance (cells) to this step's isosurfaces at the end of the step
+               (:func:`insitu.surface.follow.surface_offsets`; with ``series.warm_start``, else None): a warm start
+               from this result takes a Gaussian for stale only if the new surface lies farther from it than
+               that (:func:`insitu.surface.follow.stale`).
     :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
     """
 
@@ -75,6 +83,8 @@ class StepResult:
     images: list = field(default_factory=list)
     cameras: Views | None = None
     frame: Frame = field(default_factory=Frame)
+    growth: float = 1.0
+    offsets: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,8 @@ class Collaborators:
     importing_metrics:  ``() -> bool``, whether that import still runs
                         (:func:`insitu.step.evaluation.importing_metrics`).
     trainer:            the trainer's class (:class:`insitu.training.trainer.Trainer`, or one that extends it).
+    clock:              ``() -> seconds``, what the step's phases and its time budget are timed by
+                        (``time.perf_counter``).
     """
 
     compile_ahead: Callable[..., Ahead] = compile_ahead
@@ -96,6 +108,7 @@ class Collaborators:
     preload_evaluation: Callable[[torch.device], None] = preload_evaluation
     importing_metrics: Callable[[], bool] = importing_metrics
     trainer: type[Trainer] = Trainer
+    clock: Callable[[], float] = _time.perf_counter
 
 
 REAL = Collaborators()
@@ -115,7 +128,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     """
     if warm is not None and not isinstance(warm, StepResult):
         raise TypeError(f"warm: expected the previous step's StepResult, got {type(warm).__name__}")
-    clock = PhaseClock(comm.device)
+    clock = PhaseClock(comm.device, timer=using.clock)
     torch.manual_seed(cfg.train.seed + comm.rank)
     show = cfg.run.progress and comm.rank == 0
     iters = iterations if iterations is not None else cfg.train.iterations
@@ -125,8 +138,11 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     block, warm = frame.inside(block), in_frame(warm, frame)
     layout = choose_layout(cfg, comm, block, decomposition)
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
-    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None)
+    seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
+                         growth=warm.growth if warm is not None else 1.0,
+                         offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
+    follow = follow_counts(comm, seeding.follow)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
 
     def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
@@ -141,7 +157,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
         note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
     trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
-                                  warm=warm, trainer_class=using.trainer)
+                                  warm=warm, trainer_class=using.trainer, ceiling=seeding.ceiling)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
@@ -158,10 +174,13 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer)
+                           closer=closer, follow=follow)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
+    growth = warm.growth if warm is not None else total / max(n0, 1)
+    offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame)
+                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame, growth=growth,
+                      offsets=offsets)
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -169,7 +188,8 @@ def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
     cells changed since); None for a cold start."""
     if warm is None or warm.frame == frame:
         return warm
-    return replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame)
+    offsets = None if warm.offsets is None else warm.offsets * (warm.frame.scale / frame.scale)   # in its cells
+    return replace(warm, gaussians=warm.frame.reframe(warm.gaussians, frame), frame=frame, offsets=offsets)
 
 
 def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0, writer=None,
@@ -229,37 +249,57 @@ def check_input(block: Block, cfg: Config, comm) -> Decomposition:
 
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
-                 iterations: int, warm: StepResult | None,
-                 trainer_class: type[Trainer] = Trainer) -> tuple[Trainer, Scene]:
+                 iterations: int, warm: StepResult | None, trainer_class: type[Trainer] = Trainer,
+                 ceiling: int | None = None) -> tuple[Trainer, Scene]:
     """The trainer of the model this rank trains in ``layout``, and the scene it trains on; collective.
 
     shard: this rank's coloured shard (:func:`init_colors`); ``share``: its part of the surface area.
     The learning rates scale with the whole domain's extent; the means stay within the layout's
-    bounds plus two cells; training goes on at the SH degree ``warm`` reached. ``trainer_class``: the
-    trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends it).
+    bounds plus two cells; densification grows the whole model to ``train.densify.max_gaussians`` at most, or to
+    ``ceiling`` (a warm start's: :attr:`insitu.step.seeding.Seeding.ceiling`). After a warm start training goes
+    on at the SH degree ``warm`` reached, and its ``iterations`` are the first of a cold step's means' schedule
+    (a schedule over the warm iterations alone would cut the rate a hundredfold within them: the new surface's
+    seeds, and the kept Gaussians on a surface that moved, would settle before they got there).
+    ``trainer_class``: the trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends
+    it).
     """
     model, scene = layout.prepare(shard, scene)
     device, tc = layout.comm.device, cfg.train
-    cap = layout.max_gaussians(tc.densify.max_gaussians, share, len(shard))
+    cap = layout.max_gaussians(min(tc.densify.max_gaussians, ceiling or tc.densify.max_gaussians), share, len(shard))
     lo, hi = layout.bounds
     margin = 2.0 * float(min(block.spacing))
     glo, ghi = block.global_box
     trainer = trainer_class(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
                             box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
                                  torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
-                            max_gaussians=cap, device=device,
-                            total_iterations=iterations, sh_degree_start=warm.sh_degree if warm is not None else 0,
+                            max_gaussians=cap, device=device, total_iterations=iterations,
+                            schedule=max(iterations, tc.iterations) if warm is not None else None,
+                            sh_degree_start=warm.sh_degree if warm is not None else 0,
                             replicas=layout.replicas,
                             pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))
     return trainer, scene
 
 
+def follow_counts(comm, follow: Follow | None) -> dict:
+    """metrics.json's counts of a warm start (:class:`insitu.step.seeding.Follow`), summed over the ranks:
+    ``gaussians_stale`` (removed, off the new surface), ``gaussians_dropped`` (removed on it: faint or
+    thinned) and ``gaussians_new`` (seeds added); None each for a cold start (the same on every rank);
+    collective."""
+    keys = ("gaussians_stale", "gaussians_dropped", "gaussians_new")
+    if follow is None:
+        return dict.fromkeys(keys)
+    return dict(zip(keys, comm.mpi.allreduce(np.array([follow.stale, follow.dropped, follow.new], np.int64))
+                    .tolist()))
+
+
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality | None, clock: PhaseClock, *,
-                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality]) -> dict:
+                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality],
+                 follow: dict | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model file's figures (or None),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
-    whole model's Gaussians before and after training. ``total_seconds`` is read last."""
+    whole model's Gaussians before and after training, ``follow``: a warm start's counts
+    (:func:`follow_counts`). ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
         "step": step, "time": time,             # the surface's figures first: what a user looks at
@@ -273,8 +313,9 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
-        "sh_degree": trainer.sh_degree_trained,
+        "stopped_by": log.stopped_by, "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total,
+        **(follow or follow_counts(comm, None)),
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
         "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),

@@ -2,8 +2,8 @@
 
 :func:`seed_shard` extracts the surface (:func:`insitu.surface.seeds.extract_seeds`), refuses one too small to
 train (:func:`check_surface`), takes this rank's share of :func:`seed_count` seeds, and either seeds them
-(:func:`insitu.surface.seeds.init_gaussians`) or keeps what of a warm start's shard still lies on the surface
-(:func:`warm_shard`); the lit colour model's seeds are turned and coloured as the ground truth shades the
+(:func:`insitu.surface.seeds.init_gaussians`) or makes the previous step's shard follow the surface
+(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and coloured as the ground truth shades the
 surface (:func:`lit_seeds`). Once the ground truth is cast, :func:`init_colors` gives the SH model's seeds
 their colours from it. :func:`surface_targets` are the points the close-up cameras look at.
 """
@@ -20,11 +20,12 @@ from insitu.config import Config
 from insitu.errors import SurfaceTooSmall
 from insitu.groundtruth.scene import Scene, global_range
 from insitu.groundtruth.views import pixels_per_area
+from insitu.surface.follow import SLACK, plan, submesh, uncovered
 from insitu.surface.gaussians import Gaussians, rgb_to_sh0
 from insitu.surface.seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from insitu.training.appearance import BlockSamples, base_colors
 from insitu.training.trainer import colors_from_images, training_blur
-from insitu.volume import Block, iso_distance, unit_field
+from insitu.volume import Block, unit_field
 
 
 @dataclass
@@ -37,12 +38,34 @@ class Seeding:
              count (and of ``train.densify.max_gaussians`` in sort-last).
     targets: [M, 3] points on the whole surface, the same on every rank (:func:`surface_targets`):
              what the close-up cameras look at.
+    follow:  a warm start's counts on this rank (:class:`Follow`), None for a cold start.
+    ceiling: a warm start's most Gaussians over all ranks, the same on every rank: the top of the band its count
+             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with),
+             which its densification (a warm step as long as ``train.densify.start``) may not pass; None for a
+             cold start (``train.densify.max_gaussians``).
     """
 
     shard: Gaussians
     fresh: Tensor | None
     share: float
     targets: np.ndarray
+    follow: Follow | None = None
+    ceiling: int | None = None
+
+
+@dataclass(frozen=True)
+class Follow:
+    """What a warm start did to the previous step's shard on one rank (:func:`warm_shard`).
+
+    stale:   Gaussians removed because their centre is off the new surface.
+    dropped: Gaussians removed although on the surface: faint (below ``train.densify.prune_opacity``), or thinned
+             where the kept model was denser than the count steered to.
+    new:     seeds added (on new surface, and on the covered surface where the kept model was too thin).
+    """
+
+    stale: int
+    dropped: int
+    new: int
 
 
 def seed_count(cfg: Config, total_area: float, block: Block) -> int:
@@ -96,11 +119,14 @@ def model_sh_degree(cfg: Config) -> int:
     return 0 if cfg.train.color_model == "lit" else cfg.train.sh_degree
 
 
-def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None) -> Seeding:
-    """This rank's initial shard: Gaussians seeded on its block's surface, or ``warm`` (the previous step's
-    shard on this rank) refit to it (:func:`warm_shard`), as many as :func:`seed_count` says; with the lit
-    colour model, turned and coloured as the ground truth shades the surface (:func:`lit_seeds`);
-    collective."""
+def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growth: float = 1.0,
+               offsets: Tensor | None = None) -> Seeding:
+    """This rank's initial shard: Gaussians seeded on its block's surface (its share of :func:`seed_count`),
+    or ``warm`` (the previous step's shard on this rank) made to follow the surface (:func:`warm_shard`; its
+    Gaussians' ``offsets`` from the previous step's surface, when known), its count steered to what a cold
+    step would end with: the seeds times ``growth`` (the factor by which a cold step of the series grew its
+    seeds); with the lit colour model, turned and coloured as the ground truth shades the surface
+    (:func:`lit_seeds`); collective."""
     lit = cfg.train.color_model == "lit"
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
@@ -109,20 +135,24 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None) -> Seedi
     total_area = comm.mpi.allreduce(seeds.total_area)
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
-    budget = int(round(seed_count(cfg, total_area, block) * share))
-    fresh = None
+    count = seed_count(cfg, total_area, block)
+    fresh, follow, ceiling = None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard, fresh = warm_shard(warm, seeds, budget, cfg, block, comm.device, rank=comm.rank)
+            shard, fresh, follow = warm_shard(warm, seeds, cfg, block, comm.device, expected=count * share * growth,
+                                              ceiling=int(cfg.train.densify.max_gaussians * share), then=offsets,
+                                              rank=comm.rank)
+            ceiling = min(cfg.train.densify.max_gaussians, math.ceil(SLACK * count * growth))
         else:
-            shard = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                                   thickness=cfg.seeds.thickness, sh_degree=model_sh_degree(cfg),
-                                   seed=cfg.train.seed + comm.rank, fill=seeds_fill(cfg), device=comm.device)
+            shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
+                                   opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
+                                   sh_degree=model_sh_degree(cfg), seed=cfg.train.seed + comm.rank,
+                                   fill=seeds_fill(cfg), device=comm.device)
         if lit:                                  # normals and base colours: the ground truth's at each seed
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
-    return Seeding(shard, fresh, share, targets)
+    return Seeding(shard, fresh, share, targets, follow, ceiling)
 
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
@@ -169,46 +199,38 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
     return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
-def warm_shard(warm: Gaussians, seeds: Seeds, budget: int, cfg: Config, block: Block, device, *,
-               keep: float = 0.5, near: float | None = None, rank: int = 0) -> tuple[Gaussians, Tensor]:
-    """Previous step's shard refit to the new surface: drop Gaussians off it, seed where it is new.
+def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
+               ceiling: int | None = None, then: Tensor | None = None,
+               rank: int = 0) -> tuple[Gaussians, Tensor, Follow]:
+    """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
+    ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
+    ``then``, their offsets when their step ended, where known), so do the faint ones (an opacity below
+    ``train.densify.prune_opacity``: a warm step does not densify, so nothing else would prune them); new surface
+    gets seeds at the kept model's density; the count is steered towards ``expected`` (what a cold step
+    would end this rank's surface with) within a factor 1.5, at most ``ceiling``, by seeds on the covered
+    surface or by thinning the least opaque.
 
-    Returns the shard and ``fresh: [N]`` bool, its new seeds (they get the cold start's colours,
-    :func:`init_colors`; the kept Gaussians keep their trained ones).
-
-    keep: in cells; an old Gaussian is kept when the new field puts it within this distance of the
-          isosurface (:func:`insitu.volume.iso_distance`). A vertex of the new surface within 1 cell
-          (the rule before) kept stale Gaussians: on Gray-Scott L = 32, 30 steps apart, the warm step
-          ended 1.8 dB below a cold one, 0.2 dB with this rule.
-    near: in cells; a new seed is added where no kept Gaussian lies within this distance of it. None:
-          the side of the area each new seed stands for (``sqrt(area / seeds)``), so that where the
-          kept Gaussians are sparser than a cold start's seeds the new ones fill in (a fixed cell kept
-          seeds by density, several per cell, out of every cell with one kept Gaussian: the Gray-Scott
-          L = 128 warm step at 1024^2 started from 200k Gaussians where a cold one seeds 551k).
-    rank: this rank's number, for the new seeds' draws (as the cold start's).
-    The new seeds are drawn as a cold start draws them (``seeds.density``, or ``seeds.fill`` with a density
-    of 0: points on the triangles up to ``budget``; else the vertices).
+    Returns the shard (the kept Gaussians first), ``fresh: [N]`` bool, its new seeds (they get the cold
+    start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), and the counts
+    (:class:`Follow`). ``rank``: this rank's number, for the new seeds' draws (as a cold start's).
     """
-    from scipy.spatial import cKDTree           # lazy for start-up time (preload_evaluation imports it first)
-
-    fresh = init_gaussians(seeds, budget, color=cfg.views.surface_color, opacity=cfg.seeds.opacity,
-                           thickness=cfg.seeds.thickness, sh_degree=warm.sh_degree, seed=cfg.train.seed + rank,
-                           fill=seeds_fill(cfg), device=device)
-    if len(warm) == 0 or len(seeds) == 0:
-        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
     old = warm.to(device)
-    cell = float(min(block.spacing))
-    off = iso_distance(block, cfg.input.iso, old.means.detach().cpu().numpy()) / cell
-    old = old.select(torch.as_tensor(off <= keep, device=device))
-    if len(old) == 0:
-        return fresh, torch.ones(len(fresh), dtype=torch.bool, device=device)
-    reach = near * cell if near is not None else math.sqrt(seeds.total_area / max(len(fresh), 1))
-    d_new, _ = cKDTree(old.means.cpu().numpy()).query(fresh.means.cpu().numpy(), distance_upper_bound=reach)
-    add = torch.as_tensor(~np.isfinite(d_new), device=device)
-    new = fresh.select(add)
-    mask = torch.cat([torch.zeros(len(old), dtype=torch.bool, device=device),
-                      torch.ones(len(new), dtype=torch.bool, device=device)])
-    return Gaussians.cat([old, new]), mask
+    p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling, then=then,
+             faint=cfg.train.densify.prune_opacity, device=device)
+    kept = old.select(p.keep)
+    draw = dict(color=cfg.views.surface_color, opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
+                sh_degree=old.sh_degree, fill=True, device=device)
+    parts = [kept]
+    if p.budget.new > 0:                        # drawn on the new triangles, kept where no kept centre covers
+        part = submesh(seeds, p.new.cpu().numpy())
+        drawn = init_gaussians(part, int(round(p.budget.density * part.total_area)), seed=cfg.train.seed + rank,
+                               **draw)
+        parts.append(drawn.select(uncovered(drawn.means, p.projected, p.coverage.radius)))
+    if p.budget.extra > 0:                      # the kept model too thin: more on the whole surface
+        parts.append(init_gaussians(seeds, p.budget.extra, seed=cfg.train.seed + rank + 7919, **draw))
+    shard = Gaussians.cat(parts)
+    fresh = torch.arange(len(shard), device=device) >= len(kept)
+    return shard, fresh, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
 
 
 def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:

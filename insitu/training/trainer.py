@@ -244,7 +244,10 @@ class Trainer:
     extent:       scene extent (radius of the global bounds) that scales position learning rates.
     box:          (lo [3], hi [3]) the means stay inside (this rank's block plus a margin).
     max_gaussians: this rank's cap for densification.
-    total_iterations: length of the learning-rate schedule (default ``cfg.iterations``).
+    total_iterations: the iterations this trainer runs (default ``cfg.iterations``): densification and opacity
+                  resets keep clear of their end.
+    schedule:     length of the means' learning-rate schedule (default ``total_iterations``); a warm step runs
+                  the first ``total_iterations`` of a cold step's (``cfg.iterations``).
     sh_degree_start: SH degree at iteration 0 (a warm start goes on at the degree it reached);
                      one more band every ``cfg.sh_increase_every`` iterations up to the shard's degree.
     replicas:     data parallelism: the ranks of this Comm each hold the same whole model and
@@ -257,8 +260,8 @@ class Trainer:
     """
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
-                 max_gaussians: int, device, total_iterations: int | None = None, sh_degree_start: int = 0,
-                 replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None):
+                 max_gaussians: int, device, total_iterations: int | None = None, schedule: int | None = None,
+                 sh_degree_start: int = 0, replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None):
         self.cfg = cfg
         self.replicas = replicas if replicas is not None and replicas.size > 1 else None
         self.images_per_step = cfg.batch * (self.replicas.size if self.replicas else 1)
@@ -267,6 +270,7 @@ class Trainer:
         self.max_gaussians = int(max_gaussians)
         self.device = device
         self.total = total_iterations or cfg.iterations
+        self.schedule = schedule or self.total
         self.params = to_params(gaussians.to(device))
         self.sh_degree_max = gaussians.sh_degree
         self.sh_degree_start = int(sh_degree_start)
@@ -313,7 +317,7 @@ class Trainer:
         return from_params(self.params)
 
     def _schedule(self) -> None:
-        t = min(self.iteration / max(self.total, 1), 1.0)
+        t = min(self.iteration / max(self.schedule, 1), 1.0)
         lr0 = self.cfg.lr_means * self.extent * math.sqrt(self.images_per_step)
         lr1 = self.cfg.lr_means_final * self.extent * math.sqrt(self.images_per_step)
         if lr0 <= 0:                                            # the means stay where they are

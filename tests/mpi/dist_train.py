@@ -15,6 +15,12 @@ MODE replicated: as train (the deferred figures too), with ``run.layout: replica
 MODE corner: a small sphere inside rank 0's block only: the other ranks hold no surface and
              must train (60 iterations) with 0 Gaussians without failing; rank 0 writes the metrics and the
              Gaussians of every rank (``per_rank``) to DIR/metrics_P.json.
+MODE budget: a step with ``train.time_budget_s`` 25 on the P ranks, each on a fake clock that stands still but for
+             1 + r seconds added by every optimiser step on rank r (:func:`conftest.ticking_clock`): every rank
+             stops at the same iteration, the first look (every 10 iterations) past the budget on the fastest
+             clock; rank 0 writes the metrics with every rank's iterations to DIR/metrics_P.json. Then a step of
+             the surface moved 1 cell along x, warm-started from it: its warm-start counts (the same on every
+             rank) to DIR/metrics_P_warm.json.
 MODE fail:   two failing steps on the same ranks, one after the other:
              (nan)   rank 1's block holds a NaN;
              (color) cfg.input.color_var names a field that only rank 0 has, so rank 1 fails
@@ -48,7 +54,7 @@ from insitu.step.layouts import training_ranks
 from insitu.step.pipeline import Collaborators, run_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/, for conftest's helpers
-from conftest import sphere_field, tiny_config  # noqa: E402
+from conftest import sphere_field, ticking_clock, tiny_config  # noqa: E402
 
 
 def metaballs(n: int = 40) -> np.ndarray:
@@ -117,6 +123,24 @@ def train(comm, cfg, field, path: Path, warm=None, importing=None):
     return result
 
 
+def budget(comm, cfg, out: Path) -> None:
+    """MODE budget (the module's docstring)."""
+    cfg.train.time_budget_s = 25.0
+    field = metaballs()
+    first = run_step(cut_block(field, comm.rank, comm.size), cfg, comm, using=ticking_clock(1.0 + comm.rank))
+    m = first.metrics
+    done = comm.allgather_object((m["iterations"], m["stopped_by"]))
+    if comm.rank == 0:
+        (out / f"metrics_{comm.size}.json").write_text(json.dumps({**m, "per_rank": done}, indent=1))
+    moved = np.roll(field, 1, axis=2)          # the surface 1 cell further along x (the edges hold no surface)
+    warm = run_step(cut_block(moved, comm.rank, comm.size), cfg, comm, warm=first, iterations=10)
+    counts = comm.allgather_object([warm.metrics[k] for k in ("gaussians_stale", "gaussians_dropped",
+                                                              "gaussians_new", "gaussians_initial")])
+    if comm.rank == 0:
+        (out / f"metrics_{comm.size}_warm.json").write_text(json.dumps({**warm.metrics, "per_rank": counts},
+                                                                       indent=1))
+
+
 def main(mode: str, out: Path | None) -> None:
     cfg = dist_config(0.0 if mode == "corner" else 0.5)
     if mode == "fail":
@@ -138,6 +162,8 @@ def main(mode: str, out: Path | None) -> None:
         expect_failure("color", comm, cfg, block)
     elif mode == "corner":
         train(comm, cfg, corner_sphere(), out / f"metrics_{P}.json")
+    elif mode == "budget":
+        budget(comm, cfg, out)
     else:
         field = metaballs()
         if mode == "replicated":
