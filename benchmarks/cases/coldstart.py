@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks.cases.fidelity import CASES, TINY_ARGS, measure
-from benchmarks.harness import evict_page_cache, synthetic_volume
+from benchmarks.cases.fidelity import CASES, case_volume, measure
+from benchmarks.harness import evict_page_cache
 
 TABLE = "run"   # cold against warm compares only within its run
 COLUMNS = ("name", "seconds", "seeds_seconds", "ground_truth_seconds", "train_seconds", "ply_fit_seconds",
@@ -36,14 +36,7 @@ def add_arguments(parser) -> None:
 def run(args) -> list[dict]:
     if args.warm < 0:
         raise SystemExit(f"benchmarks: error: coldstart: --warm: expected 0 or more, got {args.warm}")
-    if args.tiny:
-        volume, iso = synthetic_volume(args.run_dir / "ball.npy")
-        case_args = ("--iso", str(iso), *TINY_ARGS)
-    else:
-        file, case_args = CASES[args.case]
-        volume = args.data / file
-        if not volume.is_file():
-            raise SystemExit(f"benchmarks: error: coldstart: no volume {volume} (--data: the folder of {file})")
+    volume, case_args = case_volume(args, "coldstart")
     cache = Path(tempfile.mkdtemp(prefix="bench-kc-"))
     evicted = evict_page_cache(Path(__file__).resolve().parents[2]) if args.evict else None
     rows = []

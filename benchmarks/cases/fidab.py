@@ -16,8 +16,7 @@ import argparse
 import re
 from pathlib import Path
 
-from benchmarks.cases.fidelity import CASES, TINY_ARGS, measure
-from benchmarks.harness import synthetic_volume
+from benchmarks.cases.fidelity import CASES, case_volume, measure
 
 TABLE = "run"   # an A/B compares only within its run
 COLUMNS = ("name", "psnr_foreground", "psnr", "seconds", "seeds_seconds", "ground_truth_seconds",
@@ -44,14 +43,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[dict]:
-    if args.tiny:
-        volume, iso = synthetic_volume(args.run_dir / "ball.npy")
-        case_args = ("--iso", str(iso), *TINY_ARGS)
-    else:
-        file, case_args = CASES[args.case]
-        volume = args.data / file
-        if not volume.is_file():
-            raise SystemExit(f"benchmarks: error: fidab: no volume {volume} (--data: the folder of {file})")
+    volume, case_args = case_volume(args, "fidab")
     rows = []
     for n, (label, folder) in enumerate(args.trees, 1):
         row = measure(args, args.case, volume, case_args, label=f"{label}_{n}", tree=folder)

@@ -54,6 +54,19 @@ def add_arguments(parser) -> None:
                         help="a configuration override for every case (repeatable)")
 
 
+def case_volume(args, case: str) -> tuple[Path, tuple[str, ...]]:
+    """The volume and the ``insitu run`` arguments of a case that runs one fidelity case (``args.case``): with
+    ``--tiny`` a synthetic ball; else the case's file under ``--data``, which must be there."""
+    if args.tiny:
+        volume, iso = synthetic_volume(args.run_dir / "ball.npy")
+        return volume, ("--iso", str(iso), *TINY_ARGS)
+    file, case_args = CASES[args.case]
+    volume = args.data / file
+    if not volume.is_file():
+        raise SystemExit(f"benchmarks: error: {case}: no volume {volume} (--data: the folder of {file})")
+    return volume, case_args
+
+
 def measure(args, name: str, volume: Path, case_args: tuple[str, ...], *, label: str | None = None,
             tree: Path | None = None, cache: Path | None = None) -> dict:
     """One `insitu run VOLUME CASE_ARGS` (and ``args.overrides``, ``--device``): its row, named ``label``.
