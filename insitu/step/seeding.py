@@ -43,6 +43,8 @@ class Seeding:
              is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with),
              which its densification (a warm step as long as ``train.densify_from``) may not pass; None for a
              cold start (``train.max_gaussians``).
+    settled: [N] bool, a warm start's kept Gaussians where the surface did not move (:func:`warm_shard`: their
+             opacities learn slower, :class:`insitu.training.trainer.Trainer`), None for a cold start.
     """
 
     shard: Gaussians
@@ -51,6 +53,7 @@ class Seeding:
     targets: np.ndarray
     follow: Follow | None = None
     ceiling: int | None = None
+    settled: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,13 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     count = seed_count(cfg, total_area, block)
-    fresh, follow, ceiling = None, None, None
+    fresh, settled, follow, ceiling = None, None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard, fresh, follow = warm_shard(warm, seeds, cfg, block, comm.device, expected=count * share * growth,
-                                              ceiling=int(cfg.train.max_gaussians * share), then=offsets,
-                                              rank=comm.rank)
+            shard, fresh, settled, follow = warm_shard(warm, seeds, cfg, block, comm.device,
+                                                       expected=count * share * growth,
+                                                       ceiling=int(cfg.train.max_gaussians * share), then=offsets,
+                                                       rank=comm.rank)
             ceiling = min(cfg.train.max_gaussians, math.ceil(SLACK * count * growth))
         else:
             shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
@@ -152,8 +156,11 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
-    return Seeding(shard, fresh, share, targets, follow, ceiling)
+    return Seeding(shard, fresh, share, targets, follow, ceiling, settled)
 
+
+SETTLED_CELLS = 0.05   # a kept Gaussian whose offset from the surface changed by more than this (cells) is where the
+                       # surface moved: its opacity learns at the full rate, as a new seed's
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
                                        # model of a Gaussian or two, scored on a few pixels (or on none)
@@ -201,7 +208,7 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
 
 def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
                ceiling: int | None = None, then: Tensor | None = None,
-               rank: int = 0) -> tuple[Gaussians, Tensor, Follow]:
+               rank: int = 0) -> tuple[Gaussians, Tensor, Tensor, Follow]:
     """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
     ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
     ``then``, their offsets when their step ended, where known), so do the faint ones (an opacity below
@@ -211,8 +218,11 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
     surface or by thinning the least opaque.
 
     Returns the shard (the kept Gaussians first), ``fresh: [N]`` bool, its new seeds (they get the cold
-    start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), and the counts
-    (:class:`Follow`). ``rank``: this rank's number, for the new seeds' draws (as a cold start's).
+    start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), ``settled: [N]`` bool,
+    the kept Gaussians where the surface did not move (their offset from it changed by at most
+    ``SETTLED_CELLS`` since ``then``; all kept ones where ``then`` is unknown): their opacities learn slower
+    (:class:`insitu.training.trainer.Trainer`), and the counts (:class:`Follow`). ``rank``: this rank's number,
+    for the new seeds' draws (as a cold start's).
     """
     old = warm.to(device)
     p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling, then=then,
@@ -230,7 +240,11 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
         parts.append(init_gaussians(seeds, p.budget.extra, seed=cfg.train.seed + rank + 7919, **draw))
     shard = Gaussians.cat(parts)
     fresh = torch.arange(len(shard), device=device) >= len(kept)
-    return shard, fresh, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
+    settled = ~fresh
+    if then is not None:                        # kept where the surface did not move: settled
+        moved = (p.cells - torch.as_tensor(then, device=device)).abs()[p.keep] > SETTLED_CELLS
+        settled[:len(kept)] &= ~moved
+    return shard, fresh, settled, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
 
 
 def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
