@@ -16,9 +16,9 @@ from insitu.volume import whole_block
 
 N = 24
 C = (N - 1) / 2
-MARGIN_DB = 3.0         # a warm step's surface PSNR at least a cold step's less this (15 iterations against 60; measured
-                        # 0.7 to 2.3 dB under on the sphere over three seeds, 2.5 to 5.3 dB before the model followed
-                        # the surface)
+MARGIN_DB = 3.0         # a warm step's surface PSNR at least a cold step's less this (15 iterations against 60;
+                        # measured 0.8 to 2.3 dB under on the sphere over three seeds, 2.5 to 5.3 dB before the model
+                        # followed the surface)
 
 
 def series_config(iso: float):

@@ -3,9 +3,10 @@
 :func:`seed_shard` extracts the surface (:func:`insitu.surface.seeds.extract_seeds`), refuses one too small to
 train (:func:`check_surface`), takes this rank's share of :func:`seed_count` seeds, and either seeds them
 (:func:`insitu.surface.seeds.init_gaussians`) or makes the previous step's shard follow the surface
-(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and coloured as the ground truth shades the
-surface (:func:`lit_seeds`). Once the ground truth is cast, :func:`init_colors` gives the SH model's seeds
-their colours from it. :func:`surface_targets` are the points the close-up cameras look at.
+(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and
+coloured as the ground truth shades the surface (:func:`lit_seeds`). Once the ground truth is cast,
+:func:`init_colors` gives the SH model's seeds their colours from it. :func:`surface_targets` are the points the
+close-up cameras look at.
 """
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ class Seeding:
              what the close-up cameras look at.
     follow:  a warm start's counts on this rank (:class:`Follow`), None for a cold start.
     ceiling: a warm start's most Gaussians over all ranks, the same on every rank: the top of the band its count
-             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with),
-             which its densification (a warm step as long as ``train.densify_from``) may not pass; None for a
+             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with), past
+             which a warm step long enough to densify (past ``train.densify_from``) does not grow; None for a
              cold start (``train.max_gaussians``).
     settled: [N] bool, a warm start's kept Gaussians where the surface did not move (:func:`warm_shard`: their
              opacities learn slower, :class:`insitu.training.trainer.Trainer`), None for a cold start.
@@ -159,9 +160,6 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     return Seeding(shard, fresh, share, targets, follow, ceiling, settled)
 
 
-SETTLED_CELLS = 0.05   # a kept Gaussian whose offset from the surface changed by more than this (cells) is where the
-                       # surface moved: its opacity learns at the full rate, as a new seed's
-
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
                                        # model of a Gaussian or two, scored on a few pixels (or on none)
 
@@ -206,16 +204,20 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
     return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
+SETTLED_CELLS = 0.05    # a kept Gaussian whose offset from the surface changed by more than this (cells) stands where
+                        # the surface moved: its opacity learns at the full rate, as a new seed's does
+
+
 def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
                ceiling: int | None = None, then: Tensor | None = None,
                rank: int = 0) -> tuple[Gaussians, Tensor, Tensor, Follow]:
     """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
     ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
-    ``then``, their offsets when their step ended, where known), so do the faint ones (an opacity below
-    ``train.prune_opacity``: a warm step does not densify, so nothing else would prune them); new surface
-    gets seeds at the kept model's density; the count is steered towards ``expected`` (what a cold step
-    would end this rank's surface with) within a factor 1.5, at most ``ceiling``, by seeds on the covered
-    surface or by thinning the least opaque.
+    ``then``, their offsets when their step ended, where known: :func:`insitu.surface.follow.stale`), so do the
+    faint ones (an opacity below ``train.prune_opacity``: a warm step shorter than ``train.densify_from`` prunes
+    nothing); new surface gets seeds at the kept model's density; the count is steered towards ``expected``
+    (what a cold step would end this rank's surface with) within the factor :data:`insitu.surface.follow.SLACK`,
+    at most ``ceiling``, by seeds on the covered surface or by thinning the least opaque.
 
     Returns the shard (the kept Gaussians first), ``fresh: [N]`` bool, its new seeds (they get the cold
     start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), ``settled: [N]`` bool,
