@@ -101,7 +101,7 @@ def blobs(separation: float, amplitude: float) -> np.ndarray:
 
 def test_a_blob_that_splits_is_followed(comm):
     """Two blobs drifting apart and fading: one surface at 0.5, pinched, then two; the warm steps within
-    MARGIN_DB of cold steps (measured 0.4 dB under to 0.8 over) and their counts within 1.5 times (twice under it
+    MARGIN_DB of cold steps (measured 0.5 dB under to 0.8 over) and their counts within 1.5 times (twice under it
     before the model followed the surface), the waist's Gaussians stale."""
     fields = [blobs(6.0, 1.0), blobs(7.5, 0.95), blobs(9.0, 0.9)]
     assert [ndimage.label(f > 0.5)[1] for f in fields] == [1, 1, 2]
