@@ -85,14 +85,17 @@ def test_stale_gaussians_are_those_off_the_moved_surface(spheres):
 
 def test_what_training_left_off_the_surface_stays_until_the_surface_moves_away_from_it():
     """Gaussians 0.4 cells off an unchanged sphere (as training leaves some by thin or sharp features): stale by
-    their offset alone, not given their offset when their step ended; once the sphere has grown by 0.3 cells
-    away from them (0.7 off), stale again."""
+    their offset alone, not given their offset when their step ended; once the sphere has shrunk by 0.3 cells
+    away from them (0.7 off, more than a quarter of a cell beyond 0.4), stale again; Gaussians 0.8 cells off
+    (more than three quarters) are stale whatever their offset was."""
     field = sphere_field(N)
     block = whole_block(field)
     off = shard_on(whole_block(field), 6.4, 800).means              # 0.4 cells outside the sphere of radius 6
     then = surface_offsets(block, [6.0], off).cells
     assert stale(block, [6.0], off).all() and not stale(block, [6.0], off, then=then).any()
-    assert stale(block, [5.7], off, then=then).all()
+    assert not stale(block, [5.8], off, then=then).any() and stale(block, [5.7], off, then=then).all()
+    far = shard_on(whole_block(field), 6.8, 800).means
+    assert stale(block, [6.0], far, then=surface_offsets(block, [6.0], far).cells).all()
     with pytest.raises(ValueError, match=r"then: expected \[N\] = \[800\] offsets, one per Gaussian, got shape"):
         stale(block, [6.0], off, then=then[:5])
 

@@ -489,7 +489,7 @@ def test_warm_shard_keeps_what_lies_on_the_new_surface_and_seeds_the_rest():
     for radius, kept in ((5.15, 1.0), (5.5, 0.0), (7.0, 0.0)):
         cfg.input.iso = [radius]
         new_block = whole_block(sphere_field(24))
-        shard, fresh, follow = warm_shard(old, extract_seeds(new_block, [radius]), cfg, new_block,
+        shard, fresh, _, follow = warm_shard(old, extract_seeds(new_block, [radius]), cfg, new_block,
                                           torch.device("cpu"), expected=len(old))
         on_old = np.abs(np.linalg.norm(shard.means.numpy() - 11.5, axis=1) - 5.0) < 0.1     # (on triangles)
         assert np.array_equal(fresh.numpy(), ~on_old)                   # the new seeds, marked for colouring
@@ -513,14 +513,14 @@ def test_a_warm_start_drops_faint_gaussians_and_steers_a_thin_model_to_a_cold_st
     seeds = extract_seeds(block, [5.0])
     old = init_gaussians(seeds, 2000, fill=True, sh_degree=cfg.train.sh_degree)
     old.opacity_logits[:100] = -10.0                                   # opacity 4.5e-5, under 0.005
-    shard, fresh, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900)
+    shard, fresh, _, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900)
     assert (follow.stale, follow.dropped, follow.new) == (0, 100, 0) and not fresh.any()
     assert torch.equal(shard.means, old.means[100:])
-    shard, fresh, follow = warm_shard(old.select(torch.arange(2000) >= 100), seeds, cfg, block,
+    shard, fresh, _, follow = warm_shard(old.select(torch.arange(2000) >= 100), seeds, cfg, block,
                                       torch.device("cpu"), expected=5 * 1900)
     assert follow.new == int(fresh.sum()) == round(5 * 1900 / SLACK) - 1900
     old.opacity_logits[100:] = torch.linspace(-2.0, 2.0, 1900)
-    shard, fresh, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900 / 3)
+    shard, fresh, _, follow = warm_shard(old, seeds, cfg, block, torch.device("cpu"), expected=1900 / 3)
     assert (follow.dropped, follow.new) == (2000 - round(SLACK * 1900 / 3), 0)
     assert float(shard.opacity_logits.min()) > float(old.opacity_logits.quantile(0.5))     # the faintest went
 
@@ -591,7 +591,7 @@ def test_warm_start_colours_its_new_seeds_from_the_ground_truth(comm):
     before, after = sphere - 5.0, np.minimum(sphere - 5.0, blob)
     old = init_gaussians(extract_seeds(whole_block(before), [0.0]), 10**6, sh_degree=cfg.train.sh_degree)
     old.sh0[:, 0, 1] = 2.0                                              # trained colours: a marker
-    shard, new, _ = warm_shard(old, extract_seeds(whole_block(after), [0.0]), cfg, whole_block(after),
+    shard, new, _, _ = warm_shard(old, extract_seeds(whole_block(after), [0.0]), cfg, whole_block(after),
                                torch.device("cpu"), expected=len(old))
     assert 0 < new.sum() < len(shard)
     scene = make_scene(whole_block(after, fields={"ramp": ramp}), cfg, comm)

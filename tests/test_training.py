@@ -49,14 +49,14 @@ def train_config(densify: dict | None = None, **kw) -> TrainConfig:
 
 
 def make_trainer(shard, block, cfg: TrainConfig, *, extent=None, box=None, max_gaussians=10**6, total=100,
-                 pixel_size=None):
+                 pixel_size=None, **kwargs):
     lo, hi = block.box
     if extent is None:
         extent = 0.5 * float(np.linalg.norm(hi - lo))
     if box is None:
         box = (torch.tensor(lo - 2.0, dtype=torch.float32), torch.tensor(hi + 2.0, dtype=torch.float32))
     return Trainer(shard, cfg, extent=extent, box=box, max_gaussians=max_gaussians, device=torch.device("cpu"),
-                   total_iterations=total, pixel_size=pixel_size)
+                   total_iterations=total, pixel_size=pixel_size, **kwargs)
 
 
 def step(trainer: Trainer, scene, comm, it: int, *, seen: list | None = None) -> float:
@@ -278,6 +278,44 @@ def test_means_learning_rate_decays_log_linearly_to_the_final_value(shard, block
     np.testing.assert_allclose(ratios, per_step, rtol=1e-6)            # geometric, T steps from lr0 to lr1
     assert lr0 * per_step * (1 - 1e-6) <= seen[0] <= lr0 * (1 + 1e-6)  # starts at lr0 (t = 0 or 1/T) ...
     assert lr1 * (1 - 1e-6) <= seen[-1] <= lr1 / per_step * (1 + 1e-6)  # ... ends at lr1 (t = 1 - 1/T or 1)
+
+
+def test_a_warm_steps_means_rate_runs_the_first_iterations_of_a_cold_steps_schedule(shard, block, scene, comm):
+    """schedule 12 over 4 iterations: the rates of a 12-iteration schedule's first 4 (a third of the way down)."""
+    cfg = train_config(lr_means=1e-3, lr_means_final=1e-5)
+    cold, warm = [], []
+    trainer = make_trainer(shard, block, cfg, extent=1.0, total=12)
+    for it in range(12):
+        step(trainer, scene, comm, it, seen=cold)
+    trainer = make_trainer(shard, block, cfg, extent=1.0, total=4, schedule=12)
+    for it in range(4):
+        step(trainer, scene, comm, it, seen=warm)
+    np.testing.assert_allclose(warm, cold[:4], rtol=1e-9)
+
+
+def test_settled_gaussians_opacities_take_a_tenth_of_their_step(shard, block, scene, comm):
+    """A warm start's settled Gaussians (every other one): in the first step their opacities move a tenth of
+    what the same step moves them without the flag, every other parameter as without it; the flag follows the
+    Gaussians through densification (the copies of settled ones settled)."""
+    settled = torch.arange(len(shard)) % 2 == 0
+    free = make_trainer(shard, block, train_config())
+    slow = make_trainer(shard, block, train_config(), settled=settled)
+    step(free, scene, comm, 0)
+    step(slow, scene, comm, 0)
+    moved = free.params["opacities"].detach() - shard.opacity_logits
+    got = slow.params["opacities"].detach() - shard.opacity_logits
+    assert moved[settled].abs().min() > 0
+    torch.testing.assert_close(got[settled], Trainer.SETTLED_OPACITY_RATE * moved[settled], rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got[~settled], moved[~settled], rtol=0, atol=0)
+    for name in ("means", "scales", "quats", "colors"):
+        torch.testing.assert_close(slow.params[name], free.params[name], rtol=0, atol=0)
+    dense = make_trainer(shard, block, densify_config(), extent=1e4, settled=settled)    # clones of all
+    step(dense, scene, comm, 0)
+    n0, n1 = len(shard), len(dense)
+    assert n1 > n0 and len(dense.opacity_rate) == n1
+    src = (dense.params["means"][n0:, None, :] == dense.params["means"][None, :n0]).all(-1).float().argmax(1)
+    assert torch.equal(dense.opacity_rate[n0:], dense.opacity_rate[src])
+    assert torch.equal(dense.opacity_rate[:n0], torch.where(settled, 0.1, 1.0))
 
 
 def test_the_other_rates_stay_constant(shard, block, scene, comm):

@@ -51,6 +51,11 @@ class Layout(Protocol):
         shard and its band of the ground truth; collective."""
         ...
 
+    def rows(self, flags: Tensor) -> Tensor:
+        """``flags: [N]`` over this rank's seeded shard as flags over the model it trains (:meth:`prepare`'s
+        rows); collective."""
+        ...
+
     def max_gaussians(self, cap: int, share: float, count: int) -> int:
         """The trainer's densification cap, from the global ``cap``, this rank's ``share`` of the
         surface area and the ``count`` of its seeded shard."""
@@ -121,6 +126,9 @@ class SortLast:
     def prepare(self, shard: Gaussians, scene: Scene) -> tuple[Gaussians, Scene]:
         return shard, scene
 
+    def rows(self, flags: Tensor) -> Tensor:
+        return flags
+
     def max_gaussians(self, cap: int, share: float, count: int) -> int:
         return max(int(cap * share), count)         # the rank's share of the cap, never below its seeds
 
@@ -176,6 +184,11 @@ class Replicated:
             gt[group] = gather_bands(scene.gt[group], self.comm)
         order = torch.zeros(len(views), 1, device=scene.order.device)     # one layer: nothing to composite
         return model, Scene(views, order, gt, (0, views.height), scene.background)
+
+    def rows(self, flags: Tensor) -> Tensor:
+        """Every rank's flags, in rank order (as :meth:`prepare` gathers the shards)."""
+        parts = self.comm.mpi.allgather(flags.detach().to("cpu").numpy())
+        return torch.from_numpy(np.concatenate(parts)).to(flags.device)
 
     def max_gaussians(self, cap: int, share: float, count: int) -> int:
         return cap                                  # every rank holds the whole model

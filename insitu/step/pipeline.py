@@ -157,7 +157,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     if cfg.seeds.color_init != "constant" and cfg.train.color_model != "lit":
         note(f"step {step} colours from the ground truth ({seconds:.1f} s)", show)
     trainer, scene = make_trainer(shard, scene, layout, block, cfg, share=seeding.share, iterations=iters,
-                                  warm=warm, trainer_class=using.trainer, ceiling=seeding.ceiling)
+                                  warm=warm, trainer_class=using.trainer, ceiling=seeding.ceiling,
+                                  settled=seeding.settled)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
@@ -250,7 +251,7 @@ def check_input(block: Block, cfg: Config, comm) -> Decomposition:
 
 def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, cfg: Config, *, share: float,
                  iterations: int, warm: StepResult | None, trainer_class: type[Trainer] = Trainer,
-                 ceiling: int | None = None) -> tuple[Trainer, Scene]:
+                 ceiling: int | None = None, settled: torch.Tensor | None = None) -> tuple[Trainer, Scene]:
     """The trainer of the model this rank trains in ``layout``, and the scene it trains on; collective.
 
     shard: this rank's coloured shard (:func:`init_colors`); ``share``: its part of the surface area.
@@ -260,6 +261,8 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
     on at the SH degree ``warm`` reached, and its ``iterations`` are the first of a cold step's means' schedule
     (a schedule over the warm iterations alone would cut the rate a hundredfold within them: the new surface's
     seeds, and the kept Gaussians on a surface that moved, would settle before they got there).
+    ``settled``: [N] bool over ``shard``, the Gaussians a warm start kept: their opacities learn at a tenth of
+    the rate (:class:`insitu.training.trainer.Trainer`).
     ``trainer_class``: the trainer's class (:class:`insitu.training.trainer.Trainer`, or a caller's that extends
     it).
     """
@@ -269,11 +272,12 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
     lo, hi = layout.bounds
     margin = 2.0 * float(min(block.spacing))
     glo, ghi = block.global_box
+    schedule = max(iterations, tc.iterations) if warm is not None else None
     trainer = trainer_class(model, tc, extent=0.5 * float(np.linalg.norm(ghi - glo)),
                             box=(torch.as_tensor(lo - margin, dtype=torch.float32, device=device),
                                  torch.as_tensor(hi + margin, dtype=torch.float32, device=device)),
-                            max_gaussians=cap, device=device, total_iterations=iterations,
-                            schedule=max(iterations, tc.iterations) if warm is not None else None,
+                            max_gaussians=cap, device=device, total_iterations=iterations, schedule=schedule,
+                            settled=layout.rows(settled) if settled is not None else None,
                             sh_degree_start=warm.sh_degree if warm is not None else 0,
                             replicas=layout.replicas,
                             pixel_size=lambda means: pixel_size(means, scene.views, scene.views.train_ids))

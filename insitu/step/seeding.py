@@ -3,9 +3,10 @@
 :func:`seed_shard` extracts the surface (:func:`insitu.surface.seeds.extract_seeds`), refuses one too small to
 train (:func:`check_surface`), takes this rank's share of :func:`seed_count` seeds, and either seeds them
 (:func:`insitu.surface.seeds.init_gaussians`) or makes the previous step's shard follow the surface
-(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and coloured as the ground truth shades the
-surface (:func:`lit_seeds`). Once the ground truth is cast, :func:`init_colors` gives the SH model's seeds
-their colours from it. :func:`surface_targets` are the points the close-up cameras look at.
+(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and
+coloured as the ground truth shades the surface (:func:`lit_seeds`). Once the ground truth is cast,
+:func:`init_colors` gives the SH model's seeds their colours from it. :func:`surface_targets` are the points the
+close-up cameras look at.
 """
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ class Seeding:
              what the close-up cameras look at.
     follow:  a warm start's counts on this rank (:class:`Follow`), None for a cold start.
     ceiling: a warm start's most Gaussians over all ranks, the same on every rank: the top of the band its count
-             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with),
-             which its densification (a warm step as long as ``train.densify.start``) may not pass; None for a
+             is steered in (:data:`insitu.surface.follow.SLACK` times the count a cold step would end with), past
+             which a warm step long enough to densify (past ``train.densify.start``) does not grow; None for a
              cold start (``train.densify.max_gaussians``).
+    settled: [N] bool, a warm start's kept Gaussians where the surface did not move (:func:`warm_shard`: their
+             opacities learn slower, :class:`insitu.training.trainer.Trainer`), None for a cold start.
     """
 
     shard: Gaussians
@@ -51,6 +54,7 @@ class Seeding:
     targets: np.ndarray
     follow: Follow | None = None
     ceiling: int | None = None
+    settled: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +140,13 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     count = seed_count(cfg, total_area, block)
-    fresh, follow, ceiling = None, None, None
+    fresh, settled, follow, ceiling = None, None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard, fresh, follow = warm_shard(warm, seeds, cfg, block, comm.device, expected=count * share * growth,
-                                              ceiling=int(cfg.train.densify.max_gaussians * share), then=offsets,
-                                              rank=comm.rank)
+            shard, fresh, settled, follow = warm_shard(warm, seeds, cfg, block, comm.device,
+                                                       expected=count * share * growth,
+                                                       ceiling=int(cfg.train.densify.max_gaussians * share),
+                                                       then=offsets, rank=comm.rank)
             ceiling = min(cfg.train.densify.max_gaussians, math.ceil(SLACK * count * growth))
         else:
             shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
@@ -152,7 +157,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
-    return Seeding(shard, fresh, share, targets, follow, ceiling)
+    return Seeding(shard, fresh, share, targets, follow, ceiling, settled)
 
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
@@ -199,20 +204,27 @@ def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[fl
     return Gaussians(shard.means, shard.log_scales, quats, shard.opacity_logits, sh0, shard.shN)
 
 
+SETTLED_CELLS = 0.05    # a kept Gaussian whose offset from the surface changed by more than this (cells) stands where
+                        # the surface moved: its opacity learns at the full rate, as a new seed's does
+
+
 def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
                ceiling: int | None = None, then: Tensor | None = None,
-               rank: int = 0) -> tuple[Gaussians, Tensor, Follow]:
+               rank: int = 0) -> tuple[Gaussians, Tensor, Tensor, Follow]:
     """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
     ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
-    ``then``, their offsets when their step ended, where known), so do the faint ones (an opacity below
-    ``train.densify.prune_opacity``: a warm step does not densify, so nothing else would prune them); new surface
-    gets seeds at the kept model's density; the count is steered towards ``expected`` (what a cold step
-    would end this rank's surface with) within a factor 1.5, at most ``ceiling``, by seeds on the covered
-    surface or by thinning the least opaque.
+    ``then``, their offsets when their step ended, where known: :func:`insitu.surface.follow.stale`), so do the
+    faint ones (an opacity below ``train.densify.prune_opacity``: a warm step shorter than
+    ``train.densify.start`` prunes nothing); new surface gets seeds at the kept model's density; the count is steered towards ``expected``
+    (what a cold step would end this rank's surface with) within the factor :data:`insitu.surface.follow.SLACK`,
+    at most ``ceiling``, by seeds on the covered surface or by thinning the least opaque.
 
     Returns the shard (the kept Gaussians first), ``fresh: [N]`` bool, its new seeds (they get the cold
-    start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), and the counts
-    (:class:`Follow`). ``rank``: this rank's number, for the new seeds' draws (as a cold start's).
+    start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), ``settled: [N]`` bool,
+    the kept Gaussians where the surface did not move (their offset from it changed by at most
+    ``SETTLED_CELLS`` since ``then``; all kept ones where ``then`` is unknown): their opacities learn slower
+    (:class:`insitu.training.trainer.Trainer`), and the counts (:class:`Follow`). ``rank``: this rank's number,
+    for the new seeds' draws (as a cold start's).
     """
     old = warm.to(device)
     p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling, then=then,
@@ -230,7 +242,11 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
         parts.append(init_gaussians(seeds, p.budget.extra, seed=cfg.train.seed + rank + 7919, **draw))
     shard = Gaussians.cat(parts)
     fresh = torch.arange(len(shard), device=device) >= len(kept)
-    return shard, fresh, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
+    settled = ~fresh
+    if then is not None:                        # kept where the surface did not move: settled
+        moved = (p.cells - torch.as_tensor(then, device=device)).abs()[p.keep] > SETTLED_CELLS
+        settled[:len(kept)] &= ~moved
+    return shard, fresh, settled, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
 
 
 def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:

@@ -146,9 +146,10 @@ def stale(block: Block, isos, means, *, cells: float = STALE_CELLS, then=None, f
     """``[N]`` bool: the Gaussians (centres ``means: [N, 3]``) that are no longer on the surface: more than
     ``cells`` cells off every isosurface of ``block``, or where its field cannot place them
     (:func:`surface_offsets`). ``then: [N]``: each Gaussian's offset (cells) when its step ended (the same
-    function on that step's field): a Gaussian is stale only if it is also more than ``cells`` farther off than
-    that, so that what training left off the first-order surface (thin features, sharp edges) stays where the
-    field did not change."""
+    function on that step's field): a Gaussian up to ``3 * cells`` off is stale only if it is also more than
+    ``cells`` farther off than that, so that what training left off the first-order surface (thin features,
+    sharp edges, seeds still settling after a short warm step) stays where the field did not change; none
+    farther off stays."""
     offsets = surface_offsets(block, isos, means, frame=frame, device=device)
     return _stale(offsets.cells, cells, then)
 
@@ -162,7 +163,7 @@ def _stale(now: Tensor, cells: float, then) -> Tensor:
     then = torch.as_tensor(then, dtype=now.dtype).to(now.device).reshape(-1)
     if then.shape != now.shape:
         raise ValueError(f"then: expected [N] = [{len(now)}] offsets, one per Gaussian, got shape {tuple(then.shape)}")
-    return off & ~(now <= then + cells)
+    return off & ~(now <= then.clamp(max=2 * cells) + cells)
 
 
 CHUNK = 1 << 22         # candidate pairs (point, centre) measured at once
@@ -439,6 +440,7 @@ class FollowPlan:
     budget:    the :class:`Budget`.
     projected: [K, 3] the kept centres moved onto the new surface (K: those neither stale nor faint, before
                thinning): what the coverage was measured against.
+    cells:     [N] each previous centre's offset from the new surface (:attr:`SurfaceOffsets.cells`).
     """
 
     keep: Tensor
@@ -447,6 +449,7 @@ class FollowPlan:
     coverage: Coverage
     budget: Budget
     projected: Tensor
+    cells: Tensor
 
     @property
     def dropped(self) -> int:
@@ -474,7 +477,7 @@ def plan(block: Block, isos, seeds: Seeds, means, opacity_logits, expected: floa
     keep = alive.clone()
     if budget.drop:
         keep[torch.nonzero(alive)[:, 0][~thinned(logits[alive], budget.drop)]] = False
-    return FollowPlan(keep, gone, cover.new, cover, budget, projected)
+    return FollowPlan(keep, gone, cover.new, cover, budget, projected, offsets.cells)
 
 
 def _logits(opacity_logits, n: int, device) -> Tensor:

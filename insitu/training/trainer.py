@@ -248,6 +248,10 @@ class Trainer:
                   resets keep clear of their end.
     schedule:     length of the means' learning-rate schedule (default ``total_iterations``); a warm step runs
                   the first ``total_iterations`` of a cold step's (``cfg.iterations``).
+    settled:      [N] bool, the Gaussians a warm start kept (trained already): their opacities learn at
+                  ``SETTLED_OPACITY_RATE`` of ``cfg.lr_opacities`` (Adam, restarted, moves every opacity by about its
+                  full rate in its first steps, whatever its gradient: on a trained model, noise that a model of an
+                  unchanged field lost quality by, step after step); the others at the full rate. None: all full.
     sh_degree_start: SH degree at iteration 0 (a warm start goes on at the degree it reached);
                      one more band every ``cfg.sh_increase_every`` iterations up to the shard's degree.
     replicas:     data parallelism: the ranks of this Comm each hold the same whole model and
@@ -261,7 +265,8 @@ class Trainer:
 
     def __init__(self, gaussians: Gaussians, cfg: TrainConfig, *, extent: float, box: tuple[Tensor, Tensor],
                  max_gaussians: int, device, total_iterations: int | None = None, schedule: int | None = None,
-                 sh_degree_start: int = 0, replicas=None, pixel_size: Callable[[Tensor], Tensor] | None = None):
+                 settled: Tensor | None = None, sh_degree_start: int = 0, replicas=None,
+                 pixel_size: Callable[[Tensor], Tensor] | None = None):
         self.cfg = cfg
         self.replicas = replicas if replicas is not None and replicas.size > 1 else None
         self.images_per_step = cfg.batch * (self.replicas.size if self.replicas else 1)
@@ -282,10 +287,17 @@ class Trainer:
         self.adam = ShardAdam(self.params, lrs, betas=(0.9 ** B, 0.999 ** B), eps=1e-15)
         self.optimizers = self.adam.views       # what gsplat's densification ops update
         self.state = DensifyState.zeros(len(gaussians), device)
+        self.opacity_rate = None                # [N] each opacity's share of its update (settled), or None
+        if settled is not None:
+            if settled.shape != (len(gaussians),):
+                raise ValueError(f"settled: expected [N] = [{len(gaussians)}] flags, got shape {tuple(settled.shape)}")
+            self.opacity_rate = torch.where(settled.to(device), self.SETTLED_OPACITY_RATE, 1.0).float()
         self.iteration = 0
         self.pixel_size = pixel_size
         self._floor: Tensor | None = None        # log scale floor [N], refreshed by _scale_floor
         self._floor_of = -1                      # the count it was computed for
+
+    SETTLED_OPACITY_RATE = 0.1     # a warm start's kept Gaussians: their opacities' share of the learning rate
 
     def __len__(self) -> int:
         return self.params["means"].shape[0]
@@ -357,7 +369,11 @@ class Trainer:
         if seen is not None:
             self.state.grad2d += seen[0]
             self.state.count += seen[1]
+        before = self.params["opacities"].detach().clone() if self.opacity_rate is not None else None
         self.adam.step(sh)
+        if before is not None:                      # the settled ones' opacities: a share of Adam's step
+            opacities = self.params["opacities"].data
+            opacities.copy_(torch.lerp(before, opacities, self.opacity_rate))
         self.adam.zero_grad()
         self.iteration += 1
         self._densify()
@@ -439,6 +455,8 @@ class Trainer:
         from gsplat.strategy.ops import duplicate, remove, reset_opa, split  # gsplat: lazy, seconds to import
 
         state = self.state.as_dict()            # gsplat's ops keep every tensor of it in step
+        if self.opacity_rate is not None:       # (copies and split halves of a settled Gaussian: settled too)
+            state["opacity_rate"] = self.opacity_rate
         if refine:
             grads = state["grad2d"] / state["count"].clamp_min(1)
             big = self._too_big_to_clone()
@@ -465,6 +483,9 @@ class Trainer:
                 low |= torch.exp(self.params["scales"]).max(dim=-1).values > 0.1 * self.extent
             if low.any() and int(low.sum()) < len(self):
                 remove(self.params, self.optimizers, state, low)
+        if self.opacity_rate is not None:
+            self.opacity_rate = state.pop("opacity_rate")
+        if refine:
             for v in state.values():
                 v.zero_()
         if reset:
