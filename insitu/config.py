@@ -195,8 +195,8 @@ class TrainConfig:
                                    "Gaussian, shaded per view with the ground truth's light; sh: spherical "
                                    "harmonics colours")
     sh_degree: int = constrained(3, NON_NEGATIVE, doc="sh: the SH degree trained, reached one band every "
-                                 "train.sh_increase_every iterations; lit: the degree of the SH colours fitted for "
-                                 "model.ply; 0 to 3")
+                                 "train.sh_increase_every iterations; lit: the degree of model.ply's SH fit of the "
+                                 "headlight (output.ply_light headlight) unless output.sh_degree is set; 0 to 3")
     sh_increase_every: int = constrained(300, POSITIVE, doc="iterations between one SH band and the next")
     lr_means: float = constrained(1.6e-4, POSITIVE, doc="the means' (positions') learning rate at the start, "
                                   "times the scene's extent; it decays log-linearly to train.lr_means_final")
@@ -260,14 +260,28 @@ class OutputConfig:
     lit: bool = documented(True, "write each step's model.lit.spz (train.color_model lit): the model as trained, "
                            "its base colours and its normals (each rotation's local z axis) in the step's frame, "
                            "which the report's viewer shades with the headlight; not a standard 3DGS model")
-    sh_degree: int | None = constrained(None, NON_NEGATIVE, doc="the SH degree of model.ply and model.spz: the "
-                                        "model's bands above it are left out (0: base colours alone, 14 floats a "
-                                        "Gaussian in model.ply instead of 59 at degree 3); null: the model's own")
+    sh_degree: int | None = constrained(None, NON_NEGATIVE, doc="the SH degree of model.ply and model.spz (0: one "
+                                        "colour a Gaussian, 14 floats in model.ply instead of 59 at degree 3), "
+                                        "the degree their model is fitted at when it is fitted for them, else the "
+                                        "trained model's bands above it are left out; null: 0 for a lit model in "
+                                        "the fixed light (output.ply_light; band 0 holds it), else the model's own "
+                                        "(a lit model's headlight fit: train.sh_degree)")
     every: int = constrained(1, POSITIVE, doc="the model files (output.ply, output.spz, output.lit) of the steps "
                              "whose number is a multiple of this; the other steps write their figures, images and "
                              "cameras")
-    ply_fit_views: int = constrained(32, NON_NEGATIVE, doc="a lit model's SH fit for model.ply: each side of a "
-                                     "Gaussian weighted as this many training views saw it; 0: both sides alike")
+    ply_light: str = constrained("fixed", choices=("fixed", "headlight"), doc="the light a lit model's model.ply "
+                                 "and model.spz are shaded with: fixed, a key and a fill light fixed in the data's "
+                                 "frame, baked into each Gaussian's colour (the same from every side, which band 0 "
+                                 "holds; their figures, ply_*, against a ground truth cast in that light); headlight, "
+                                 "SH colours fitted to the headlight as the training views saw each Gaussian (what "
+                                 "SH holds of a view-dependent light)")
+    ply_views: int = constrained(64, POSITIVE, doc="output.ply_light fixed: the training views, spread over the "
+                                 "orbit and the close-ups, whose ground truth is cast again in the fixed light for "
+                                 "the refit (output.ply_refine); the held-out views are cast again for the figures "
+                                 "(output.ply_metrics)")
+    ply_fit_views: int = constrained(32, NON_NEGATIVE, doc="output.ply_light headlight: a lit model's SH fit for "
+                                     "model.ply, each side of a Gaussian weighted as this many training views saw "
+                                     "it; 0: both sides alike")
     ply_refine: float = constrained(0.125, NON_NEGATIVE, doc="model.ply's SH model trained as standard viewers "
                                     "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
                                     "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,11 +10,12 @@ import torch
 
 from insitu.groundtruth.caster import apply_colormap, raycast
 from insitu.groundtruth.views import fibonacci_sphere, look_at
-from insitu.render.lighting import HEADLIGHT, Headlight
+from insitu.render.lighting import FIXED_LIGHT, HEADLIGHT, FixedLight, Headlight
 from insitu.render.rendering import eval_sh
 from insitu.surface.gaussians import SH_C0, Gaussians
 from insitu.surface.seeds import normal_to_quat
-from insitu.training.appearance import BlockSamples, ColorModel, base_colors, fit_sh, lit_colors, quat_normals
+from insitu.training.appearance import (BlockSamples, ColorModel, bake_light, base_colors, fit_sh, lit_colors,
+                                        quat_normals)
 from insitu.volume import whole_block
 
 
@@ -149,6 +151,36 @@ def test_color_model_gives_the_rasterizer_sh_or_per_camera_colours():
     assert fitted.sh_degree == 3 and torch.equal(fitted.means, g.means)
     with pytest.raises(ValueError, match="color model: expected one of"):
         ColorModel("phong")
+
+
+def test_band_0_holds_the_fixed_light_alike_from_both_sides():
+    """bake_light: a Gaussian facing the key light is brighter than one facing the fill and than one at right angles
+    to both lights (the ambient term alone), a Gaussian facing away from a light as bright as one facing it (both
+    lights two-sided), each colour base * intensity in band 0 whatever the degree, the higher bands 0; an SH viewer
+    draws it alike from every side."""
+    key, fill = np.array(FIXED_LIGHT.key_from), np.array(FIXED_LIGHT.fill_from)
+    normals = np.stack([key, -key, fill, -fill, np.cross(key, fill)])
+    base = torch.tensor([0.8, 0.6, 0.4]).expand(5, 3)
+    g = Gaussians(torch.zeros(5, 3), torch.zeros(5, 3), torch.tensor(normal_to_quat(normals), dtype=torch.float32),
+                  torch.zeros(5), ((base - 0.5) / SH_C0)[:, None].clone(), torch.zeros(5, 0, 3))
+    for degree in (0, 3):
+        baked = bake_light(g, FIXED_LIGHT, degree)
+        assert baked.sh_degree == degree and not baked.shN.any()
+        assert torch.equal(baked.quats, g.quats) and torch.equal(baked.opacity_logits, g.opacity_logits)
+        rgb = baked.sh0[:, 0] * SH_C0 + 0.5
+        lights = (FIXED_LIGHT.ambient + FIXED_LIGHT.key, FIXED_LIGHT.ambient + FIXED_LIGHT.key,
+                  FIXED_LIGHT.ambient + FIXED_LIGHT.fill, FIXED_LIGHT.ambient + FIXED_LIGHT.fill, FIXED_LIGHT.ambient)
+        torch.testing.assert_close(rgb, base * torch.tensor(lights)[:, None])
+    assert rgb[0].sum() > rgb[2].sum() > rgb[4].sum()               # key, fill, ambient alone
+    torch.testing.assert_close(rgb[0], rgb[1])                       # both sides of the key's plane alike
+    torch.testing.assert_close(rgb[2], rgb[3])
+    campos = torch.tensor(fibonacci_sphere(16), dtype=torch.float32) * 5.0
+    seen = eval_sh(3, torch.nn.functional.normalize(g.means[None] - campos[:, None], dim=-1), baked.sh[None]) + 0.5
+    torch.testing.assert_close(seen, rgb[None].expand(16, 5, 3))     # every viewer direction sees the same colour
+    bright = bake_light(replace(g, sh0=torch.full((5, 1, 3), 100.0)), FIXED_LIGHT)
+    torch.testing.assert_close(bright.sh0[:, 0] * SH_C0 + 0.5, torch.ones(5, 3))    # clamped as the ground truth
+    with pytest.raises(ValueError, match="FixedLight.key_from: expected a direction"):
+        FixedLight(key_from=(0.0, 0.0, 0.0))
 
 
 def test_base_colours_of_a_colour_field_are_its_colour_map():

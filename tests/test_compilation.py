@@ -34,7 +34,8 @@ def small_config(color_model: str = "lit", **views) -> Config:
     ("sh", 0.3, False, 0.125, False), ("sh", 0.3, True, 0.125, True)])
 def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(color_model, eps2d, antialiased, refine, refit):
     """When model.ply's SH model is trained after the step (output.ply_refine, a model that viewers draw
-    otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step."""
+    otherwise), the colours' group also runs the SH colours with gradients and an SH trainer's Adam step, at the
+    standard files' degree (a lit model's: 0, the fixed light in band 0)."""
     calls = []
     cfg = small_config(color_model)
     cfg.train.eps2d, cfg.train.antialiased, cfg.output.ply_refine, cfg.train.sh_degree = eps2d, antialiased, refine, 3
@@ -42,9 +43,10 @@ def test_the_colours_group_holds_model_ply_trained_as_viewers_draw_it(color_mode
     job(torch.device("cpu"), sh_colours=lambda degree, train, device: calls.append(("sh", degree, train)),
         adam=lambda cfg, degree, device: calls.append(("adam", cfg.train.color_model, degree)))
     trains_sh = color_model == "sh" or refit
-    expected = [("sh", 3, trains_sh), ("adam", color_model, 0 if color_model == "lit" else 3)]
+    ply = 0 if color_model == "lit" else 3          # a lit model's standard files: the fixed light in band 0
+    expected = [("sh", ply, trains_sh), ("adam", color_model, 0 if color_model == "lit" else 3)]
     if refit and color_model == "lit":
-        expected.append(("adam", "sh", 3))
+        expected.append(("adam", "sh", ply))
     assert calls == expected and key[-1] is refit
 
 

@@ -68,6 +68,38 @@ def test_sphere_depth_coverage_and_shading(spacing):
     assert int(((alpha > 0) & (alpha < 1)).sum()) > 0
 
 
+@pytest.mark.parametrize("direction", [(0.3, -0.5, 0.8), (-0.7, 0.2, -0.4)])
+def test_the_fixed_light_shades_a_sphere_as_its_analytic_normals_do(direction):
+    """In the fixed light (FixedLight: ambient + key |n.k| + fill |n.f|) every pixel inside a sphere's outline is
+    the colour times the intensity at the analytic normal where the pixel's ray meets the sphere, seen from any
+    side; the headlight draws the same sphere otherwise."""
+    from insitu.render.lighting import FIXED_LIGHT
+
+    radius, distance, focal, size = 12.0, 200.0, 200.0, 33
+    centre = np.array([19.3, 20.1, 18.7])
+    block = sphere_block(centre=tuple(centre))
+    viewmat, K = camera(centre, direction, distance, focal, size)
+    rgba, _ = raycast(block, viewmat, K, size, size, radius, color=COLOR, supersample=1, light=FIXED_LIGHT)
+    headlit, _ = raycast(block, viewmat, K, size, size, radius, color=COLOR, supersample=1)
+    # each pixel's ray from the camera, met with the analytic sphere
+    R, t = viewmat[0, :3, :3].double().numpy(), viewmat[0, :3, 3].double().numpy()
+    eye = -R.T @ t
+    v, u = np.mgrid[0:size, 0:size] + 0.5
+    rays = np.stack([u, v, np.ones_like(u)], -1) @ np.linalg.inv(K[0].double().numpy()).T @ R
+    rays /= np.linalg.norm(rays, axis=-1, keepdims=True)
+    b = rays @ (eye - centre)
+    disc = b ** 2 - (np.sum((eye - centre) ** 2) - radius ** 2)
+    inside = disc > 0.05 * radius ** 2                           # off the outline, where a pixel is partly covered
+    hit = eye + (-b - np.sqrt(np.maximum(disc, 0)))[..., None] * rays
+    normals = torch.tensor((hit - centre) / radius, dtype=torch.float32)
+    want = torch.tensor(COLOR) * FIXED_LIGHT.intensity(normals)[..., None]
+    assert int(inside.sum()) > 300
+    assert bool((rgba[0, ..., 3][inside] == 1).all())
+    err = (rgba[0, ..., :3] - want)[torch.from_numpy(inside)].abs()
+    assert float(err.max()) < 0.01, float(err.max())
+    assert float((headlit[0, ..., :3] - rgba[0, ..., :3])[torch.from_numpy(inside)].abs().mean()) > 0.05
+
+
 def test_first_crossing_of_several_iso_values():
     radius_in, radius_out, distance = 8.0, 12.0, 200.0
     block = sphere_block()
@@ -250,6 +282,7 @@ def test_bad_inputs_raise_clear_errors():
         (dict(color_field="temperature", color_range=(2.0, 1.0)), "lo <= hi"),
         (dict(color_field="temperature", color_range=(0, 1), colormap="jet"), "colormap"),
         (dict(chunk_rays=0), "chunk_rays"),
+        (dict(light="key"), "light: expected a Headlight or a FixedLight .*, got str"),
     ]
     for change, message in cases:
         kwargs = dict(viewmats=vm, Ks=K, width=8, height=8, iso=2.0)
@@ -317,15 +350,19 @@ def test_cuda_matches_cpu(supersample):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("light", ["headlight", "fixed"])
 @pytest.mark.parametrize("rank", [0, 2])
-def test_triton_kernel_matches_the_torch_path_on_blocks(rank):
-    # a block of a 4-way cut (ghosts, owned box inside the samples), anisotropic spacing, 2x2 rays
+def test_triton_kernel_matches_the_torch_path_on_blocks(rank, light):
+    # a block of a 4-way cut (ghosts, owned box inside the samples), anisotropic spacing, 2x2 rays; either light
+    from insitu.render.lighting import FIXED_LIGHT, HEADLIGHT
+
     data = gyroid_block_array()
     block = cut_block(data, rank, 4, spacing=(1.0, 1.2, 0.9))
     views = orbit_views(*block.global_box, count=3, resolution=96)
     args = (block, views.viewmats.cuda(), views.Ks.cuda(), 96, 96, [0.3, 0.5])
-    ref = raycast(*args, backend="torch")
-    fast = raycast(*args, backend="triton")
+    shade = {"headlight": HEADLIGHT, "fixed": FIXED_LIGHT}[light]
+    ref = raycast(*args, backend="torch", light=shade)
+    fast = raycast(*args, backend="triton", light=shade)
     assert float(ref[0][..., 3].mean()) > 0.02
     diff = (fast[0] - ref[0]).abs().amax(-1)
     assert float((diff <= 1e-3).float().mean()) > 0.999

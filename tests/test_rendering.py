@@ -92,6 +92,39 @@ def test_antialiased_blur_keeps_a_gaussians_integral(s_px):
         assert float(aa.sum()) == pytest.approx(2 * math.pi * s_px ** 2 * opacity, rel=2e-2)
 
 
+@pytest.mark.parametrize("antialiased", [True, False])
+def test_blur_opacity_factors_keep_a_footprint_drawn_with_the_standard_blur(antialiased):
+    """blur_opacity_factors: a Gaussian drawn with the standard blur (0.3, classic) and its opacity times the factor
+    covers the image as it does drawn with the blur it was trained with (0.05, antialiased or not): the same alpha
+    summed over the pixels; about 1 for a Gaussian wide in pixels, sqrt(det) ratio for a narrow one; 1 off the
+    image and behind the camera."""
+    f, z, W, opacity = 100.0, 5.0, 33, 0.5
+    viewmats, Ks = camera(f, 16.5, 16.5)
+    for s_px, want in ((0.6, None), (0.1, (0.01 if antialiased else 0.06) / 0.31), (10.0, None)):
+        means, quats, scales, _, colors = gaussians([[0.0, 0.0, z]], [[s_px * z / f, s_px * z / f, 1e-4]], [opacity],
+                                                    [[1.0, 1.0, 1.0]])
+        factor, inside = rendering.blur_opacity_factors(means, quats, scales, viewmats, Ks, W, W, eps2d=0.05,
+                                                        antialiased=antialiased)
+        assert factor.shape == (1, 1) and bool(inside.all())
+        if want is not None:
+            assert float(factor) == pytest.approx(want, rel=1e-4), s_px
+        if s_px == 10.0:
+            assert float(factor) == pytest.approx(1.0, abs=0.005 if antialiased else 0.003)
+        if s_px == 0.6:
+            trained = rasterize(means, quats, scales, torch.tensor([opacity]), colors, viewmats, Ks, W, W,
+                                backend="torch", eps2d=0.05, antialiased=antialiased)[1]
+            standard = rasterize(means, quats, scales, opacity * factor[0], colors, viewmats, Ks, W, W,
+                                 backend="torch", eps2d=0.3)[1]
+            plain = rasterize(means, quats, scales, torch.tensor([opacity]), colors, viewmats, Ks, W, W,
+                              backend="torch", eps2d=0.3)[1]
+            assert float(standard.sum()) == pytest.approx(float(trained.sum()), rel=0.02)     # (alphas < 1/255 cut)
+            assert float(plain.sum()) > 1.2 * float(trained.sum())          # wider and as opaque: more covered
+    away = torch.tensor([[40.0, 0.0, z], [0.0, 0.0, -z]])
+    factor, inside = rendering.blur_opacity_factors(away, torch.tensor([[1.0, 0, 0, 0]] * 2), torch.full((2, 3), 0.01),
+                                                    viewmats, Ks, W, W, eps2d=0.05, antialiased=True)
+    assert not bool(inside.any()) and torch.equal(factor, torch.ones(1, 2))
+
+
 @pytest.mark.parametrize("near_first", [True, False])
 def test_two_gaussians_composite_front_to_back(near_first):
     f, W = 80.0, 25

@@ -1,10 +1,10 @@
 """What ``model.ply``'s SH model costs and scores, by how it is fitted and refined, on one trained model.
 
 Trains one step as ``pipeline.compute_step`` does (one rank, the package's defaults unless ``--set``),
-then makes ``model.ply``'s shard (:func:`insitu.step.plyfit.ply_shard`: the SH fit over
-``output.ply_fit_views`` views, then ``output.ply_refine`` of the step's iterations trained as a standard
-viewer draws it, ``train.batch`` views each) once per variant, each from the same trained model, and
-scores each as ``metrics.json``'s ``ply_*`` figures (:func:`insitu.step.pipeline.model_figures`). A variant is
+then makes ``model.ply``'s shard (:func:`insitu.step.plyfit.model_ply`: the SH model made for standard viewers,
+then ``output.ply_refine`` of the step's iterations trained as a standard viewer draws it, ``train.batch`` views
+each) once per variant, each from the same trained model, and scores each as ``metrics.json``'s ``ply_*``
+figures (:func:`insitu.step.evaluation.model_figures`, against the ground truth it was made for). A variant is
 ``NAME=KEY=VALUE,KEY=VALUE`` over those three settings; its seconds are the device's (synchronised).
 Prints one JSON object; the trained model's own figures beside the variants'.
 
@@ -88,11 +88,12 @@ def main() -> None:
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         t = time.perf_counter()
-        ply = layout.shard(plyfit.ply_shard(trained, trainer, scene, layout, vcfg))[0]
+        ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         seconds = time.perf_counter() - t
-        _, qm = evaluation.model_figures(gaussians, ply, scene, layout, vcfg)
+        _, qm = evaluation.model_figures(gaussians, ply, ply_scene, layout, vcfg)
+        qm = qm["test"]
         if i > 0:
             rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3),
                           "ply_psnr_foreground": qm.psnr_foreground, "ply_ssim_foreground": qm.ssim_foreground,

@@ -3,8 +3,9 @@
 No mesh is built. Every pixel shoots ``supersample x supersample`` rays on a regular
 sub-pixel grid. A ray is clipped to the block's owned box, marched in steps of ``step``
 voxels through the trilinear interpolant of the samples, its first crossing of any iso
-value refined by bisection, and the hit shaded with a headlight Blinn-Phong model (solid
-colour, or a second field mapped through a colour map). The image is premultiplied RGBA
+value refined by bisection, and the hit's base colour (solid, or a second field mapped through a
+colour map) shaded with a light (:mod:`insitu.render.lighting`: the headlight's Blinn-Phong model, or a
+fixed key and fill light). The image is premultiplied RGBA
 with no background, plus the camera depth of the first hit, so the images of several
 blocks composite sort-last (front to back) into the image of the whole domain.
 
@@ -29,13 +30,15 @@ from insitu.groundtruth.colormaps import COLORMAPS, apply_colormap
 from insitu.groundtruth.field import MACRO, Cameras, prepare_scene
 from insitu.groundtruth.torch_caster import raycast_torch
 from insitu.groundtruth.triton_caster import raycast_triton, triton
+from insitu.render.lighting import HEADLIGHT, FixedLight, Headlight, Light
 from insitu.volume import Block
 
 __all__ = ["COLORMAPS", "apply_colormap", "raycast", "raycast_views"]
 
 
 def _check_inputs(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int, iso,
-                  color, color_field, color_range, colormap, supersample, step, refine, chunk_rays) -> list[float]:
+                  color, color_field, color_range, colormap, supersample, step, refine, chunk_rays,
+                  light) -> list[float]:
     if not isinstance(viewmats, Tensor) or viewmats.ndim != 3 or tuple(viewmats.shape[1:]) != (4, 4):
         raise ValueError(f"viewmats: expected a tensor of shape [C, 4, 4], got "
                          f"{tuple(viewmats.shape) if isinstance(viewmats, Tensor) else type(viewmats).__name__}")
@@ -61,6 +64,9 @@ def _check_inputs(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
         raise ValueError(f"step: expected a march step in (0, {MACRO}] voxels, got {step!r}")
     if isinstance(chunk_rays, bool) or not isinstance(chunk_rays, (int, np.integer)) or chunk_rays < 1:
         raise ValueError(f"chunk_rays: expected an integer >= 1, got {chunk_rays!r}")
+    if not isinstance(light, (Headlight, FixedLight)):
+        raise ValueError(f"light: expected a Headlight or a FixedLight (insitu.render.lighting), got "
+                         f"{type(light).__name__}")
     isos = [iso] if isinstance(iso, (int, float, np.number)) else list(iso)
     if not isos:
         raise ValueError("iso: expected at least one iso value, got an empty sequence")
@@ -109,7 +115,7 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
             colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
             device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
             progress: Callable[[int, int], None] | None = None, backend: str = "auto",
-            value_range: tuple[float, float] | None = None) -> tuple[Tensor, Tensor]:
+            value_range: tuple[float, float] | None = None, light: Light = HEADLIGHT) -> tuple[Tensor, Tensor]:
     """Ray-cast the isosurface(s) of ``block``'s field, inside its owned box, for C cameras.
 
     Args:
@@ -137,6 +143,8 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
         value_range: (min, max) of the whole field, every rank's block: the field is brought to unit size
             by that range (:func:`insitu.volume.unit_field`), so that every block is cast from the samples
             one rank would have; default this block's range.
+        light: what the hits are shaded with: the headlight (the step's ground truth) or a fixed light
+            (:class:`insitu.render.lighting.FixedLight`, the standard files' ground truth).
 
     Returns:
         rgba: [C, H, W, 4] premultiplied colour and coverage (alpha = fraction of rays that hit), float32.
@@ -146,7 +154,7 @@ def raycast(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
                                    color=color, color_field=color_field, color_range=color_range,
                                    colormap=colormap, supersample=supersample, step=step, refine=refine,
                                    device=device, chunk_rays=chunk_rays, progress=progress,
-                                   backend=backend, value_range=value_range)))[1:]
+                                   backend=backend, value_range=value_range, light=light)))[1:]
 
 
 def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height: int,
@@ -155,7 +163,8 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
                   colormap: str = "viridis", supersample: int = 2, step: float = 0.5, refine: int = 6,
                   device: str | torch.device | None = None, chunk_rays: int = 1 << 22,
                   progress: Callable[[int, int], None] | None = None, backend: str = "auto",
-                  value_range: tuple[float, float] | None = None, ready: Callable[[], None] | None = None):
+                  value_range: tuple[float, float] | None = None, ready: Callable[[], None] | None = None,
+                  light: Light = HEADLIGHT):
     """:func:`raycast` for ``views_per_call`` views at a time, the field prepared once.
 
     Yields ``(ids [c], rgba [c, H, W, 4], depth [c, H, W])`` for consecutive groups of the
@@ -165,7 +174,7 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
     Other arguments as in :func:`raycast`.
     """
     isos_list = _check_inputs(block, viewmats, Ks, width, height, iso, color, color_field, color_range,
-                              colormap, supersample, step, refine, chunk_rays)
+                              colormap, supersample, step, refine, chunk_rays, light)
     if isinstance(views_per_call, bool) or not isinstance(views_per_call, (int, np.integer)) or views_per_call < 1:
         raise ValueError(f"views_per_call: expected an integer >= 1, got {views_per_call!r}")
     if backend not in ("auto", "torch", "triton"):
@@ -176,7 +185,8 @@ def raycast_views(block: Block, viewmats: Tensor, Ks: Tensor, width: int, height
     if backend == "triton" and triton is None:
         raise ValueError("backend: 'triton' needs the triton package (it ships with CUDA builds of torch)")
     scene = prepare_scene(block, isos_list, color=color, color_field=color_field, color_range=color_range,
-                          colormap=colormap, step=step, refine=refine, device=device, value_range=value_range)
+                          colormap=colormap, step=step, refine=refine, device=device, value_range=value_range,
+                          light=light)
     all_cams = Cameras.make(viewmats.to(device=device, dtype=torch.float32),
                             Ks.to(device=device, dtype=torch.float32))
     C = viewmats.shape[0]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from insitu.groundtruth.colormaps import colormap_tensors
+from insitu.render.lighting import HEADLIGHT, Light
 from insitu.volume import Block, unit_colors, unit_field
 
 MACRO = 8                 # voxels per macro-cell edge for empty-space skipping
@@ -166,11 +167,13 @@ class CastScene:
     bounds: tuple[float, ...]   # 18 values
     rgb: tuple[float, float, float]
     cmap: tuple[Tensor, Tensor]
+    light: Light = HEADLIGHT
 
 
 def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | None,
                   color_range: tuple[float, float] | None, colormap: str, step: float, refine: int,
-                  device: torch.device, value_range: tuple[float, float] | None = None) -> CastScene:
+                  device: torch.device, value_range: tuple[float, float] | None = None,
+                  light: Light = HEADLIGHT) -> CastScene:
     """The :class:`CastScene` of ``block`` for the sorted iso values ``isos`` (checked arguments of
     :func:`insitu.groundtruth.caster.raycast`): the field at unit size (any magnitude gives the same
     surface; by ``value_range``, the whole field's, when given), the colour field mapped to [0, 1] through
@@ -203,4 +206,5 @@ def prepare_scene(block: Block, isos: list[float], *, color, color_field: str | 
         bounds=host(np.concatenate([origin, np.asarray(block.spacing, np.float64), *box, *domain])),
         rgb=host(color),
         cmap=colormap_tensors(colormap, device),
+        light=light,
     )

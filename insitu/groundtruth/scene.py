@@ -20,6 +20,7 @@ from insitu.groundtruth.caster import raycast_views
 from insitu.groundtruth.views import Views, step_views
 from insitu.input.decomposition import Decomposition, decompose
 from insitu.progress import progress_bar
+from insitu.render.lighting import HEADLIGHT, Light
 from insitu.render.compositing import band_rows, composite_full, over, visibility_order
 from insitu.volume import Block
 
@@ -74,7 +75,8 @@ def view_order(views: Views, block: Block, decomposition: Decomposition) -> Tens
 
 def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
                decomposition: Decomposition | None = None, targets: np.ndarray | None = None,
-               ready: Callable[[], None] | None = None, views: Views | None = None) -> Scene:
+               ready: Callable[[], None] | None = None, views: Views | None = None,
+               light: Light = HEADLIGHT) -> Scene:
     """The step's views (:func:`insitu.groundtruth.views.step_views`: the orbit, close-ups at the surface points
     ``targets: [M, 3]`` and the held-out sets off the orbit) and this rank's GT band of every view
     (ray-cast, composited).
@@ -83,6 +85,8 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     decomposition: the ranks' blocks (:func:`block_decomposition`; built here when not given).
     ready: called once the views are set and the field prepared, before the first view is cast
            (:func:`insitu.groundtruth.caster.raycast_views`).
+    light: what the surface is shaded with: the headlight (the step's ground truth) or the fixed light of the
+           standard files' (:class:`insitu.render.lighting.FixedLight`).
     """
     device = comm.device
     lo, hi = block.global_box
@@ -109,7 +113,8 @@ def make_scene(block: Block, cfg: Config, comm, *, progress: bool = False,
     cast = raycast_views(block, views.viewmats, views.Ks, views.width, views.height, cfg.input.iso,
                          views_per_call=chunk, color=vc.surface_color, color_field=cfg.input.color_var,
                          color_range=color_range, colormap=vc.colormap, supersample=vc.supersample,
-                         step=vc.march_step, device=device, value_range=global_range(comm, block.data), ready=ready)
+                         step=vc.march_step, device=device, value_range=global_range(comm, block.data), ready=ready,
+                         light=light)
     # On GPUs with several ranks the compositing of a group runs on a stream of its own, so a rank
     # casts its next group while the all-to-all waits for the slower rank's casting of this one.
     side = torch.cuda.Stream(device) if device.type == "cuda" and comm.size > 1 else None

@@ -9,7 +9,7 @@ of the active cells is needed. Along each ray the samples lie at multiples of th
 the ray enters the whole domain, whatever box it was clipped to, so blocks and the whole domain
 sample alike. Rays that hit or leave the box are dropped from the working set after every pass.
 The first crossing of any iso value is refined by bisection and a secant step, and the hit shaded
-with a headlight Blinn-Phong model.
+with the scene's light (:mod:`insitu.render.lighting`: the headlight, or a fixed light).
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from torch import Tensor
 
 from insitu.groundtruth.colormaps import apply_colormap
 from insitu.groundtruth.field import MACRO, Cameras, CastScene, grid_sample, iso_bins, trilinear
-from insitu.render.lighting import HEADLIGHT
 
 SAMPLES_PER_PASS = 8      # fine samples a ray takes per marching pass ...
 MAX_WIDENING = 4          # ... times up to 2**MAX_WIDENING as the active rays thin out
@@ -191,7 +190,7 @@ def _refine(scene: CastScene, qo: Tensor, qd: Tensor, ta: Tensor, tb: Tensor, is
 
 
 def _shade(scene: CastScene, qo: Tensor, qd: Tensor, t: Tensor) -> Tensor:
-    """Headlight Blinn-Phong colour [h, 3] of the hits at ray parameter ``t: [h]``."""
+    """Colour [h, 3] of the hits at ray parameter ``t: [h]`` in the scene's light (``scene.light``)."""
     field = scene.field
     q = qo + t[:, None] * qd
     eye = torch.eye(3, dtype=torch.float32, device=q.device) * GRADIENT_STEP
@@ -204,9 +203,7 @@ def _shade(scene: CastScene, qo: Tensor, qd: Tensor, t: Tensor) -> Tensor:
     view = view / view.norm(dim=1, keepdim=True)
     norm = grad.norm(dim=1, keepdim=True)
     normal = torch.where(norm > 0, grad / norm.clamp_min(1e-30), view)
-    cos = (normal * view).sum(1).abs().clamp(max=1.0)          # normal flipped to face the camera
-    # light at the eye: l = v, so h = v and n.h = n.l
-    intensity = HEADLIGHT.intensity(cos)        # the Triton kernel writes the same numbers out
+    intensity = scene.light.shade(normal, view)     # either side of the surface alike; the Triton kernel's numbers
     if scene.color_volume is None:
         base = scene.color.expand(q.shape[0], 3)
     else:

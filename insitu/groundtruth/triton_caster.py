@@ -18,7 +18,8 @@ except ImportError:                     # pragma: no cover - CPU-only installs
 # ---------------------------------------------------------------------------------------------
 # The same ray caster as one Triton kernel (CUDA): a program marches BLOCK pixels of one view,
 # their supersample rays one after the other, each to its first crossing, refines and shades
-# it in registers and writes the pixel's averaged RGBA and nearest depth. Same lattice, same
+# it (the scene's light: the 11 numbers of insitu.render.lighting.Headlight.terms) in registers
+# and writes the pixel's averaged RGBA and nearest depth. Same lattice, same
 # empty-space jumps (checked before every sample instead of every pass: the jumps are exact,
 # so the samples taken outside skipped space are the same), same bisection, secant and shading.
 # The refinement, the bracket's two ends and the gradient's six samples each sit in a loop rather
@@ -74,6 +75,7 @@ if triton is not None:
                         blx, bly, blz, bhx, bhy, bhz, dlx, dly, dlz, dhx, dhy, dhz,
                         step, width, height, S,
                         cr, cg, cb, cvol, cmap_pos, cmap_rgb, n_cmap, c_lo, c_hi,
+                        l_amb, l_dif, l_spec, l_kx, l_ky, l_kz, l_key, l_fx, l_fy, l_fz, l_fill,
                         REFINE: tl.constexpr, HAS_CFIELD: tl.constexpr, BLOCK: tl.constexpr):
         view = tl.program_id(1)
         pix = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -184,7 +186,7 @@ if triton is not None:
             w = tl.where(den != 0, (iso - fa) / tl.where(den != 0, den, 1.0), 0.5)
             w = tl.minimum(tl.maximum(w, 0.0), 1.0)
             th = ta + w * (tb - ta)
-            # headlight Blinn-Phong at the hit
+            # the light at the hit
             qx = qox + th * qdx
             qy = qoy + th * qdy
             qz = qoz + th * qdz
@@ -213,13 +215,18 @@ if triton is not None:
             vx, vy, vz = vx / vn, vy / vn, vz / vn
             gn = tl.sqrt(gx * gx + gy * gy + gz * gz)
             gs = tl.maximum(gn, 1e-30)
-            cos = tl.where(gn > 0, (gx / gs) * vx + (gy / gs) * vy + (gz / gs) * vz, 1.0)
-            cos = tl.minimum(tl.abs(cos), 1.0)
+            # the unit normal (the view direction where the gradient vanishes), either side alike
+            ux = tl.where(gn > 0, gx / gs, vx)
+            uy = tl.where(gn > 0, gy / gs, vy)
+            uz = tl.where(gn > 0, gz / gs, vz)
+            cos = tl.minimum(tl.abs(ux * vx + uy * vy + uz * vz), 1.0)
             c2 = cos * cos
             c4 = c2 * c2
             c8 = c4 * c4
             c16 = c8 * c8
-            intensity = 0.15 + 0.75 * cos + 0.25 * (c16 * c16)
+            intensity = (l_amb + l_dif * cos + l_spec * (c16 * c16)
+                         + l_key * tl.abs(ux * l_kx + uy * l_ky + uz * l_kz)
+                         + l_fill * tl.abs(ux * l_fx + uy * l_fy + uz * l_fz))
             if HAS_CFIELD:
                 value = (_tri_sample(cvol, qx, qy, qz, nx, ny, nz) - c_lo) / (c_hi - c_lo)
                 value = tl.minimum(tl.maximum(value, 0.0), 1.0)
@@ -273,5 +280,6 @@ def raycast_triton(scene: CastScene, cams: Cameras, width: int, height: int, sup
         *f.dims, *f.macro, *scene.bounds,
         float(scene.step), width, height, supersample,
         *scene.rgb, cvol, cmap_pos, cmap_rgb.reshape(-1), cmap_pos.numel(), *scene.color_range,
+        *scene.light.terms(),
         REFINE=scene.refine, HAS_CFIELD=scene.color_volume is not None, BLOCK=_TRITON_BLOCK)
     return rgba, depth

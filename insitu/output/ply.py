@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from insitu.output.files import atomic_path, named_error
-from insitu.surface.gaussians import SH_C0, Gaussians, check_gaussians, numpy32
+from insitu.surface.gaussians import SH_C0, Gaussians, check_gaussians, drop_bands, numpy32
 
 
 _PLY_TYPES = {
@@ -59,18 +59,6 @@ def ply_dtype(sh_degree: int) -> np.dtype:
 def band0_rgb8(sh0: np.ndarray) -> np.ndarray:
     """``sh0: [N, 3]`` DC coefficients -> [N, 3] uint8 colours (``sh0 * SH_C0 + 0.5``, clipped to [0, 1])."""
     return np.clip(np.rint((sh0.astype(np.float64) * SH_C0 + 0.5) * 255.0), 0, 255).astype(np.uint8)
-
-
-def drop_bands(gaussians: Gaussians, sh_degree: int | None) -> Gaussians:
-    """``gaussians`` with its SH bands above ``sh_degree`` left out (None: as it is); a model of a lower
-    degree is returned as it is."""
-    if sh_degree is None or sh_degree >= gaussians.sh_degree:
-        return gaussians
-    if sh_degree < 0:
-        raise ValueError(f"sh_degree must be >= 0, got {sh_degree}")
-    keep = (sh_degree + 1) ** 2 - 1
-    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
-                     gaussians.sh0, gaussians.shN[:, :keep])
 
 
 _PLY_CHUNK_BYTES = 1 << 26           # records are built and written 64 MiB at a time

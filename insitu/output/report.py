@@ -73,11 +73,15 @@ LIT_NOTE = ("the 3D view above draws this file: the base colours shaded by a lig
 # What each file of a step folder holds, in the order the page lists them; a file not named here is not
 # linked. The wording says what a file is for, so that it holds while the formats change.
 FILE_NOTES = {
-    "model.ply": "the model for standard 3D Gaussian splatting viewers and tools (the 3DGS .ply layout)",
+    "model.ply": "the model for standard 3D Gaussian splatting viewers and tools (the 3DGS .ply layout), fitted "
+                 "as they draw it; a lit model's is lit by a fixed key and fill light, so that it looks the same "
+                 "in every viewer and from every side (its figures, model.ply in the table, are against a ground "
+                 "truth lit so)",
     "model.spz": "model.ply's model in the compressed SPZ format, which web splat viewers read: in SPZ's axes "
                  "(x right, y up, z back) and the step's frame (cameras.json's frame gives world units)",
     "model.lit.spz": "the lit model as trained (a base colour and a normal per Gaussian, in the step's frame): "
-                     "not plain 3DGS, for viewers that relight it, as this page does",
+                     "not plain 3DGS, for viewers that relight it with the headlight, as this page does: the "
+                     "closest to the ground truth",
     "views/*.png": "held-out views: ground truth | render",
     "cameras.json": "the step's orbit cameras (the 3D view's camera list)",
     "metrics.json": "every figure of the step, with its evaluations during training",

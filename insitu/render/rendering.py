@@ -38,7 +38,7 @@ from torch import Tensor
 
 from insitu.render.shading import MAX_SH_DEGREE, sh_basis, sh_colors
 
-__all__ = ["rasterize", "eval_sh", "BACKENDS", "STANDARD_EPS2D"]
+__all__ = ["rasterize", "eval_sh", "blur_opacity_factors", "BACKENDS", "STANDARD_EPS2D"]
 
 BACKENDS = ("auto", "gsplat", "torch")
 
@@ -377,6 +377,42 @@ def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
         valid = valid & (mx + rx > 0) & (mx - rx < width) & (my + ry > 0) & (my - ry < height)
         radii = torch.where(valid[..., None], torch.stack([rx, ry], dim=-1), 0).to(torch.int32)
     return _Projected(means2d, conics, means_c[..., 2], radii, compensations)
+
+
+def blur_opacity_factors(means: Tensor, quats: Tensor, scales: Tensor, viewmats: Tensor, Ks: Tensor, width: int,
+                         height: int, *, eps2d: float, antialiased: bool,
+                         to_eps2d: float = STANDARD_EPS2D) -> tuple[Tensor, Tensor]:
+    """``(factor [C, N], inside [C, N])``: by how much each Gaussian's opacity must scale so that, drawn in each
+    camera with the classic blur ``to_eps2d`` (standard viewers'), its footprint holds the opacity it holds drawn
+    with ``eps2d`` (``antialiased`` or not): the integral over the image of its alpha, before clamping,
+    ``opacity * 2 pi sqrt(det)`` of its projected covariance plus the blur (antialiased: of the covariance
+    alone), so ``sqrt(det(S + e) / det(S + to_eps2d))`` with ``S`` its projected covariance (pixels^2, the EWA
+    projection of :func:`rasterize`) and ``e`` 0 antialiased, else ``eps2d``. A Gaussian narrower than the blur
+    spreads over more pixels drawn with a larger one: the factor is below 1. ``inside``: whether its centre lies
+    in front of the camera and in the image (elsewhere the factor is 1)."""
+    covars = _quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
+    Rv, tv = viewmats[:, :3, :3], viewmats[:, :3, 3]
+    means_c = torch.einsum("cij,nj->cni", Rv, means) + tv[:, None, :]    # [C, N, 3]
+    cov_c = torch.einsum("cij,njk,clk->cnil", Rv, covars, Rv)            # [C, N, 3, 3]
+    x, y, z = means_c.unbind(-1)
+    fx, fy = Ks[:, 0, 0, None], Ks[:, 1, 1, None]
+    cx, cy = Ks[:, 0, 2, None], Ks[:, 1, 2, None]
+    inside = z > 0
+    z = torch.where(inside, z, torch.ones_like(z))
+    u, v = fx * x / z + cx, fy * y / z + cy
+    inside = inside & (u >= 0) & (u < width) & (v >= 0) & (v < height)
+    j00, j02 = fx / z, -fx * x / (z * z)
+    j11, j12 = fy / z, -fy * y / (z * z)
+    s00, s01, s02 = cov_c[..., 0, 0], cov_c[..., 0, 1], cov_c[..., 0, 2]
+    s11, s12, s22 = cov_c[..., 1, 1], cov_c[..., 1, 2], cov_c[..., 2, 2]
+    a = j00 * j00 * s00 + 2 * j00 * j02 * s02 + j02 * j02 * s22
+    b = j00 * j11 * s01 + j00 * j12 * s02 + j02 * j11 * s12 + j02 * j12 * s22
+    c = j11 * j11 * s11 + 2 * j11 * j12 * s12 + j12 * j12 * s22
+    e = 0.0 if antialiased else eps2d
+    drawn = ((a + e) * (c + e) - b * b).clamp(min=0.0)
+    standard = (a + to_eps2d) * (c + to_eps2d) - b * b
+    factor = torch.sqrt(drawn / standard.clamp(min=1e-30))
+    return torch.where(inside, factor, torch.ones_like(factor)), inside
 
 
 @dataclass

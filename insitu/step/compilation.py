@@ -56,7 +56,7 @@ from insitu.render.shading import MAX_SH_DEGREE, deferred_sh_gradients, sh_color
 from insitu.step.layouts import Layout, training_ranks
 from insitu.step.seeding import model_sh_degree
 from insitu.surface.gaussians import Gaussians
-from insitu.training.appearance import refits_ply
+from insitu.training.appearance import refits_ply, standard_degree
 from insitu.training.bandloss import HALF, KERNEL
 from insitu.training.ssim import ssim_l1_loss, ssim_map
 from insitu.training.trainer import Trainer
@@ -280,6 +280,7 @@ def kernel_groups(cfg: Config, shapes: KernelShapes) -> dict[str, tuple[tuple, C
     ``job(device)`` runs the step's functions once on a tiny input (on any device: off CUDA, their torch code),
     ``key`` is what sets the group's specialisations."""
     tc, refit = cfg.train, refits_ply(cfg)
+    ply = standard_degree(cfg, shapes.sh_degree) if tc.color_model != "sh" else tc.sh_degree
     cast = (len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var), cfg.views.supersample)
     return {
         "ray caster": (("ray caster", shapes.width, shapes.height, *cast), partial(_ray_caster, cfg, shapes)),
@@ -287,7 +288,7 @@ def kernel_groups(cfg: Config, shapes: KernelShapes) -> dict[str, tuple[tuple, C
                  partial(_loss, shapes, tc.ssim_weight)),
         # one thread for both: SH training launches the SH kernels from Adam's job too, and two threads
         # that first launch one kernel at once would each build its in-process cache, one of them lost
-        "colours and adam": (("colours and adam", tc.color_model, shapes.sh_degree, tc.sh_degree, refit),
+        "colours and adam": (("colours and adam", tc.color_model, shapes.sh_degree, tc.sh_degree, ply, refit),
                              partial(_colours_and_adam, cfg, shapes.sh_degree, refit)),
     }
 
@@ -398,12 +399,16 @@ def _sh_colours(degree: int, train: bool, device: torch.device) -> None:
 def _colours_and_adam(cfg: Config, sh_degree: int, refit: bool, device: torch.device, *,
                       sh_colours: Callable[[int, bool, torch.device], None] = _sh_colours,
                       adam: Callable[[Config, int, torch.device], None] = _adam) -> None:
-    """The colours' kernels and Adam's of the step's model (``sh_degree``: its trained SH degree), and with
-    ``refit`` those of model.ply's SH model trained after it (:func:`insitu.step.plyfit.refine_for_viewers`):
-    SH colours with gradients at ``train.sh_degree`` and an SH trainer's Adam step. ``sh_colours``, ``adam``:
-    what runs each."""
+    """The colours' kernels and Adam's of the step's model (``sh_degree``: its trained SH degree), the SH colours
+    of a lit model's standard files for their figures (at their degree,
+    :func:`insitu.training.appearance.standard_degree`), and with ``refit`` those of the standard files' SH model
+    trained after the step (:func:`insitu.step.plyfit.refine_for_viewers`): SH colours with gradients and an SH
+    trainer's Adam step at that degree (an SH model's: ``train.sh_degree``). ``sh_colours``, ``adam``: what runs
+    each."""
     tc = cfg.train
-    sh_colours(tc.sh_degree, tc.color_model == "sh" or refit, device)
+    lit = tc.color_model != "sh"
+    degree = standard_degree(cfg, sh_degree) if lit else tc.sh_degree
+    sh_colours(degree, not lit or refit, device)
     adam(cfg, sh_degree, device)
-    if refit and tc.color_model != "sh":
-        adam(replace(cfg, train=replace(tc, color_model="sh")), tc.sh_degree, device)
+    if refit and lit:
+        adam(replace(cfg, train=replace(tc, color_model="sh")), degree, device)

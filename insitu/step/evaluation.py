@@ -205,17 +205,41 @@ def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) 
             for role in HELD_OUT[1:] if len(scene.views.ids(role))}
 
 
+PLY_ROLES = ("test", "near2", "near3")     # the held-out views the standard files' figures score
+
+
 def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout,
-                  cfg: Config) -> tuple[Gaussians | None, Quality | None]:
+                  cfg: Config) -> tuple[Gaussians | None, dict[str, Quality] | None]:
     """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
     on the other ranks) and the figures of what ``model.ply`` holds (this rank's shard of it: ``ply``) as
-    a viewer draws it (:func:`model_quality`, on every rank); else ``(None, None)``. Collective."""
+    a viewer draws it (:func:`model_quality`, on every rank) against ``scene``'s ground truth (the standard
+    files' scene: :func:`insitu.step.plyfit.model_ply`), by held-out set: the orbit's (``test``) and the close-ups'
+    of :data:`PLY_ROLES` that ``scene`` has; else ``(None, None)``. Collective."""
     if not cfg.output.ply_metrics:
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
     whole = gather_gaussians(ply.to("cpu"), layout.comm.mpi) if ply is not shard else merged
-    quality, _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, backend=cfg.run.backend), []))
-    return merged, quality
+    figures = {}
+    for role in PLY_ROLES:
+        ids = scene.views.ids(role).tolist()
+        if role == "test" or ids:
+            figures[role], _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, ids=ids,
+                                                                           backend=cfg.run.backend), []))
+    return merged, figures
+
+
+def ply_metrics(figures: dict[str, Quality] | None) -> dict:
+    """metrics.json's figures of the standard files (:func:`model_figures`' ``figures``, None: each figure None):
+    ``ply_psnr_foreground``, ``ply_ssim_foreground``, ``ply_psnr`` and ``ply_ssim`` on the orbit's held-out views,
+    and ``ply_psnr_foreground_ROLE``, ``ply_ssim_foreground_ROLE`` on each set of close-ups."""
+    q = figures["test"] if figures else None
+    out = {"ply_psnr_foreground": q and q.psnr_foreground, "ply_ssim_foreground": q and q.ssim_foreground,
+           "ply_psnr": q and q.psnr, "ply_ssim": q and q.ssim}
+    for role, qr in (figures or {}).items():
+        if role != "test":
+            out[f"ply_psnr_foreground_{role}"] = qr.psnr_foreground
+            out[f"ply_ssim_foreground_{role}"] = qr.ssim_foreground
+    return out
 
 
 

@@ -36,12 +36,14 @@ class Layout(Protocol):
     """The operations in which the layouts differ.
 
     comm:       every rank of the step.
+    block:      this rank's block.
     train_comm: what the trainer's renders composite over (``comm``, or this rank alone).
     replicas:   the ranks the trainer averages its gradients over (None: no averaging).
     bounds:     ``(lo [3], hi [3])`` world box the trained means stay in (a margin is added).
     """
 
     comm: Comm
+    block: Block
     train_comm: Comm
     replicas: Comm | None
     bounds: tuple[np.ndarray, np.ndarray]
@@ -54,6 +56,11 @@ class Layout(Protocol):
     def rows(self, flags: Tensor) -> Tensor:
         """``flags: [N]`` over this rank's seeded shard as flags over the model it trains (:meth:`prepare`'s
         rows); collective."""
+        ...
+
+    def images(self, scene: Scene) -> Scene:
+        """The scene this rank trains and evaluates on from its band of the ground truth ``scene`` (the
+        scene of :meth:`prepare`, or another one of the same step: other views, another light); collective."""
         ...
 
     def max_gaussians(self, cap: int, share: float, count: int) -> int:
@@ -129,6 +136,9 @@ class SortLast:
     def rows(self, flags: Tensor) -> Tensor:
         return flags
 
+    def images(self, scene: Scene) -> Scene:
+        return scene
+
     def max_gaussians(self, cap: int, share: float, count: int) -> int:
         return max(int(cap * share), count)         # the rank's share of the cap, never below its seeds
 
@@ -178,12 +188,16 @@ class Replicated:
             raise InputError(f"run.layout=replicated: train.batch x ranks = {self.per_rank} x {self.comm.size} "
                              f"views per step, more than the {train} training views")
         model = gather_gaussians(shard.to("cpu"), self.comm.mpi, everywhere=True).to(self.comm.device)
+        return model, self.images(scene)
+
+    def images(self, scene: Scene) -> Scene:
+        """A Scene of the whole images of every view of ``scene``, on every rank."""
         views = scene.views
         gt = torch.empty(len(views), views.height, views.width, 4, dtype=scene.gt.dtype, device=scene.gt.device)
         for group in view_groups(list(range(len(views))), views.width, views.height):
             gt[group] = gather_bands(scene.gt[group], self.comm)
         order = torch.zeros(len(views), 1, device=scene.order.device)     # one layer: nothing to composite
-        return model, Scene(views, order, gt, (0, views.height), scene.background)
+        return Scene(views, order, gt, (0, views.height), scene.background)
 
     def rows(self, flags: Tensor) -> Tensor:
         """Every rank's flags, in rank order (as :meth:`prepare` gathers the shards)."""

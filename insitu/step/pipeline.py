@@ -33,7 +33,7 @@ from insitu.progress import note
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
-                                    preload_evaluation)
+                                    ply_metrics, preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
@@ -171,9 +171,9 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    ply = model_ply(trained, gaussians, trainer, scene, layout, cfg)
+    ply, ply_scene = model_ply(trained, gaussians, trainer, scene, layout, cfg)
     clock.lap("ply fit")
-    merged, qm = model_figures(gaussians, ply, scene, layout, cfg)
+    merged, qm = model_figures(gaussians, ply, ply_scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
                            closer=closer, follow=follow)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
@@ -296,11 +296,11 @@ def follow_counts(comm, follow: Follow | None) -> dict:
                     .tolist()))
 
 
-def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality | None, clock: PhaseClock, *,
-                 step: int, time: float, initial: int, total: int, closer: dict[str, Quality],
-                 follow: dict | None = None) -> dict:
+def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
+                 clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
+                 closer: dict[str, Quality], follow: dict | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
-    memory of the ranks). ``q``: the final evaluation, ``qm``: the model file's figures (or None),
+    memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
     whole model's Gaussians before and after training, ``follow``: a warm start's counts
     (:func:`follow_counts`). ``total_seconds`` is read last."""
@@ -310,10 +310,10 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: Quality 
         "psnr_foreground": q.psnr_foreground, "ssim_foreground": q.ssim_foreground,
         **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
            for key in ("psnr_foreground", "ssim_foreground", "psnr")},
-        "ply_psnr_foreground": qm and qm.psnr_foreground, "ply_ssim_foreground": qm and qm.ssim_foreground,
+        **ply_metrics(qm),
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
         "psnr_foreground_initial": log.initial.psnr_foreground,
-        "ply_psnr": qm and qm.psnr, "ply_ssim": qm and qm.ssim, "psnr_white": q.psnr_white,
+        "psnr_white": q.psnr_white,
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,

@@ -1,76 +1,168 @@
-"""``model.ply`` of a model that viewers draw otherwise than training did: SH colours, trained as viewers draw.
+"""The standard files' model (``model.ply``, ``model.spz``) of a model that viewers draw otherwise than training did.
 
 Standard 3DGS viewers draw a ``.ply`` with SH colours and a blur of 0.3 px^2, without the antialiased mode; a model
-trained so is written as it is (:func:`model_ply`). Otherwise a lit model's colours become SH colours fitted to
-its lit colour over the directions the views saw each side of a Gaussian from (:func:`ply_shard`; an SH model
-keeps its own), and that SH model then trains for ``output.ply_refine`` of the step's iterations as a viewer draws
-it (:func:`refine_for_viewers`); the trained model itself is unchanged.
+trained so is written as it is (:func:`model_ply`). Otherwise the standard files get an SH model of their own, at
+their SH degree (:func:`insitu.training.appearance.standard_degree`):
+
+- a lit model, ``output.ply_light`` fixed (the default): its colours in a fixed key and fill light
+  (:data:`insitu.render.lighting.FIXED_LIGHT`), which do not change with the view, baked into band 0
+  (:func:`insitu.training.appearance.bake_light`), its opacities made for the viewers' blur (:func:`for_standard_blur`),
+  against a ground truth cast again in that light for the views it is refit on and scored on
+  (:func:`fixed_light_scene`). No SH degree holds the headlight, whose light moves with the camera: the report's
+  viewer relights the lit model itself (``model.lit.spz``).
+- a lit model, ``output.ply_light`` headlight: SH colours fitted to its headlit colour over the directions the views
+  saw each side of a Gaussian from (:func:`fitted_sh`), against the step's ground truth;
+- an SH model keeps its own colours.
+
+That SH model then trains for ``output.ply_refine`` of the step's iterations as a viewer draws it
+(:func:`refine_for_viewers`); the trained model itself is unchanged.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
+from torch import Tensor
 
 from insitu.config import Config
-from insitu.groundtruth.scene import Scene
-from insitu.render.rendering import STANDARD_EPS2D
+from insitu.groundtruth.scene import Scene, make_scene
+from insitu.groundtruth.views import Views
+from insitu.render.lighting import FixedLight
+from insitu.render.rendering import STANDARD_EPS2D, blur_opacity_factors
+from insitu.step.evaluation import PLY_ROLES
 from insitu.step.layouts import Layout
 from insitu.step.loop import check_finite, train_iteration
-from insitu.surface.gaussians import Gaussians
-from insitu.training.appearance import ColorModel, drawn_otherwise, refits_ply
+from insitu.surface.gaussians import Gaussians, drop_bands
+from insitu.training.appearance import (ColorModel, bake_light, drawn_otherwise, refits_ply, standard_degree,
+                                        standard_light)
 from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer, footprint_sides, training_blur
 
 
 def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Scene, layout: Layout,
-              cfg: Config) -> Gaussians:
-    """This rank's shard of ``model.ply``: its ``shard`` of the ``trained`` model (:meth:`Trainer.gaussians`) for a
-    model that viewers draw as trained (SH colours and their blur: :func:`insitu.training.appearance.drawn_otherwise`),
-    else its shard of :func:`ply_shard`; collective over every rank of ``layout``."""
+              cfg: Config) -> tuple[Gaussians, Scene]:
+    """This rank's shard of the standard files' model and the scene its figures are scored on; collective over every
+    rank of ``layout``. For a model that viewers draw as trained (SH colours and their blur:
+    :func:`insitu.training.appearance.drawn_otherwise`): its ``shard`` of the ``trained`` model
+    (:meth:`Trainer.gaussians`) and ``scene``. Else an SH model made for them and trained as viewers draw it
+    (:func:`refine_for_viewers`): in the fixed light (:func:`insitu.training.appearance.standard_light`), the trained
+    colours baked in it (:func:`insitu.training.appearance.bake_light`), the opacities made for the viewers' blur
+    (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light (:func:`fixed_light_scene`); else
+    :func:`fitted_sh` and ``scene``."""
     if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
-        return shard
-    return layout.shard(ply_shard(trained, trainer, scene, layout, cfg))[0]
-
-
-def ply_shard(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
-    """What ``model.ply`` holds of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) when
-    viewers draw it otherwise than training did (:func:`insitu.training.appearance.drawn_otherwise`), in the trainer's
-    layout; collective over every rank of the layout (``layout.comm``).
-
-    A lit model's colours become SH colours of degree ``train.sh_degree`` fitted to each Gaussian's lit colour
-    over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
-    ``output.ply_fit_views`` training views spread over them (:func:`insitu.training.trainer.footprint_sides`,
-    :func:`insitu.training.appearance.fit_sh`; 0 views: both sides alike). Then that SH model trains, for an
-    ``output.ply_refine`` share of the step's iterations, as a standard viewer draws it (:func:`refine_for_viewers`)."""
-    if cfg.train.color_model == "sh":
-        fitted = gaussians
+        return shard, scene
+    light = standard_light(cfg)
+    if light is None:
+        fitted = fitted_sh(trained, trainer, scene, layout, cfg)
     else:
-        train = scene.views.train_ids
-        k = min(cfg.output.ply_fit_views, len(train))
-        model = ColorModel(cfg.train.color_model)
-        if k == 0:
-            fitted = model.as_sh(gaussians, cfg.train.sh_degree)
-        else:
-            ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
-            sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
-                                    rows=scene.rows, backend=cfg.run.backend, transfer=cfg.run.transfer,
-                                    **training_blur(cfg))
-            fitted = model.as_sh(gaussians, cfg.train.sh_degree, sides=sides.to(gaussians.means.device))
+        ids = refit_ids(scene.views, cfg, trainer.images_per_step)
+        fitted = for_standard_blur(bake_light(trained, light, standard_degree(cfg, trained.sh_degree)), scene.views,
+                                   ids, cfg)
+        scene = fixed_light_scene(scene, layout, cfg, light, ids)
     fitted = refine_for_viewers(fitted, trainer, scene, layout, cfg)
     check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")
-    return fitted
+    return layout.shard(fitted)[0], scene
+
+
+def refit_ids(views: Views, cfg: Config, batch: int) -> Tensor:
+    """The training views of ``views`` that the standard files' model is made for in the fixed light: half
+    close-ups, half the orbit's, each half spread evenly over its own; ``output.ply_views`` of them (at least a
+    step's ``batch``), or, with fewer close-ups than half of that, every close-up and as many orbit views (only
+    orbit views without close-ups). Half and half because the viewers' blur is fixed in pixels: what draws a
+    Gaussian best from the orbit draws it worse close up, and the figures count the close-ups as much."""
+    train = views.train_ids
+    orbit, close = train[train < cfg.views.count], train[train >= cfg.views.count]
+    k = max(cfg.output.ply_views, batch)
+    n_close = min(k - k // 2, len(close))
+    n_orbit = min(len(orbit), k if n_close == 0 else max(n_close, batch - n_close))
+
+    def spread(ids: Tensor, n: int) -> Tensor:
+        return ids[(torch.arange(n, device=ids.device) * len(ids)) // max(n, 1)]
+
+    return torch.cat([spread(orbit, n_orbit), spread(close, n_close)])
+
+
+def for_standard_blur(gaussians: Gaussians, views: Views, ids: Tensor, cfg: Config, *,
+                      pairs: int = 1 << 22) -> Gaussians:
+    """``gaussians`` (drawn as trained: ``train.eps2d``, ``train.antialiased``) with opacities for standard viewers'
+    blur: each Gaussian's optical depth, ``-log(1 - opacity)``, scaled by the median, over the views ``ids`` whose
+    image holds its centre, of :func:`insitu.render.rendering.blur_opacity_factors`. Drawn as those viewers draw it,
+    a Gaussian narrower than their blur then covers about what it covered, fainter and wider, instead of as
+    opaque and wider (which thickens outlines and thin parts, and draws a disc seen edge on, which the
+    antialiased blur fades, as an opaque streak); scaling the depth rather than the opacity leaves the Gaussians
+    of an opaque surface, which overlap, near opaque. A Gaussian no such view shows keeps its opacity. The refit
+    starts from there. ``pairs``: (view, Gaussian) pairs projected at once, bounding memory."""
+    ids = torch.as_tensor(ids, device=views.viewmats.device).long()
+    n = len(gaussians)
+    if n == 0 or len(ids) == 0:
+        return gaussians
+    viewmats, Ks = views.viewmats[ids], views.Ks[ids]
+    chunk = max(1, pairs // len(ids))
+    factors = []
+    with torch.no_grad():
+        for lo in range(0, n, chunk):
+            g = gaussians.select(torch.arange(lo, min(n, lo + chunk), device=gaussians.means.device))
+            f, inside = blur_opacity_factors(g.means.float(), g.quats.float(), torch.exp(g.log_scales.float()),
+                                             viewmats.to(g.means.device, torch.float32),
+                                             Ks.to(g.means.device, torch.float32), views.width, views.height,
+                                             eps2d=cfg.train.eps2d, antialiased=cfg.train.antialiased)
+            median = torch.where(inside, f, torch.full_like(f, float("nan"))).nanmedian(0).values
+            factors.append(torch.nan_to_num(median, nan=1.0))
+        opacity = torch.sigmoid(gaussians.opacity_logits.float()).clamp(max=1.0 - 1e-6)
+        opacity = 1.0 - (1.0 - opacity).pow(torch.cat(factors))
+        logits = torch.logit(opacity.clamp(1e-6, 1.0 - 1e-6)).to(gaussians.opacity_logits.dtype)
+    return replace(gaussians, opacity_logits=logits)
+
+
+def fixed_light_scene(scene: Scene, layout: Layout, cfg: Config, light: FixedLight, ids: Tensor) -> Scene:
+    """The step's ground truth cast again in ``light``, for the views of ``scene`` that the standard files need, their
+    roles kept: with a refit (:func:`insitu.training.appearance.refits_ply`) the training views ``ids``
+    (:func:`refit_ids`), and with ``output.ply_metrics`` the held-out views they are scored on
+    (:data:`insitu.step.evaluation.PLY_ROLES`); in the layout's form (:meth:`Layout.images`). With neither,
+    ``scene`` itself (nothing is cast). Collective over ``layout.comm``."""
+    views = scene.views
+    parts = [ids] if refits_ply(cfg) else []
+    if cfg.output.ply_metrics:
+        parts += [views.ids(role) for role in PLY_ROLES]
+    ids = torch.cat(parts) if parts else ids[:0]
+    if len(ids) == 0:
+        return scene
+    fixed = make_scene(layout.block, cfg, layout.comm, views=views.subset(ids), light=light)
+    return layout.images(fixed)
+
+
+def fitted_sh(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
+    """The standard files' SH model of the trainer's model ``gaussians`` (its :meth:`Trainer.gaussians`) without the
+    fixed light, at their degree (:func:`insitu.training.appearance.standard_degree`), in the trainer's layout: an SH
+    model's own bands; a lit model's (``output.ply_light`` headlight) SH colours fitted to each Gaussian's headlit
+    colour over the sphere's directions, each side of it weighted by its footprint in the views on that side, of
+    ``output.ply_fit_views`` training views of ``scene`` spread over them
+    (:func:`insitu.training.trainer.footprint_sides`, :func:`insitu.training.appearance.fit_sh`; 0 views: both sides
+    alike). Collective over every rank of the layout."""
+    degree = standard_degree(cfg, gaussians.sh_degree)
+    if cfg.train.color_model == "sh":
+        return drop_bands(gaussians, degree)
+    train = scene.views.train_ids
+    k = min(cfg.output.ply_fit_views, len(train))
+    model = ColorModel(cfg.train.color_model)
+    if k == 0:
+        return model.as_sh(gaussians, degree)
+    ids = train[torch.linspace(0, len(train) - 1, k).round().long().to(train.device)]
+    sides = footprint_sides(trainer.params, scene.views, ids, scene.order, layout.train_comm,
+                            rows=scene.rows, backend=cfg.run.backend, transfer=cfg.run.transfer,
+                            **training_blur(cfg))
+    return model.as_sh(gaussians, degree, sides=sides.to(gaussians.means.device))
 
 
 def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
     """Optimiser steps (``output.ply_refine`` times the trainer's iterations) of the SH model ``fitted`` (in the
-    trainer's layout) on the training views, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours at their
-    full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
+    trainer's layout) on the training views of ``scene``, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours
+    at their full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
     densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
-    where they are); the other learning rates and the image loss as in training; none when neither ``model.ply``
-    nor its figures are made. Collective over every rank of the layout (``layout.comm``: the replicas' gradients
-    are summed over it)."""
+    where they are); the other learning rates and the image loss as in training; none when neither the standard
+    files nor their figures are made. Collective over every rank of the layout (``layout.comm``: the replicas'
+    gradients are summed over it)."""
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
@@ -85,4 +177,3 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     for _, (ids, bg) in zip(range(steps), draws):
         train_iteration(viewer, scene, *layout.batch(ids, bg), plain, layout.train_comm)
     return viewer.gaussians()
-

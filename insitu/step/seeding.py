@@ -168,7 +168,8 @@ def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Conf
                   value_range: tuple[float, float]) -> None:
     """SurfaceTooSmall on every rank when the whole isosurface (``total_area``, world units) covers less than
     ``MIN_SURFACE_PIXELS`` of an orbit view: a convex surface's mean projected area is a quarter of its area,
-    at :func:`insitu.groundtruth.views.pixels_per_area` pixels a unit of area; collective (its triangles are counted)."""
+    at :func:`insitu.groundtruth.views.pixels_per_area` pixels a unit of area; collective (its triangles are
+    counted)."""
     lo, hi = block.global_box
     pixels = total_area * pixels_per_area(lo, hi, cfg.views.resolution, cfg.views.fov_deg) / 4
     triangles = comm.mpi.allreduce(len(seeds.faces))
@@ -215,9 +216,10 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
     ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
     ``then``, their offsets when their step ended, where known: :func:`insitu.surface.follow.stale`), so do the
     faint ones (an opacity below ``train.densify.prune_opacity``: a warm step shorter than
-    ``train.densify.start`` prunes nothing); new surface gets seeds at the kept model's density; the count is steered towards ``expected``
-    (what a cold step would end this rank's surface with) within the factor :data:`insitu.surface.follow.SLACK`,
-    at most ``ceiling``, by seeds on the covered surface or by thinning the least opaque.
+    ``train.densify.start`` prunes nothing); new surface gets seeds at the kept model's density; the count is
+    steered towards ``expected`` (what a cold step would end this rank's surface with) within the factor
+    :data:`insitu.surface.follow.SLACK`, at most ``ceiling``, by seeds on the covered surface or by thinning the
+    least opaque.
 
     Returns the shard (the kept Gaussians first), ``fresh: [N]`` bool, its new seeds (they get the cold
     start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), ``settled: [N]`` bool,

@@ -88,6 +88,18 @@ class Gaussians:
         return Gaussians(z(0, 3), z(0, 3), z(0, 4), z(0), z(0, 1, 3), z(0, K - 1, 3))
 
 
+def drop_bands(gaussians: Gaussians, sh_degree: int | None) -> Gaussians:
+    """``gaussians`` with its SH bands above ``sh_degree`` left out (None: as it is); a model of a lower
+    degree is returned as it is."""
+    if sh_degree is None or sh_degree >= gaussians.sh_degree:
+        return gaussians
+    if sh_degree < 0:
+        raise ValueError(f"sh_degree must be >= 0, got {sh_degree}")
+    keep = (sh_degree + 1) ** 2 - 1
+    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
+                     gaussians.sh0, gaussians.shN[:, :keep])
+
+
 def check_gaussians(g: Gaussians) -> int:
     """Validate the shapes of ``g`` (TypeError, ValueError saying what was expected); returns N."""
     if not isinstance(g, Gaussians):

@@ -15,9 +15,11 @@ band 0 is ``(rgb - 0.5) / SH_C0``):
 - ``"sh"``: spherical harmonics along the view direction, one more band every
   ``train.sh_increase_every`` iterations up to ``train.sh_degree`` (the reference 3DGS model).
 
-A standard 3DGS ``.ply`` holds one SH colour per Gaussian: :func:`fit_sh` gives a lit model's SH
-coefficients, least-squares fitted to each Gaussian's lit colour (:func:`lit_colors`) over
-directions spread on the sphere, weighted towards the side of it that the training views saw.
+A standard 3DGS ``.ply`` holds one SH colour per Gaussian. :func:`bake_light` gives a lit model's
+colours in a fixed light (:class:`insitu.render.lighting.FixedLight`), which band 0 holds exactly, as the standard
+files carry them by default; :func:`fit_sh` gives its SH coefficients least-squares fitted to each Gaussian's
+headlit colour (:func:`lit_colors`) over directions spread on the sphere, weighted towards the side of it that
+the training views saw (what SH can hold of the headlight).
 """
 from __future__ import annotations
 
@@ -30,13 +32,15 @@ from torch import Tensor
 
 from insitu.groundtruth.caster import apply_colormap
 from insitu.groundtruth.views import fibonacci_sphere
-from insitu.render.lighting import HEADLIGHT, Headlight
+from insitu.render.lighting import FIXED_LIGHT, HEADLIGHT, FixedLight, Headlight
 from insitu.render.rendering import STANDARD_EPS2D
 from insitu.render.shading import MAX_SH_DEGREE, sh_basis
-from insitu.surface.gaussians import SH_C0, Gaussians
+from insitu.surface.gaussians import SH_C0, Gaussians, rgb_to_sh0
 from insitu.volume import Block, unit_colors
 
 COLOR_MODELS = ("lit", "sh")
+FIXED_LIGHT_DEGREE = 0          # the standard files' SH degree in the fixed light unless output.sh_degree says
+                                # otherwise: band 0 holds the light (higher bands: bench_standard_files.py)
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,22 @@ def fit_sh(quats: Tensor, base: Tensor, degree: int = 3, light: Headlight = HEAD
     return torch.cat(out).to(quats.dtype)
 
 
+def bake_light(gaussians: Gaussians, light: FixedLight, degree: int = 0) -> Gaussians:
+    """A lit shard ``gaussians`` (base colours in band 0, normals the rotations' local z axes) with SH colours of
+    ``degree`` that hold its colours in the fixed ``light``: band 0 ``clamp(base * light.intensity(n), 0, 1)``,
+    what the ray caster draws a surface point with that normal and base colour in that light, alike from every
+    side; the higher bands 0 (for a refit to use, :func:`insitu.step.plyfit.refine_for_viewers`)."""
+    if not 0 <= degree <= MAX_SH_DEGREE:
+        raise ValueError(f"bake_light: expected a degree in 0..{MAX_SH_DEGREE}, got {degree}")
+    with torch.no_grad():
+        base = gaussians.sh0[:, 0].float() * SH_C0 + 0.5
+        rgb = (base * light.intensity(quat_normals(gaussians.quats.float()))[:, None]).clamp(0.0, 1.0)
+        sh0 = rgb_to_sh0(rgb).to(gaussians.sh0.dtype)[:, None]
+    shN = gaussians.sh0.new_zeros(len(gaussians), (degree + 1) ** 2 - 1, 3)
+    return Gaussians(gaussians.means, gaussians.log_scales, gaussians.quats, gaussians.opacity_logits,
+                     sh0.contiguous(), shN)
+
+
 class BlockSamples:
     """A block's samples on a device, to be read at world points (trilinear, clamped to the samples).
 
@@ -231,14 +251,34 @@ def drawn_otherwise(color_model: str, eps2d: float, antialiased: bool = False) -
     ``eps2d`` (``antialiased`` or not) otherwise than training did: lit colours (a ``.ply`` holds SH colours
     only) or a blur other than the viewers' ``STANDARD_EPS2D``, added as they add it (not antialiased). Then
     ``model.ply`` holds an SH model fitted and trained as such a viewer draws it
-    (:func:`insitu.step.plyfit.ply_shard`), else the trained model itself."""
+    (:func:`insitu.step.plyfit.model_ply`), else the trained model itself."""
     return color_model != "sh" or eps2d != STANDARD_EPS2D or antialiased
 
 
 def refits_ply(cfg) -> bool:
-    """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains ``model.ply``'s SH model as standard
+    """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains the standard files' SH model as standard
     viewers draw it after training (:func:`insitu.step.plyfit.refine_for_viewers`): a model they draw otherwise, a
-    share of iterations for it, and ``model.ply`` or its figures to make."""
+    share of iterations for it, and ``model.ply``, ``model.spz`` or their figures to make."""
     return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) \
         and cfg.output.ply_refine > 0 \
-        and (cfg.output.ply or cfg.output.ply_metrics)
+        and (cfg.output.ply or cfg.output.spz or cfg.output.ply_metrics)
+
+
+def standard_light(cfg) -> FixedLight | None:
+    """The fixed light that the standard files (``model.ply``, ``model.spz``) of a step of ``cfg`` (an
+    :class:`insitu.config.Config`) are lit by: a lit model's with ``output.ply_light`` fixed; else None, they hold
+    the model's own colours (an SH model's, or an SH fit of a lit model's headlight)."""
+    return FIXED_LIGHT if cfg.train.color_model == "lit" and cfg.output.ply_light == "fixed" else None
+
+
+def standard_degree(cfg, degree: int) -> int:
+    """The SH degree of the standard files' model fitted for them (:func:`insitu.step.plyfit.model_ply`) from a
+    trained model of SH ``degree``: ``output.sh_degree`` (at most ``degree`` for an SH model), else
+    :data:`FIXED_LIGHT_DEGREE` in the fixed light, ``train.sh_degree`` for a lit model's headlight fit, an SH
+    model's own ``degree``."""
+    chosen = cfg.output.sh_degree
+    if cfg.train.color_model == "sh":
+        return degree if chosen is None else min(chosen, degree)
+    if chosen is not None:
+        return chosen
+    return FIXED_LIGHT_DEGREE if standard_light(cfg) is not None else cfg.train.sh_degree

@@ -1,0 +1,132 @@
+"""The standard files (model.ply, model.spz) as a standard viewer draws them, against the lit model the report draws.
+
+Trains one step of a lit model (one rank, the package's defaults unless ``--set``) and scores it on the held-out
+orbit views and the close-ups (``near2``, ``near3``) against the step's ground truth (the headlight). Then, once per
+variant and from the same trained model, makes the standard files' model as a step does
+(:func:`insitu.step.plyfit.model_ply`: with ``output.ply_light`` fixed, the ground truth of the views it needs cast
+again in the fixed light, the colours baked in it and refit as standard viewers draw them; with ``headlight``, the SH
+fit of the headlight refit against the step's ground truth) and scores it as ``metrics.json``'s ``ply_*`` figures
+(:func:`insitu.step.evaluation.model_figures`: one global sort, ``STANDARD_EPS2D``, not antialiased) against the
+ground truth it was made for. ``gap_*`` is the variant's surface PSNR minus the lit model's, per set of views.
+``relit`` is the trained model shaded with the fixed light, one colour per Gaussian, drawn as trained (its blur,
+antialiased), against the fixed light's ground truth: what the representation holds before any refit.
+
+A variant is ``NAME=KEY=VALUE,KEY=VALUE`` over ``output.*`` settings (``NAME=``: the defaults); its seconds
+(``ply_fit_seconds``: casting, baking or fitting, refit) are the device's. Prints one JSON object.
+
+    python benchmarks/bench_standard_files.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
+        --variant before=output.ply_light=headlight --variant fixed= --variant fixed_sh3=output.sh_degree=3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
+from insitu.config import load_config, parse_override  # noqa: E402
+from insitu.groundtruth.scene import make_scene  # noqa: E402
+from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.render.lighting import FIXED_LIGHT  # noqa: E402
+from insitu.step import evaluation, loop, pipeline, plyfit  # noqa: E402
+from insitu.step.clock import PhaseClock  # noqa: E402
+from insitu.step.layouts import choose_layout  # noqa: E402
+from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
+from insitu.training.appearance import ColorModel, bake_light  # noqa: E402
+from insitu.training.trainer import to_params, training_blur  # noqa: E402
+from insitu.volume import whole_block  # noqa: E402
+
+ROLES = evaluation.PLY_ROLES
+
+
+def variant(text: str) -> tuple[str, dict]:
+    """``NAME=KEY=VALUE,KEY=VALUE`` (or ``NAME=`` for the defaults) -> (name, overrides of output.*)."""
+    name, _, rest = text.partition("=")
+    pairs = dict(parse_override(p) for p in rest.split(",") if p)
+    if not name or any(not key.startswith("output.") for key in pairs):
+        raise SystemExit(f"--variant {text!r}: expected NAME=KEY=VALUE,... over output.* settings")
+    return name, pairs
+
+
+def figures(qualities: dict) -> dict:
+    """Surface PSNR per set of views (``psnr_foreground`` on the orbit, ``psnr_foreground_near2``, ...)."""
+    return {("psnr_foreground" if role == "test" else f"psnr_foreground_{role}"): q.psnr_foreground
+            for role, q in qualities.items()}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    volume_arguments(ap, iso=40.0, budget=None)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                    help="a way to make the standard files, over output.* settings (repeatable; the first also "
+                         "warms up)")
+    args = ap.parse_args()
+    variants = [variant(v) for v in args.variant] or [("default", {})]
+
+    volume, overrides = base_settings(args)
+    overrides["train.color_model"] = "lit"
+    comm = init_comm(device=args.device)
+    cfg = load_config(None, overrides)
+    block = whole_block(volume)
+    decomposition = pipeline.check_input(block, cfg, comm)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    clock = PhaseClock(comm.device)
+    seeding = seed_shard(block, cfg, comm, None)
+    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
+                                           iterations=cfg.train.iterations, warm=None)
+    loop.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
+               gaussians=len(shard), show=False)
+    clock.lap("train")
+    lit = {role: evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
+                                             ids=scene.views.ids(role).tolist())[0]
+           for role in ROLES if len(scene.views.ids(role))}
+    lit = figures(lit)
+    trained = trainer.gaussians()
+    gaussians, _ = layout.shard(trained)
+
+    # the trained model in the fixed light, drawn as trained, against the fixed light's ground truth
+    held = torch.cat([scene.views.ids(role) for role in ROLES])
+    fixed = layout.images(make_scene(block, cfg, comm, views=scene.views.subset(held), light=FIXED_LIGHT))
+    baked = to_params(bake_light(trained, FIXED_LIGHT, 0))
+    relit = figures({role: layout.evaluate(lambda c: evaluation.evaluate(
+        baked, fixed, c, colors=ColorModel("sh", 0), backend=cfg.run.backend,
+        ids=fixed.views.ids(role).tolist(), **training_blur(cfg)))[0] for role in ROLES if len(fixed.views.ids(role))})
+
+    rows = {}
+    for i, (name, pairs) in enumerate([variants[0]] + variants):       # the first twice: its first use warms up
+        vcfg = load_config(None, {**overrides, **pairs})
+        synchronize(comm.device)
+        t = time.perf_counter()
+        ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
+        synchronize(comm.device)
+        seconds = time.perf_counter() - t
+        _, qm = evaluation.model_figures(gaussians, ply, ply_scene, layout, vcfg)
+        if i > 0:
+            row = figures(qm)
+            rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3), "sh_degree": ply.sh_degree,
+                          **row, **{f"gap_{k}": round(v - lit[k], 3) for k, v in row.items() if k in lit}}
+            print(name, rows[name], file=sys.stderr, flush=True)
+    out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",
+           "data": Path(args.data).name, "downsample": args.downsample, "resolution": args.resolution,
+           "views": len(scene.views), "gaussians": len(trained), "iterations": trainer.iteration,
+           "train_seconds": round(clock.seconds["train"], 3), "lit": lit, "relit": relit,
+           "relit_gap": {k: round(v - lit[k], 3) for k, v in relit.items() if k in lit}, "variants": rows}
+    print(json.dumps(out), flush=True)
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
