@@ -48,7 +48,7 @@ from insitu.output.ply import drop_bands, write_ply
 from insitu.output.report import cameras_json, write_report
 from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
 from insitu.surface.gaussians import Gaussians, gather_gaussians
-from insitu.training.appearance import drawn_otherwise, refits_ply
+from insitu.training.appearance import standard_blur
 from insitu.volume import Frame
 
 __all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
@@ -488,12 +488,10 @@ class StepWriter:
 
 
 def _drawn_antialiased(config: Any, metrics: Mapping[str, Any]) -> bool:
-    """Whether the standard model (model.ply's, model.spz's) is drawn with the antialiased blur: it is the
-    model trained with ``train.antialiased``, unless it was refit as standard viewers draw it (classic blur;
-    :func:`insitu.training.appearance.refits_ply`). Without the configuration, the metrics' ``antialiased``."""
+    """Whether the standard model (model.ply's, model.spz's) is drawn with the antialiased blur
+    (:func:`insitu.training.appearance.standard_blur`); without the configuration, the metrics' ``antialiased``
+    (the model as trained)."""
     trained = bool(metrics.get("antialiased", False))
     if not isinstance(config, Config):
         return trained
-    t = config.train
-    refit = refits_ply(config) and round(config.output.ply_refine * int(metrics.get("iterations") or 0)) > 0
-    return t.antialiased and not (refit and drawn_otherwise(t.color_model, t.eps2d, t.antialiased))
+    return standard_blur(config, float(metrics.get("eps2d") or 0.0), trained, int(metrics.get("iterations") or 0))[1]

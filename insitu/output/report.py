@@ -52,10 +52,13 @@ from urllib.parse import quote, unquote, urlsplit
 import numpy as np
 import yaml
 
+from insitu.config import config_file_values, from_dict, upgraded
+from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, plain, read_csv, write_json
 from insitu.output.folder import STEP_DIR
 from insitu.render.lighting import HEADLIGHT
 from insitu.render.rendering import STANDARD_EPS2D
+from insitu.training.appearance import standard_blur
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
@@ -292,6 +295,20 @@ def stage_seconds(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def viewer_blur(d: Path, metrics: Mapping[str, Any], *, lit: bool) -> dict[str, Any]:
+    """The blur the report's viewer draws a step folder ``d``'s model with: ``eps2d`` (px^2) and ``antialiased``.
+    The lit model (``lit``: model.lit.spz) as it was trained (``metrics.json``'s ``eps2d``, ``antialiased``);
+    model.spz as it was made to be drawn (:func:`insitu.training.appearance.standard_blur`, from the step's
+    ``config.yaml``: the viewers' blur where it was refit for them), as trained where the configuration cannot be
+    read."""
+    eps2d, antialiased = _number(metrics.get("eps2d", STANDARD_EPS2D)), bool(metrics.get("antialiased", False))
+    if not lit and isinstance(eps2d, (int, float)):
+        with contextlib.suppress(OSError, ValueError, TypeError, ConfigError):
+            cfg = from_dict(upgraded(config_file_values(d / "config.yaml")))
+            eps2d, antialiased = standard_blur(cfg, float(eps2d), antialiased, int(metrics.get("iterations") or 0))
+    return {"eps2d": eps2d, "antialiased": antialiased}
+
+
 def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
     """What the report shows of one step folder (missing files leave their entries empty)."""
     metrics: dict[str, Any] = {}
@@ -321,8 +338,7 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "bytes_written": _number(metrics.get(BYTES_WRITTEN)),
         "background": background,
         "lighting": HEADLIGHT.as_dict() if link("model.lit.spz") else None,
-        "eps2d": _number(metrics.get("eps2d", STANDARD_EPS2D)),      # the blur the model was trained with
-        "antialiased": bool(metrics.get("antialiased", False)),      # ... and whether it kept each splat's integral
+        **viewer_blur(d, metrics, lit=link("model.lit.spz") is not None),
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
                    for p in sorted(d.rglob("*.png"))],
     }

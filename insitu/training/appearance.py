@@ -264,6 +264,16 @@ def refits_ply(cfg) -> bool:
         and (cfg.output.ply or cfg.output.spz or cfg.output.ply_metrics)
 
 
+def standard_blur(cfg, eps2d: float, antialiased: bool, iterations: int) -> tuple[float, bool]:
+    """``(eps2d, antialiased)``: the blur the standard files' model (``model.ply``, ``model.spz``) of a step of
+    ``cfg`` (an :class:`insitu.config.Config`) is made to be drawn with, for a model trained with ``eps2d``
+    (``antialiased`` or not) for ``iterations``: a model refit as standard viewers draw it (:func:`refits_ply`, and
+    a refit of at least one iteration): theirs, ``STANDARD_EPS2D`` added as they add it; else the model's own."""
+    if refits_ply(cfg) and round(cfg.output.ply_refine * iterations) > 0:
+        return STANDARD_EPS2D, False
+    return eps2d, antialiased
+
+
 def standard_light(cfg) -> FixedLight | None:
     """The fixed light that the standard files (``model.ply``, ``model.spz``) of a step of ``cfg`` (an
     :class:`insitu.config.Config`) are lit by: a lit model's with ``output.ply_light`` fixed; else None, they hold
