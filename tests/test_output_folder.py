@@ -195,7 +195,7 @@ def test_a_full_disk_is_one_line_naming_enospc_and_the_file_and_leaves_no_half_s
     command = [sys.executable, "-m", "insitu", *map(str, run_args(inputs, disk / "out"))]
     if ranks > 1:
         command = [mpiexec(), "-n", str(ranks), *command]
-    script = (f"mount -t tmpfs -o size=16k tmpfs {disk} || exit 99\n"
+    script = (f"mount -t tmpfs -o size=8k tmpfs {disk} || exit 99\n"
               + " ".join(f"'{c}'" for c in command) + "\necho rc=$?\nls -A " + str(disk / "out") + "\n")
     r = launch(["unshare", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path, timeout=300)
     assert r.returncode != 99, f"cannot mount a tmpfs in a user namespace here: {r.stderr}"
