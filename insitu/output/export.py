@@ -31,6 +31,8 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -452,11 +454,17 @@ class StepWriter:
                 write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
             if out.spz:
                 standard = drop_bands(gaussians, out.sh_degree)
+        jobs = []                               # encoded side by side: numpy, torch and zlib leave the GIL
         if standard is not None:
-            write_spz(d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
-                      version=STANDARD_SPZ_VERSION)
+            jobs.append(partial(write_spz, d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
+                                version=STANDARD_SPZ_VERSION))
         if gaussians is not None and lit and out.lit:
-            write_spz(d / "model.lit.spz", gaussians, antialiased=bool(metrics.get("antialiased", False)))
+            jobs.append(partial(write_spz, d / "model.lit.spz", gaussians,
+                                antialiased=bool(metrics.get("antialiased", False))))
+        if jobs:
+            with ThreadPoolExecutor(len(jobs), thread_name_prefix="insitu-spz") as pool:
+                for done in [pool.submit(job) for job in jobs]:
+                    done.result()
         for key, name in (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"),
                           ("lit_model_bytes", "model.lit.spz")):
             if (d / name).is_file():
