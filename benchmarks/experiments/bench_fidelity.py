@@ -62,6 +62,34 @@ def base_settings(args: argparse.Namespace):
     return volume, base
 
 
+def train_one_step(volume, overrides: dict, device: str):
+    """One rank's cold step of ``volume`` with the settings ``overrides``, trained as ``compute_step`` trains it
+    and kept in hand for an experiment on the trained model (bench_plyfit.py, bench_standard_files.py): returns
+    ``(comm, cfg, layout, scene, trainer, clock)``, the clock's ``train`` lap the training alone."""
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step import loop, pipeline
+    from insitu.step.clock import PhaseClock
+    from insitu.step.layouts import choose_layout
+    from insitu.step.seeding import init_colors, seed_shard
+
+    comm = init_comm(device=device)
+    cfg = load_config(None, overrides)
+    block = whole_block(volume)
+    decomposition = pipeline.check_input(block, cfg, comm)
+    layout = choose_layout(cfg, comm, block, decomposition)
+    clock = PhaseClock(comm.device)
+    seeding = seed_shard(block, cfg, comm, None)
+    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
+    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
+    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
+                                           iterations=cfg.train.iterations, warm=None)
+    clock.lap("setup")
+    loop.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0, gaussians=len(shard),
+               show=False)
+    clock.lap("train")
+    return comm, cfg, block, layout, scene, trainer, clock
+
+
 def sigma_px(result) -> list[float] | None:
     """The 10th / 50th / 90th percentiles of the trained Gaussians' larger in-plane standard deviation, in
     pixels of the nearest orbit view that sees each centre (None without the step's cameras)."""

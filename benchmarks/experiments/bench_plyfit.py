@@ -24,15 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
-from insitu.config import load_config, parse_override  # noqa: E402
-from insitu.groundtruth.scene import make_scene  # noqa: E402
-from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
-from insitu.step import evaluation, loop, pipeline, plyfit  # noqa: E402
-from insitu.step.clock import PhaseClock  # noqa: E402
-from insitu.step.layouts import choose_layout  # noqa: E402
-from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
-from insitu.volume import whole_block  # noqa: E402
+from bench_fidelity import base_settings, train_one_step, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
+from insitu.config import parse_override  # noqa: E402
+from insitu.parallel.comm import shutdown  # noqa: E402
+from insitu.step import evaluation, plyfit  # noqa: E402
 
 VARIED = ("output.ply_refine", "output.ply_fit_views", "train.batch")
 
@@ -64,21 +59,7 @@ def main() -> None:
     variants = [variant(v) for v in args.variant] or [("default", {})]
 
     volume, overrides = base_settings(args)
-    comm = init_comm(device=args.device)
-    cfg = load_config(None, overrides)
-    block = whole_block(volume)
-    decomposition = pipeline.check_input(block, cfg, comm)
-    layout = choose_layout(cfg, comm, block, decomposition)
-    clock = PhaseClock(comm.device)
-    seeding = seed_shard(block, cfg, comm, None)
-    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
-    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
-                                           iterations=cfg.train.iterations, warm=None)
-    clock.lap("setup")                          # (run 92's train_seconds include the seeds and the ground truth)
-    loop.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
-                   gaussians=len(shard), show=False)
-    clock.lap("train")
+    comm, cfg, _, layout, scene, trainer, clock = train_one_step(volume, overrides, args.device)
     q, _ = evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained)
     trained = trainer.gaussians()
     gaussians, _ = layout.shard(trained)

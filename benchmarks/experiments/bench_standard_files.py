@@ -29,18 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_fidelity import base_settings, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
+from bench_fidelity import base_settings, train_one_step, volume_arguments  # noqa: E402  (benchmarks/, the script's folder)
 from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402
-from insitu.parallel.comm import init_comm, shutdown  # noqa: E402
+from insitu.parallel.comm import shutdown  # noqa: E402
 from insitu.render.lighting import FIXED_LIGHT  # noqa: E402
-from insitu.step import evaluation, loop, pipeline, plyfit  # noqa: E402
-from insitu.step.clock import PhaseClock  # noqa: E402
-from insitu.step.layouts import choose_layout  # noqa: E402
-from insitu.step.seeding import init_colors, seed_shard  # noqa: E402
+from insitu.step import evaluation, plyfit  # noqa: E402
 from insitu.training.appearance import ColorModel, bake_light  # noqa: E402
 from insitu.training.trainer import to_params, training_blur  # noqa: E402
-from insitu.volume import whole_block  # noqa: E402
 
 ROLES = evaluation.PLY_ROLES
 
@@ -76,20 +72,7 @@ def main() -> None:
 
     volume, overrides = base_settings(args)
     overrides["train.color_model"] = "lit"
-    comm = init_comm(device=args.device)
-    cfg = load_config(None, overrides)
-    block = whole_block(volume)
-    decomposition = pipeline.check_input(block, cfg, comm)
-    layout = choose_layout(cfg, comm, block, decomposition)
-    clock = PhaseClock(comm.device)
-    seeding = seed_shard(block, cfg, comm, None)
-    scene = make_scene(block, cfg, comm, decomposition=decomposition, targets=seeding.targets)
-    shard = init_colors(seeding.shard, scene, cfg, comm, only=seeding.fresh)
-    trainer, scene = pipeline.make_trainer(shard, scene, layout, block, cfg, share=seeding.share,
-                                           iterations=cfg.train.iterations, warm=None)
-    loop.train(trainer, scene, layout, cfg, clock, iterations=cfg.train.iterations, step=0,
-               gaussians=len(shard), show=False)
-    clock.lap("train")
+    comm, cfg, block, layout, scene, trainer, clock = train_one_step(volume, overrides, args.device)
     lit = {role: evaluation.evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
                                              ids=scene.views.ids(role).tolist())[0]
            for role in ROLES if len(scene.views.ids(role))}
