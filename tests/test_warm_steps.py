@@ -5,7 +5,6 @@ field that stops changing stays flat."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from conftest import sphere_field, tiny_config
 from scipy import ndimage
 

@@ -46,10 +46,10 @@ from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
 from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans,
                                   step_dir, step_name)
-from insitu.output.ply import drop_bands, write_ply
+from insitu.output.ply import write_ply
 from insitu.output.report import cameras_json, write_report
 from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
-from insitu.surface.gaussians import Gaussians, gather_gaussians
+from insitu.surface.gaussians import Gaussians, drop_bands, gather_gaussians
 from insitu.training.appearance import standard_blur
 from insitu.volume import Frame
 

@@ -50,7 +50,6 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
-import yaml
 
 from insitu.config import config_file_values, from_dict, upgraded
 from insitu.errors import ConfigError
@@ -295,16 +294,16 @@ def stage_seconds(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def viewer_blur(d: Path, metrics: Mapping[str, Any], *, lit: bool) -> dict[str, Any]:
-    """The blur the report's viewer draws a step folder ``d``'s model with: ``eps2d`` (px^2) and ``antialiased``.
+def viewer_blur(config: dict, metrics: Mapping[str, Any], *, lit: bool) -> dict[str, Any]:
+    """The blur the report's viewer draws a step's model with: ``eps2d`` (px^2) and ``antialiased``.
     The lit model (``lit``: model.lit.spz) as it was trained (``metrics.json``'s ``eps2d``, ``antialiased``);
-    model.spz as it was made to be drawn (:func:`insitu.training.appearance.standard_blur`, from the step's
-    ``config.yaml``: the viewers' blur where it was refit for them), as trained where the configuration cannot be
-    read."""
+    model.spz as it was made to be drawn (:func:`insitu.training.appearance.standard_blur`, from ``config``, the
+    step's ``config.yaml`` as read: the viewers' blur where it was refit for them), as trained where the
+    configuration is not one."""
     eps2d, antialiased = _number(metrics.get("eps2d", STANDARD_EPS2D)), bool(metrics.get("antialiased", False))
-    if not lit and isinstance(eps2d, (int, float)):
-        with contextlib.suppress(OSError, ValueError, TypeError, ConfigError):
-            cfg = from_dict(upgraded(config_file_values(d / "config.yaml")))
+    if config and not lit and isinstance(eps2d, (int, float)):
+        with contextlib.suppress(ValueError, TypeError, ConfigError):
+            cfg = from_dict(upgraded(config))
             eps2d, antialiased = standard_blur(cfg, float(eps2d), antialiased, int(metrics.get("iterations") or 0))
     return {"eps2d": eps2d, "antialiased": antialiased}
 
@@ -316,9 +315,12 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         metrics = json.loads((d / "metrics.json").read_text())
     if not isinstance(metrics, dict):
         metrics = {}
+    config: dict = {}
+    with contextlib.suppress(OSError, ConfigError):
+        config = config_file_values(d / "config.yaml")
     background = [0.0, 0.0, 0.0]
-    with contextlib.suppress(FileNotFoundError, yaml.YAMLError, KeyError, TypeError, ValueError):
-        background = [float(c) for c in yaml.safe_load((d / "config.yaml").read_text())["views"]["background"]][:3]
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        background = [float(c) for c in config["views"]["background"]][:3]
     rel = quote(d.name)
 
     def link(name: str) -> str | None:
@@ -338,7 +340,7 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "bytes_written": _number(metrics.get(BYTES_WRITTEN)),
         "background": background,
         "lighting": HEADLIGHT.as_dict() if link("model.lit.spz") else None,
-        **viewer_blur(d, metrics, lit=link("model.lit.spz") is not None),
+        **viewer_blur(config, metrics, lit=link("model.lit.spz") is not None),
         "images": [{"name": p.stem, "src": rel + "/" + quote(p.relative_to(d).as_posix())}
                    for p in sorted(d.rglob("*.png"))],
     }

@@ -280,7 +280,7 @@ def kernel_groups(cfg: Config, shapes: KernelShapes) -> dict[str, tuple[tuple, C
     ``job(device)`` runs the step's functions once on a tiny input (on any device: off CUDA, their torch code),
     ``key`` is what sets the group's specialisations."""
     tc, refit = cfg.train, refits_ply(cfg)
-    ply = standard_degree(cfg, shapes.sh_degree) if tc.color_model != "sh" else tc.sh_degree
+    ply = _standard_files_degree(cfg, shapes.sh_degree)
     cast = (len(cfg.input.iso), cfg.views.colormap, bool(cfg.input.color_var), cfg.views.supersample)
     return {
         "ray caster": (("ray caster", shapes.width, shapes.height, *cast), partial(_ray_caster, cfg, shapes)),
@@ -396,6 +396,13 @@ def _sh_colours(degree: int, train: bool, device: torch.device) -> None:
         sh_colors(means, coeffs, campos, degree).sum().backward()
 
 
+def _standard_files_degree(cfg: Config, sh_degree: int) -> int:
+    """The SH degree whose colour kernels the standard files' model uses after a step whose model has SH degree
+    ``sh_degree``: a lit model's :func:`insitu.training.appearance.standard_degree`, an SH model's
+    ``train.sh_degree``."""
+    return standard_degree(cfg, sh_degree) if cfg.train.color_model != "sh" else cfg.train.sh_degree
+
+
 def _colours_and_adam(cfg: Config, sh_degree: int, refit: bool, device: torch.device, *,
                       sh_colours: Callable[[int, bool, torch.device], None] = _sh_colours,
                       adam: Callable[[Config, int, torch.device], None] = _adam) -> None:
@@ -407,7 +414,7 @@ def _colours_and_adam(cfg: Config, sh_degree: int, refit: bool, device: torch.de
     each."""
     tc = cfg.train
     lit = tc.color_model != "sh"
-    degree = standard_degree(cfg, sh_degree) if lit else tc.sh_degree
+    degree = _standard_files_degree(cfg, sh_degree)
     sh_colours(degree, not lit or refit, device)
     adam(cfg, sh_degree, device)
     if refit and lit:
