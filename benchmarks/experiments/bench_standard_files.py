@@ -14,7 +14,7 @@ antialiased), against the fixed light's ground truth: what the representation ho
 A variant is ``NAME=KEY=VALUE,KEY=VALUE`` over ``output.*`` settings (``NAME=``: the defaults); its seconds
 (``ply_fit_seconds``: casting, baking or fitting, refit) are the device's. Prints one JSON object.
 
-    python benchmarks/bench_standard_files.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
+    python benchmarks/experiments/bench_standard_files.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
         --variant before=output.ply_light=headlight --variant fixed= --variant fixed_sh3=output.sh_degree=3
 """
 from __future__ import annotations
