@@ -63,7 +63,8 @@ def _common(p: argparse.ArgumentParser, defaults: Config, *, fields: bool = True
                  help=f"image width and height in pixels (default {views.resolution})")
     _config_flag(g, "--iterations", "train.iterations", type=int, metavar="N",
                  help=f"optimiser steps per timestep, each of --batch views (default {train.iterations}"
-                      + (f"; {defaults.series.warm_iterations} for a step warm-started from the previous one)"
+                      + (f"; from {defaults.series.warm_iterations} for a step warm-started from the previous one, "
+                         "by the share of its surface that is new)"
                          if series and defaults.series.warm_start else ")"))
     _config_flag(g, "--budget", "seeds.budget", type=int, metavar="N",
                  help=f"Gaussians at initialisation, over all ranks, at most (default {defaults.seeds.budget})")

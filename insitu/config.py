@@ -338,6 +338,11 @@ class SeriesConfig:
 
     warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
                                   "still on the surface, new seeds where it is not) instead of fresh seeds")
+    follow_iterations: bool = documented(True, "a warm step whose model starts as a share s of new seeds (surface "
+                                         "that moved or is new) trains series.warm_iterations + s * "
+                                         "(train.iterations - series.warm_iterations) iterations: an unchanged "
+                                         "surface the warm iterations, a wholly new one a cold step's; false: "
+                                         "series.warm_iterations alone")
     warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
                                        "train.iterations); its new seeds need some; with a quality target "
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "

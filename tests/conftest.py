@@ -67,6 +67,12 @@ def uint8_ball(n: int = 12) -> np.ndarray:
     return np.clip(250 - 20 * sphere_field(n), 0, 255).astype(np.uint8)
 
 
+def followed_iterations(metrics: dict, warm: int, cold: int) -> int:
+    """A warm step's iterations by series.follow_iterations, from its metrics: ``warm`` (series.warm_iterations)
+    and the share of its start that was new seeds of the way on to ``cold`` (train.iterations)."""
+    return warm + round(metrics["gaussians_new"] / metrics["gaussians_initial"] * (cold - warm))
+
+
 def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held_out: int = 2, budget: int = 200,
                 images: int = 2, densify: dict | None = None, **train):
     """A small step for one CPU process: ``views`` orbit views of ``resolution``^2 pixels, one ray each,

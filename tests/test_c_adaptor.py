@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import launch
+from conftest import followed_iterations, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -77,7 +77,8 @@ def test_c_gray_scott_trains_in_situ(gray_scott_c, tmp_path):
         assert metrics["time"] == pytest.approx(1.0 * step)     # step * dt (default 1.0), as passed by the sim
         assert len(read_ply(d / "model.ply")) == metrics["gaussians"] > 0
         assert (d / "views" / "view_000.png").is_file()
-    assert json.loads((out / "step_000040" / "metrics.json").read_text())["iterations"] == 10  # warm start
+    warm = json.loads((out / "step_000040" / "metrics.json").read_text())            # warm start
+    assert warm["iterations"] == followed_iterations(warm, 10, 20) < 20
 
 
 @pytest.mark.mpi

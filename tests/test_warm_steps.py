@@ -5,7 +5,7 @@ field that stops changing stays flat."""
 from __future__ import annotations
 
 import numpy as np
-from conftest import sphere_field, tiny_config
+from conftest import followed_iterations, sphere_field, tiny_config
 from scipy import ndimage
 
 from insitu.step.driver import StepDriver
@@ -62,7 +62,7 @@ def warm_and_cold(fields: list[np.ndarray], iso: float, comm) -> tuple[list[dict
 def check_followed(warm: list[dict], cold: list[dict]) -> None:
     """Every warm step within MARGIN_DB of the cold step of its field, and its count within 1.5 times."""
     for w, c in zip(warm[1:], cold):
-        assert w["iterations"] == 15 and w["stopped_by"] == "iterations" and w["gaussians_initial"] == w["gaussians"]
+        assert w["iterations"] == followed_iterations(w, 15, 60) and w["stopped_by"] == "iterations"
         assert w["psnr_foreground"] > c["psnr_foreground"] - MARGIN_DB, (w["step"], w["psnr_foreground"],
                                                                           c["psnr_foreground"])
         assert 1 / 1.5 < w["gaussians"] / c["gaussians"] < 1.5, (w["step"], w["gaussians"], c["gaussians"])

@@ -207,7 +207,9 @@ def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...
     elif args.command != "run":
         what += f", variable {cfg.input.var}"
     per_step = "" if args.command == "run" else " per timestep" + (
-        f" ({min(cfg.series.warm_iterations, tc.iterations)} when warm-started from the one before)"
+        f" ({min(cfg.series.warm_iterations, tc.iterations)}"
+        f"{' and more by the share of new surface' if cfg.series.follow_iterations else ''}"
+        " when warm-started from the one before)"
         if cfg.series.warm_start else "")
     return (f"insitu {args.command}: {what}, iso {', '.join(f'{v:g}' for v in cfg.input.iso)}: {vc.count} views of "
             f"{vc.resolution}x{vc.resolution} px, {tc.iterations} iterations of {tc.batch} view(s){per_step}, "

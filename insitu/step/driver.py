@@ -1,7 +1,9 @@
 """One driver for a sequence of timesteps: ``insitu run/replay/stream`` and the Adaptor train through it.
 
 The rule it holds, in one place: with ``series.warm_start``, a step starts from the previous
-trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations, or, with a
+trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations, and with
+``series.follow_iterations`` as many more, of those up to ``train.iterations``, as its start's share of new seeds
+(:func:`follow_iterations`, once the step has seeded), or, with a
 quality target looked at during training (``train.psnr_target``, ``train.ssim_target``, ``train.eval_every``),
 up to ``train.iterations``: until the target is met or the time budget (``train.time_budget_s``) is spent, as a
 cold step;
@@ -75,6 +77,18 @@ def warm_iterations(cfg: Config) -> int:
     if (tc.psnr_target is not None or tc.ssim_target is not None) and tc.eval_every > 0:
         return tc.iterations
     return min(cfg.series.warm_iterations, tc.iterations)
+
+
+def follow_iterations(cfg: Config, iterations: int, new: int, total: int) -> int:
+    """A warm step's iterations once its start is known: ``iterations`` (:func:`warm_iterations`) and, with
+    ``series.follow_iterations``, the share ``new / total`` of the start's Gaussians that are new seeds of the
+    way on to ``train.iterations``: new seeds need a cold step's training, and a warm step on a surface that
+    moved as a whole (a pattern that drifts a cell between outputs) is as new as a cold one; an unchanged
+    surface trains ``iterations``. ``new``, ``total``: the counts over every rank (the same everywhere)."""
+    if not cfg.series.follow_iterations or total <= 0 or iterations >= cfg.train.iterations:
+        return iterations
+    share = min(max(new / total, 0.0), 1.0)
+    return iterations + round(share * (cfg.train.iterations - iterations))
 
 
 def masked(block, cfg: Config, comm: Any):

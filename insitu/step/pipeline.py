@@ -32,6 +32,7 @@ from insitu.input.decomposition import Decomposition
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
+from insitu.step.driver import follow_iterations
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
                                     ply_metrics, preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
@@ -143,6 +144,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                          offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     follow = follow_counts(comm, seeding.follow)
+    if warm is not None:                            # as many more as the start's share of new seeds
+        iters = follow_iterations(cfg, iters, follow["gaussians_new"], n0)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
 
     def cast_ready() -> None:                       # the views set and the field prepared (beside the compiling)
