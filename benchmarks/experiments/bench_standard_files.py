@@ -20,8 +20,6 @@ A variant is ``NAME=KEY=VALUE,KEY=VALUE`` over ``output.*`` settings (``NAME=``:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import sys
 import time
@@ -41,26 +39,13 @@ from insitu.training.appearance import ColorModel, bake_light  # noqa: E402
 from insitu.training.trainer import to_params, training_blur  # noqa: E402
 
 ROLES = evaluation.PLY_ROLES
-for_standard_blur = plyfit.for_standard_blur
-
-
-@contextlib.contextmanager
-def patched(module, name: str, value):
-    """``module.name`` is ``value`` inside the block (a variant's ``bench.depth=false``: the opacities scaled,
-    not their optical depth)."""
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 def variant(text: str) -> tuple[str, dict]:
     """``NAME=KEY=VALUE,KEY=VALUE`` (or ``NAME=`` for the defaults) -> (name, overrides of output.*)."""
     name, _, rest = text.partition("=")
     pairs = dict(parse_override(p) for p in rest.split(",") if p)
-    if not name or any(not key.startswith("output.") and key != "bench.depth" for key in pairs):
+    if not name or any(not key.startswith("output.") for key in pairs):
         raise SystemExit(f"--variant {text!r}: expected NAME=KEY=VALUE,... over output.* settings")
     return name, pairs
 
@@ -105,12 +90,10 @@ def main() -> None:
 
     rows = {}
     for i, (name, pairs) in enumerate([variants[0]] + variants):       # the first twice: its first use warms up
-        depth = pairs.get("bench.depth", True)
-        vcfg = load_config(None, {**overrides, **{k: v for k, v in pairs.items() if k != "bench.depth"}})
+        vcfg = load_config(None, {**overrides, **pairs})
         synchronize(comm.device)
         t = time.perf_counter()
-        with patched(plyfit, "for_standard_blur", functools.partial(for_standard_blur, depth=depth)):
-            ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
+        ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
         synchronize(comm.device)
         seconds = time.perf_counter() - t
         _, qm = evaluation.model_figures(gaussians, ply, ply_scene, layout, vcfg)

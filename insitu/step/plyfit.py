@@ -84,7 +84,7 @@ def refit_ids(views: Views, cfg: Config, batch: int) -> Tensor:
 
 
 def for_standard_blur(gaussians: Gaussians, views: Views, ids: Tensor, cfg: Config, *,
-                      pairs: int = 1 << 22, depth: bool = True) -> Gaussians:
+                      pairs: int = 1 << 22) -> Gaussians:
     """``gaussians`` (drawn as trained: ``train.eps2d``, ``train.antialiased``) with opacities for standard viewers'
     blur: each Gaussian's optical depth, ``-log(1 - opacity)``, scaled by the median, over the views ``ids`` whose
     image holds its centre, of :func:`insitu.render.rendering.blur_opacity_factors`. Drawn as those viewers draw it,
@@ -110,8 +110,7 @@ def for_standard_blur(gaussians: Gaussians, views: Views, ids: Tensor, cfg: Conf
             median = torch.where(inside, f, torch.full_like(f, float("nan"))).nanmedian(0).values
             factors.append(torch.nan_to_num(median, nan=1.0))
         opacity = torch.sigmoid(gaussians.opacity_logits.float()).clamp(max=1.0 - 1e-6)
-        factor = torch.cat(factors)
-        opacity = 1.0 - (1.0 - opacity).pow(factor) if depth else opacity * factor
+        opacity = 1.0 - (1.0 - opacity).pow(torch.cat(factors))
         logits = torch.logit(opacity.clamp(1e-6, 1.0 - 1e-6)).to(gaussians.opacity_logits.dtype)
     return replace(gaussians, opacity_logits=logits)
 
