@@ -122,7 +122,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     outputs travel in the result (:func:`write_step`).
 
     warm: the previous step's result on this rank: its shard, refit to this step's surface, is trained on from
-          the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``.
+          the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``; a
+          warm step's grow by its start's share of new seeds (:func:`insitu.step.driver.follow_iterations`).
     using: what the step calls that a caller may replace (:class:`Collaborators`).
     The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from 0),
     whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
