@@ -54,3 +54,17 @@ def test_a_warm_step_with_a_quality_target_trains_until_it_meets_it():
         d.trained(d.train(None, step=0, time=0.0))
         d.train(None, step=1, time=1.0)
         assert [c[2] for c in process.calls] == [None, want], train
+
+
+def test_a_warm_step_trains_more_by_its_share_of_new_seeds():
+    """series.follow_iterations: the warm iterations for an unchanged surface, a cold step's for a wholly new
+    one, in proportion between (rounded); off, or a step already at train.iterations (a quality target), as
+    given."""
+    from insitu.step.driver import follow_iterations
+
+    cfg = from_dict({"train": {"iterations": 1500}, "series": {"warm_iterations": 250}})
+    assert [follow_iterations(cfg, 250, new, 1000) for new in (0, 250, 600, 1000)] == [250, 562, 1000, 1500]
+    assert follow_iterations(cfg, 250, 5, 0) == 250                     # nothing to train: as given
+    assert follow_iterations(cfg, 1500, 600, 1000) == 1500              # a target's cap: as given
+    off = from_dict({"train": {"iterations": 1500}, "series": {"warm_iterations": 250, "follow_iterations": False}})
+    assert follow_iterations(off, 250, 600, 1000) == 250
