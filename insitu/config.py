@@ -286,6 +286,12 @@ class OutputConfig:
                                     "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
                                     "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "
                                     "alone")
+    ply_merge: float = constrained(2.0, NON_NEGATIVE, doc="model.ply's and model.spz's model merged, before its "
+                                   "refit, into one Gaussian per cube this many pixels wide at the orbit's distance "
+                                   "(and per side of the surface): standard viewers draw every Gaussian at least "
+                                   "0.3 px^2 wide, too wide and too opaque where a trained model holds many to a "
+                                   "pixel; fewer, wider ones draw nearer the trained model, in smaller files; 0: "
+                                   "the trained model's Gaussians")
     ply_metrics: bool = documented(True, "ply_psnr, ply_ssim and model.lit.spz: the whole model gathered on rank 0 "
                                    "and drawn there; false for models larger than one GPU or host")
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "

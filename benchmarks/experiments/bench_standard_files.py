@@ -15,7 +15,7 @@ A variant is ``NAME=KEY=VALUE,KEY=VALUE`` over ``output.*`` settings (``NAME=``:
 (``ply_fit_seconds``: casting, baking or fitting, refit) are the device's. Prints one JSON object.
 
     python benchmarks/experiments/bench_standard_files.py --data bonsai_256x256x256_uint8.raw --iso 40 --resolution 1024 \\
-        --variant before=output.ply_light=headlight --variant fixed= --variant fixed_sh3=output.sh_degree=3
+        --variant merged= --variant unmerged=output.ply_merge=0 --variant merged3=output.ply_merge=3
 """
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ def main() -> None:
         if i > 0:
             row = figures(qm)
             rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3), "sh_degree": ply.sh_degree,
+                          "gaussians": comm.mpi.allreduce(len(ply)),
                           **row, **{f"gap_{k}": round(v - lit[k], 3) for k, v in row.items() if k in lit}}
             print(name, rows[name], file=sys.stderr, flush=True)
     out = {"device": torch.cuda.get_device_name(comm.device) if comm.device.type == "cuda" else "cpu",

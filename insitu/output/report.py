@@ -107,7 +107,7 @@ TABLE_COLUMNS = (
                                ("ply_psnr", "model.ply", "dB"), ("psnr_initial", "before training", "dB"),
                                ("psnr_white", "white background", "dB"))),
     ("Whole image", (("ssim", "SSIM", "ratio"), ("ply_ssim", "model.ply SSIM", "ratio"), ("lpips", "LPIPS", "ratio"))),
-    ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""))),
+    ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""), ("ply_gaussians", "model.ply", ""))),
     ("Training", (("iterations", "iterations", ""), ("target_reached_at", "target met at", ""),
                   ("sh_degree", "SH degree", ""), ("color_model", "colours", ""), ("eps2d", "blur (px\u00b2)", ""),
                   ("antialiased", "antialiased", ""))),

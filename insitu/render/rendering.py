@@ -313,7 +313,7 @@ class _Projected:
     compensations: Tensor | None = None
 
 
-def _quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
+def quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
     """[N, 4] wxyz quaternions and [N, 3] scales -> [N, 3, 3] covariances R S S^T R^T."""
     w, x, y, z = F.normalize(quats, dim=-1).unbind(-1)
     R = torch.stack([
@@ -328,7 +328,7 @@ def _quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
 def _project(means, quats, scales, opacities, viewmats, Ks, width, height,
              near_plane, far_plane, eps2d, radius_clip, antialiased: bool = False) -> _Projected:
     """EWA splatting projection, as gsplat's fully fused projection (pinhole, classic or antialiased)."""
-    covars = _quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
+    covars = quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
     Rv, tv = viewmats[:, :3, :3], viewmats[:, :3, 3]                     # [C, 3, 3], [C, 3]
     means_c = torch.einsum("cij,nj->cni", Rv, means) + tv[:, None, :]    # [C, N, 3]
     cov_c = torch.einsum("cij,njk,clk->cnil", Rv, covars, Rv)            # [C, N, 3, 3]
@@ -390,7 +390,7 @@ def blur_opacity_factors(means: Tensor, quats: Tensor, scales: Tensor, viewmats:
     projection of :func:`rasterize`) and ``e`` 0 antialiased, else ``eps2d``. A Gaussian narrower than the blur
     spreads over more pixels drawn with a larger one: the factor is below 1. ``inside``: whether its centre lies
     in front of the camera and in the image (elsewhere the factor is 1)."""
-    covars = _quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
+    covars = quat_scale_to_covar(quats, scales)                         # [N, 3, 3]
     Rv, tv = viewmats[:, :3, :3], viewmats[:, :3, 3]
     means_c = torch.einsum("cij,nj->cni", Rv, means) + tv[:, None, :]    # [C, N, 3]
     cov_c = torch.einsum("cij,njk,clk->cnil", Rv, covars, Rv)            # [C, N, 3, 3]

@@ -179,7 +179,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("ply fit")
     merged, qm = model_figures(gaussians, ply, ply_scene, layout, cfg)
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow)
+                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(ply)))
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
@@ -302,12 +302,13 @@ def follow_counts(comm, follow: Follow | None) -> dict:
 
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
                  clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
-                 closer: dict[str, Quality], follow: dict | None = None) -> dict:
+                 closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
-    whole model's Gaussians before and after training, ``follow``: a warm start's counts
-    (:func:`follow_counts`). ``total_seconds`` is read last."""
+    whole model's Gaussians before and after training, ``ply_total``: the standard files' model's
+    (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`).
+    ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
         "step": step, "time": time,             # the surface's figures first: what a user looks at
@@ -322,7 +323,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "stopped_by": log.stopped_by, "sh_degree": trainer.sh_degree_trained,
-        "gaussians_initial": initial, "gaussians": total,
+        "gaussians_initial": initial, "gaussians": total, "ply_gaussians": ply_total,
         **(follow or follow_counts(comm, None)),
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),

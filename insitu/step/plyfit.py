@@ -28,13 +28,13 @@ from insitu.config import Config
 from insitu.groundtruth.scene import Scene, make_scene
 from insitu.groundtruth.views import Views
 from insitu.render.lighting import FixedLight
-from insitu.render.rendering import STANDARD_EPS2D, blur_opacity_factors
+from insitu.render.rendering import STANDARD_EPS2D, blur_opacity_factors, quat_scale_to_covar
 from insitu.step.evaluation import PLY_ROLES
 from insitu.step.layouts import Layout
 from insitu.step.loop import check_finite, train_iteration
 from insitu.surface.gaussians import Gaussians, drop_bands
-from insitu.training.appearance import (ColorModel, bake_light, drawn_otherwise, refits_ply, standard_degree,
-                                        standard_light)
+from insitu.training.appearance import (ColorModel, bake_light, drawn_otherwise, quat_normals, refits_ply,
+                                        standard_degree, standard_light)
 from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer, footprint_sides, training_blur
 
@@ -48,21 +48,109 @@ def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Sce
     (:func:`refine_for_viewers`): in the fixed light (:func:`insitu.training.appearance.standard_light`), the trained
     colours baked in it (:func:`insitu.training.appearance.bake_light`), the opacities made for the viewers' blur
     (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light (:func:`fixed_light_scene`); else
-    :func:`fitted_sh` and ``scene``."""
+    :func:`fitted_sh` and ``scene``. Either is first merged per cell of ``output.ply_merge`` orbit pixels
+    (:func:`merge_cells`, :func:`orbit_pixel`)."""
     if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
         return shard, scene
     light = standard_light(cfg)
+    cell = cfg.output.ply_merge * orbit_pixel(scene.views, cfg.views.count)
     if light is None:
-        fitted = fitted_sh(trained, trainer, scene, layout, cfg)
+        fitted = merge_cells(fitted_sh(trained, trainer, scene, layout, cfg), cell)
     else:
         ids = refit_ids(scene.views, cfg, trainer.images_per_step)
-        fitted = for_standard_blur(bake_light(trained, light, standard_degree(cfg, trained.sh_degree)), scene.views,
-                                   ids, cfg)
+        baked = merge_cells(bake_light(trained, light, standard_degree(cfg, trained.sh_degree)), cell)
+        fitted = for_standard_blur(baked, scene.views, ids, cfg)
         scene = fixed_light_scene(scene, layout, cfg, light, ids)
     fitted = refine_for_viewers(fitted, trainer, scene, layout, cfg)
     check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")
     return layout.shard(fitted)[0], scene
+
+
+def orbit_pixel(views: Views, count: int) -> float:
+    """The width in world units of one pixel at the orbit's centre seen from the orbit: the median, over the
+    training views among the first ``count`` of ``views`` (the orbit's), of the camera's distance to the point
+    their optical axes meet at (least squares) over its focal length in pixels. The same on every rank; 0 without
+    such a view."""
+    ids = views.train_ids[views.train_ids < count]
+    if len(ids) == 0:
+        return 0.0
+    viewmats = views.viewmats[ids].double()
+    rot, t = viewmats[:, :3, :3], viewmats[:, :3, 3:]
+    eyes = -(rot.transpose(1, 2) @ t)[..., 0]
+    axes = rot[:, 2]                                        # each camera's optical axis (+z looks forward)
+    across = torch.eye(3, dtype=torch.float64) - axes[:, :, None] * axes[:, None, :]
+    centre = torch.linalg.pinv(across.sum(0)) @ (across @ eyes[..., None]).sum(0)
+    distance = (eyes - centre[:, 0]).norm(dim=-1)
+    return float((distance / views.Ks[ids, 0, 0].double()).median())
+
+
+def merge_cells(gaussians: Gaussians, cell: float) -> Gaussians:
+    """``gaussians`` merged into one Gaussian per cube of side ``cell`` (world units; a grid on the origin) and
+    per normal (the rotation's local z axis: the axis it is nearest to, and its sign, so that the two sides of a
+    thin sheet stay apart), by their moments: each weighted by its opacity times its area (its two largest scales),
+    the merged centre the weighted mean, its covariance the weighted mean of the covariances and the spread of
+    the centres, its rotation and scales that covariance's axes (the smallest the normal, on the side of the mean
+    normal), its SH colours the weighted mean, its opacity the summed weight over its area (at most 0.995). A
+    Gaussian alone in its cell is kept as it is. ``cell`` 0: ``gaussians`` itself.
+
+    Standard viewers draw every Gaussian at least 0.3 px^2 wide without making it fainter: where a trained model
+    holds many Gaussians to a pixel, they draw each too wide and too opaque. Merged per about a pixel, fewer and
+    wider Gaussians are drawn nearer what the trained model shows, and the files are smaller."""
+    n = len(gaussians)
+    if cell <= 0 or n == 0:
+        return gaussians
+    g = gaussians
+    with torch.no_grad():
+        means, scales = g.means.double(), torch.exp(g.log_scales.double())
+        normals = quat_normals(g.quats.double())
+        axis = normals.abs().argmax(-1)
+        side = normals.gather(1, axis[:, None])[:, 0] < 0
+        keys = torch.cat([torch.floor(means / cell).long(), (axis * 2 + side.long())[:, None]], 1)
+        _, group = torch.unique(keys, dim=0, return_inverse=True)
+        m = int(group.max()) + 1
+        top = scales.sort(-1, descending=True).values
+        w = torch.sigmoid(g.opacity_logits.double()) * top[:, 0] * top[:, 1] + 1e-300
+        total = means.new_zeros(m).index_add_(0, group, w)
+
+        def mean(x: Tensor) -> Tensor:
+            return means.new_zeros((m, *x.shape[1:])).index_add_(0, group, w.view(-1, *[1] * (x.dim() - 1)) * x) \
+                / total.view(-1, *[1] * (x.dim() - 1))
+
+        centre = mean(means)
+        d = means - centre[group]
+        cov = mean(quat_scale_to_covar(g.quats.double(), scales) + d[:, :, None] * d[:, None, :])
+        variances, axes = torch.linalg.eigh(cov)
+        axes, variances = axes.flip(-1), variances.flip(-1).clamp_min(1e-30)       # the smallest axis last: z
+        flip = (axes[:, :, 2] * mean(normals)).sum(-1) < 0                          # the normal's side kept
+        axes[:, :, 2] = torch.where(flip[:, None], -axes[:, :, 2], axes[:, :, 2])
+        proper = torch.linalg.det(axes) < 0                                         # a rotation, not a reflection
+        axes[:, :, 1] = torch.where(proper[:, None], -axes[:, :, 1], axes[:, :, 1])
+        merged_scales = variances.sqrt()
+        opacity = (total / (merged_scales[:, 0] * merged_scales[:, 1])).clamp(1e-6, 0.995)
+        out = Gaussians(centre, merged_scales.log(), rotation_to_quat(axes), torch.logit(opacity),
+                        mean(g.sh0.double()), mean(g.shN.double()))
+        alone = torch.bincount(group, minlength=m)[group] == 1                      # kept as they are
+        out = Gaussians(**{k: v.to(getattr(g, k).dtype).index_copy(0, group[alone], getattr(g, k)[alone])
+                           for k, v in out.tensors().items()})
+    return out
+
+
+def rotation_to_quat(rot: Tensor) -> Tensor:
+    """``[N, 4]`` unit quaternions (w, x, y, z) of the rotation matrices ``rot: [N, 3, 3]``: of the four forms,
+    the one whose leading term is largest (Shepperd's method), for precision."""
+    r = rot
+    forms = torch.stack([
+        torch.stack([1 + r[:, 0, 0] + r[:, 1, 1] + r[:, 2, 2], r[:, 2, 1] - r[:, 1, 2], r[:, 0, 2] - r[:, 2, 0],
+                     r[:, 1, 0] - r[:, 0, 1]], -1),
+        torch.stack([r[:, 2, 1] - r[:, 1, 2], 1 + r[:, 0, 0] - r[:, 1, 1] - r[:, 2, 2], r[:, 0, 1] + r[:, 1, 0],
+                     r[:, 0, 2] + r[:, 2, 0]], -1),
+        torch.stack([r[:, 0, 2] - r[:, 2, 0], r[:, 0, 1] + r[:, 1, 0], 1 - r[:, 0, 0] + r[:, 1, 1] - r[:, 2, 2],
+                     r[:, 1, 2] + r[:, 2, 1]], -1),
+        torch.stack([r[:, 1, 0] - r[:, 0, 1], r[:, 0, 2] + r[:, 2, 0], r[:, 1, 2] + r[:, 2, 1],
+                     1 - r[:, 0, 0] - r[:, 1, 1] + r[:, 2, 2]], -1)], 1)              # [N, 4 forms, 4]
+    best = torch.diagonal(forms, dim1=1, dim2=2).argmax(-1)
+    return torch.nn.functional.normalize(forms[torch.arange(len(r), device=r.device), best], dim=-1)
 
 
 def refit_ids(views: Views, cfg: Config, batch: int) -> Tensor:
