@@ -219,7 +219,7 @@ def test_cli_run_on_two_ranks_writes_one_merged_model(tmp_path):
     step = out_dir / "step_000000"
     metrics = json.loads((step / "metrics.json").read_text())
     model = read_ply(step / "model.ply")
-    assert metrics["ranks"] == 2 and len(model) == metrics["gaussians"] > 0, (metrics["gaussians"], len(model))
+    assert metrics["ranks"] == 2 and len(model) == metrics["ply_gaussians"] > 0, (metrics["ply_gaussians"], len(model))
     assert sorted(p.name for p in out_dir.glob("step_*/model.ply")) == ["model.ply"]
     # the merged model spans both blocks (cut at x = 11.5), inside the ball's bounds
     xs = model.means[:, 0].numpy()

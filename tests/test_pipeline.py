@@ -59,7 +59,7 @@ def test_compute_step_writes_nothing_and_write_step_writes_its_result(comm, tmp_
     d = tmp_path / "out" / "step_000004"
     assert sorted(p.name for p in d.iterdir()) == ["cameras.json", "config.yaml", "metrics.json", "model.lit.spz",
                                                   "model.ply", "model.spz", "views"]
-    assert len(read_ply(d / "model.ply")) == len(result.gaussians)
+    assert len(read_ply(d / "model.ply")) == result.metrics["ply_gaussians"] > 0
     assert json.loads((d / "metrics.json").read_text())["time"] == 2.0
     assert result.model is None and result.images == []          # written: only the shard stays
 
@@ -73,9 +73,9 @@ def test_run_step_writes_every_output(comm, tmp_path):
     m = result.metrics
     d = tmp_path / "step_000003"
     model = read_ply(d / "model.ply")
-    assert len(model) == m["gaussians"] == len(result.gaussians) == len(ply)
-    torch.testing.assert_close(model.means, result.gaussians.means)   # the trained Gaussians, where they are,
-    torch.testing.assert_close(model.opacity_logits, ply.opacity_logits)     # as viewers draw them best
+    assert len(model) == m["ply_gaussians"] == len(ply) <= m["gaussians"] == len(result.gaussians)
+    torch.testing.assert_close(model.means, ply.means)                  # the standard files' model (merged),
+    torch.testing.assert_close(model.opacity_logits, ply.opacity_logits)     # as viewers draw it best
     pngs = sorted(p.name for p in (d / "views").glob("*.png"))
     assert pngs == ["view_000.png", "view_008.png"]             # the held-out views, output.images of them
     saved = json.loads((d / "metrics.json").read_text())
@@ -152,8 +152,8 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
     """A lit model trained with a blur smaller than viewers add (train.eps2d 0.05; the bonsai at 32^3, 24 views of
     64^2): output.ply_refine (half the 100 iterations here) trains model.ply's SH model (the fit of the headlight,
     output.ply_light headlight) drawn with the standard 0.3, which a standard viewer then shows closer to the
-    ground truth than the SH fit alone (by about 2.5 dB on the surface); the same Gaussians at the same places (no
-    densification, positions held), the trained model itself unchanged. With neither model.ply, model.spz nor
+    ground truth than the SH fit alone (by about 2.5 dB on the surface); unmerged (output.ply_merge 0), the same
+    Gaussians at the same places (no densification, positions held), the trained model itself unchanged. With neither model.ply, model.spz nor
     their figures, nothing is refit; model.spz alone is."""
     from insitu.training.appearance import refits_ply
 
@@ -164,6 +164,7 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
         cfg.views.supersample = 2                   # the blurs differ on edges the ground truth draws smooth
         cfg.seeds.opacity = 0.8
         cfg.output.ply_refine, cfg.output.ply_light = refine, "headlight"
+        cfg.output.ply_merge = 0.0                  # the trained Gaussians themselves, unmerged
         r = compute_step(whole_block(bonsai), cfg, comm, step=1)
         figures[refine], models[refine] = r.metrics, (r.gaussians, r.ply)
         assert len(r.ply) == len(r.gaussians) and r.ply.sh_degree == 3
