@@ -30,6 +30,10 @@ def test_a_gaussian_alone_in_its_cell_is_kept_as_it_is_and_cell_zero_keeps_all()
                   torch.randn(200, generator=gen), torch.rand(200, 1, 3, generator=gen),
                   torch.rand(200, 3, 3, generator=gen))
     assert merge_cells(g, 0.0) is g
+    whole, parts = merge_cells(g, 0.3), merge_cells(g, 0.3, chunk=7)         # the sums over chunks: the same
+    assert 0 < len(whole) < 200 and len(parts) == len(whole)
+    for name, value in whole.tensors().items():
+        torch.testing.assert_close(getattr(parts, name), value, atol=1e-5, rtol=1e-5)
     kept = merge_cells(g, 1e-6)
     order = torch.cdist(kept.means, g.means).argmin(1)
     assert sorted(order.tolist()) == list(range(200))

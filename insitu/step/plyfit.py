@@ -85,14 +85,15 @@ def orbit_pixel(views: Views, count: int) -> float:
     return float((distance / views.Ks[ids, 0, 0].double()).median())
 
 
-def merge_cells(gaussians: Gaussians, cell: float) -> Gaussians:
+def merge_cells(gaussians: Gaussians, cell: float, *, chunk: int = 1 << 22) -> Gaussians:
     """``gaussians`` merged into one Gaussian per cube of side ``cell`` (world units; a grid on the origin) and
     per normal (the rotation's local z axis: the axis it is nearest to, and its sign, so that the two sides of a
     thin sheet stay apart), by their moments: each weighted by its opacity times its area (its two largest scales),
     the merged centre the weighted mean, its covariance the weighted mean of the covariances and the spread of
     the centres, its rotation and scales that covariance's axes (the smallest the normal, on the side of the mean
     normal), its SH colours the weighted mean, its opacity the summed weight over its area (at most 0.995). A
-    Gaussian alone in its cell is kept as it is. ``cell`` 0: ``gaussians`` itself.
+    Gaussian alone in its cell is kept as it is. ``cell`` 0: ``gaussians`` itself. The sums run over ``chunk``
+    Gaussians at a time (in float64, about each cell's corner), bounding the memory of large shards.
 
     Standard viewers draw every Gaussian at least 0.3 px^2 wide without making it fainter: where a trained model
     holds many Gaussians to a pixel, they draw each too wide and too opaque. Merged per about a pixel, fewer and
@@ -102,34 +103,42 @@ def merge_cells(gaussians: Gaussians, cell: float) -> Gaussians:
         return gaussians
     g = gaussians
     with torch.no_grad():
-        means, scales = g.means.double(), torch.exp(g.log_scales.double())
-        normals = quat_normals(g.quats.double())
+        cells = torch.floor(g.means.double() / cell).long()
+        normals = quat_normals(g.quats.float())
         axis = normals.abs().argmax(-1)
         side = normals.gather(1, axis[:, None])[:, 0] < 0
-        keys = torch.cat([torch.floor(means / cell).long(), (axis * 2 + side.long())[:, None]], 1)
-        _, group = torch.unique(keys, dim=0, return_inverse=True)
-        m = int(group.max()) + 1
-        top = scales.sort(-1, descending=True).values
-        w = torch.sigmoid(g.opacity_logits.double()) * top[:, 0] * top[:, 1] + 1e-300
-        total = means.new_zeros(m).index_add_(0, group, w)
-
-        def mean(x: Tensor) -> Tensor:
-            return means.new_zeros((m, *x.shape[1:])).index_add_(0, group, w.view(-1, *[1] * (x.dim() - 1)) * x) \
-                / total.view(-1, *[1] * (x.dim() - 1))
-
-        centre = mean(means)
-        d = means - centre[group]
-        cov = mean(quat_scale_to_covar(g.quats.double(), scales) + d[:, :, None] * d[:, None, :])
-        variances, axes = torch.linalg.eigh(cov)
+        keys, group = torch.unique(torch.cat([cells, (axis * 2 + side.long())[:, None]], 1), dim=0,
+                                   return_inverse=True)
+        del cells, normals, axis, side
+        m = len(keys)
+        dd = dict(dtype=torch.float64, device=g.means.device)
+        sums = {"w": torch.zeros(m, **dd), "x": torch.zeros(m, 3, **dd), "xx": torch.zeros(m, 3, 3, **dd),
+                "n": torch.zeros(m, 3, **dd), "sh0": torch.zeros(m, *g.sh0.shape[1:], **dd),
+                "shN": torch.zeros(m, *g.shN.shape[1:], **dd)}
+        for lo in range(0, n, chunk):
+            part, at = g.select(torch.arange(lo, min(n, lo + chunk), device=g.means.device)), group[lo:lo + chunk]
+            scales = torch.exp(part.log_scales.double())
+            top = scales.sort(-1, descending=True).values
+            w = torch.sigmoid(part.opacity_logits.double()) * top[:, 0] * top[:, 1] + 1e-300
+            local = part.means.double() - keys[at, :3].double() * cell               # about the cell's corner
+            terms = {"w": w, "x": local, "n": quat_normals(part.quats.double()), "sh0": part.sh0.double(),
+                     "shN": part.shN.double(),
+                     "xx": quat_scale_to_covar(part.quats.double(), scales) + local[:, :, None] * local[:, None, :]}
+            for key, term in terms.items():
+                sums[key].index_add_(0, at, term if key == "w" else w.view(-1, *[1] * (term.dim() - 1)) * term)
+        total = sums.pop("w")
+        mean = {key: value / total.view(-1, *[1] * (value.dim() - 1)) for key, value in sums.items()}
+        centre = mean["x"]
+        variances, axes = torch.linalg.eigh(mean["xx"] - centre[:, :, None] * centre[:, None, :])
         axes, variances = axes.flip(-1), variances.flip(-1).clamp_min(1e-30)       # the smallest axis last: z
-        flip = (axes[:, :, 2] * mean(normals)).sum(-1) < 0                          # the normal's side kept
+        flip = (axes[:, :, 2] * mean["n"]).sum(-1) < 0                              # the normal's side kept
         axes[:, :, 2] = torch.where(flip[:, None], -axes[:, :, 2], axes[:, :, 2])
         proper = torch.linalg.det(axes) < 0                                         # a rotation, not a reflection
         axes[:, :, 1] = torch.where(proper[:, None], -axes[:, :, 1], axes[:, :, 1])
         merged_scales = variances.sqrt()
         opacity = (total / (merged_scales[:, 0] * merged_scales[:, 1])).clamp(1e-6, 0.995)
-        out = Gaussians(centre, merged_scales.log(), rotation_to_quat(axes), torch.logit(opacity),
-                        mean(g.sh0.double()), mean(g.shN.double()))
+        out = Gaussians(centre + keys[:, :3].double() * cell, merged_scales.log(), rotation_to_quat(axes),
+                        torch.logit(opacity), mean["sh0"], mean["shN"])
         alone = torch.bincount(group, minlength=m)[group] == 1                      # kept as they are
         out = Gaussians(**{k: v.to(getattr(g, k).dtype).index_copy(0, group[alone], getattr(g, k)[alone])
                            for k, v in out.tensors().items()})
