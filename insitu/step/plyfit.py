@@ -79,7 +79,7 @@ def orbit_pixel(views: Views, count: int) -> float:
     rot, t = viewmats[:, :3, :3], viewmats[:, :3, 3:]
     eyes = -(rot.transpose(1, 2) @ t)[..., 0]
     axes = rot[:, 2]                                        # each camera's optical axis (+z looks forward)
-    across = torch.eye(3, dtype=torch.float64) - axes[:, :, None] * axes[:, None, :]
+    across = torch.eye(3, dtype=torch.float64, device=axes.device) - axes[:, :, None] * axes[:, None, :]
     centre = torch.linalg.pinv(across.sum(0)) @ (across @ eyes[..., None]).sum(0)
     distance = (eyes - centre[:, 0]).norm(dim=-1)
     return float((distance / views.Ks[ids, 0, 0].double()).median())
