@@ -107,7 +107,8 @@ TABLE_COLUMNS = (
                                ("ply_psnr", "model.ply", "dB"), ("psnr_initial", "before training", "dB"),
                                ("psnr_white", "white background", "dB"))),
     ("Whole image", (("ssim", "SSIM", "ratio"), ("ply_ssim", "model.ply SSIM", "ratio"), ("lpips", "LPIPS", "ratio"))),
-    ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""), ("ply_gaussians", "model.ply", ""))),
+    ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""),
+                   ("ply_gaussians", "model.ply", ""))),
     ("Training", (("iterations", "iterations", ""), ("target_reached_at", "target met at", ""),
                   ("sh_degree", "SH degree", ""), ("color_model", "colours", ""), ("eps2d", "blur (px\u00b2)", ""),
                   ("antialiased", "antialiased", ""))),
@@ -331,6 +332,7 @@ def step_summary(out: Path, step: int, d: Path) -> dict[str, Any]:
         "psnr": _number(metrics.get("psnr")), "ssim": _number(metrics.get("ssim")),
         **{key: _number(metrics.get(key)) for key in SURFACE_FIGURES},
         "gaussians": _number(metrics.get("gaussians")), "gaussians_initial": _number(metrics.get("gaussians_initial")),
+        "ply_gaussians": _number(metrics.get("ply_gaussians")),
         "iterations": _number(metrics.get("iterations")),
         "history": training_curve(metrics), "stages": stage_seconds(metrics),
         # the viewer's model, in the step's frame (as its cameras): a lit one as trained, else model.spz

@@ -47,9 +47,9 @@ def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Sce
     (:meth:`Trainer.gaussians`) and ``scene``. Else an SH model made for them and trained as viewers draw it
     (:func:`refine_for_viewers`): in the fixed light (:func:`insitu.training.appearance.standard_light`), the trained
     colours baked in it (:func:`insitu.training.appearance.bake_light`), the opacities made for the viewers' blur
-    (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light (:func:`fixed_light_scene`); else
-    :func:`fitted_sh` and ``scene``. Either is first merged per cell of ``output.ply_merge`` orbit pixels
-    (:func:`merge_cells`, :func:`orbit_pixel`)."""
+    (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light
+    (:func:`fixed_light_scene`); else :func:`fitted_sh` and ``scene``. Either is first merged per cell of
+    ``output.ply_merge`` orbit pixels (:func:`merge_cells`, :func:`orbit_pixel`)."""
     if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
         return shard, scene
     light = standard_light(cfg)

@@ -218,7 +218,8 @@
     chart(series, { ...common, name: "series-ssim", title: `${what} SSIM per timestep`, ylabel: "SSIM",
                     series: views("ssim"), y: ssimRange, format: ratio });
     chart(series, { ...common, name: "series-gaussians", title: "Gaussians per timestep", ylabel: "Gaussians",
-                    series: per([["initial", "gaussians_initial"], ["trained", "gaussians"]]) });
+                    series: per([["initial", "gaussians_initial"], ["trained", "gaussians"],
+                                 ["model.ply", "ply_gaussians"]]) });
     chart(series, { ...common, name: "series-iterations", title: "Iterations per timestep", ylabel: "iterations",
                     series: per([["iterations", "iterations"]]) });
     // seconds: one stacked bar per step, a part per stage (its own seconds in the legend); drawn from the top
