@@ -16,14 +16,16 @@ from insitu.training.appearance import quat_normals
 
 def discs(means, normals, scales, opacities, colors) -> Gaussians:
     """Gaussians at ``means`` whose local z axis is ``normals``; SH degree 1 (the higher band a ramp)."""
-    n = len(means)
-    t = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
-    sh0 = t(colors).view(n, 1, 3)
-    return Gaussians(t(means), t(scales).log(), normal_to_quat_torch(torch.nn.functional.normalize(t(normals), dim=-1)),
-                     torch.logit(t(opacities)), sh0, sh0.repeat(1, 3, 1) * torch.arange(1.0, 4.0).view(1, 3, 1))
+    means, normals, scales, opacities, colors = (torch.as_tensor(x, dtype=torch.float32)
+                                                 for x in (means, normals, scales, opacities, colors))
+    sh0 = colors.view(-1, 1, 3)
+    return Gaussians(means, scales.log(), normal_to_quat_torch(torch.nn.functional.normalize(normals, dim=-1)),
+                     torch.logit(opacities), sh0, sh0.repeat(1, 3, 1) * torch.arange(1.0, 4.0).view(1, 3, 1))
 
 
 def test_a_gaussian_alone_in_its_cell_is_kept_as_it_is_and_cell_zero_keeps_all():
+    """Cell 0: the model itself; cells far smaller than the spacing: every Gaussian bit for bit (in another
+    order); sums over chunks of 7 Gaussians: what one chunk gives."""
     gen = torch.Generator().manual_seed(0)
     g = Gaussians(torch.rand(200, 3, generator=gen), torch.rand(200, 3, generator=gen).log() - 4,
                   torch.nn.functional.normalize(torch.randn(200, 4, generator=gen), dim=-1),
