@@ -88,3 +88,20 @@ def test_orbit_pixel_is_the_orbit_distance_over_the_focal_length():
     _, distance = orbit_distance(lo, hi, 40.0)
     assert orbit_pixel(views, 12) == pytest.approx(distance / (32 / math.tan(math.radians(20.0))), rel=1e-5)
     assert orbit_pixel(views.subset(views.test_ids), 12) == 0.0        # no orbit view trains
+
+
+def test_a_grid_too_large_for_one_key_merges_alike():
+    """Cells over a span whose cells no int64 key numbers (one more Gaussian 1e7 cells away on every axis) merge
+    by rows instead: the near ones as they merge alone."""
+    gen = torch.Generator().manual_seed(2)
+    near = Gaussians(torch.rand(300, 3, generator=gen), torch.rand(300, 3, generator=gen).log() - 4,
+                     torch.nn.functional.normalize(torch.randn(300, 4, generator=gen), dim=-1),
+                     torch.randn(300, generator=gen), torch.rand(300, 1, 3, generator=gen), torch.zeros(300, 0, 3))
+    far = near.select(torch.tensor([0]))
+    far.means += 1e6
+    both = merge_cells(Gaussians(**{k: torch.cat([getattr(near, k), getattr(far, k)]) for k in near.names()}), 0.1)
+    alone = merge_cells(near, 0.1)
+    first = both.select(both.means[:, 0] < 1e5)
+    assert len(first) == len(alone) < 300 and len(both) == len(alone) + 1
+    for name, value in alone.tensors().items():
+        torch.testing.assert_close(getattr(first, name), value, atol=1e-5, rtol=1e-5)

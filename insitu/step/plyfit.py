@@ -106,10 +106,20 @@ def merge_cells(gaussians: Gaussians, cell: float, *, chunk: int = 1 << 22) -> G
         cells = torch.floor(g.means.double() / cell).long()
         normals = quat_normals(g.quats.float())
         axis = normals.abs().argmax(-1)
-        side = normals.gather(1, axis[:, None])[:, 0] < 0
-        keys, group = torch.unique(torch.cat([cells, (axis * 2 + side.long())[:, None]], 1), dim=0,
-                                   return_inverse=True)
-        del cells, normals, axis, side
+        kind = axis * 2 + (normals.gather(1, axis[:, None])[:, 0] < 0).long()     # 6 kinds of normal
+        del normals, axis
+        lo = cells.min(0).values
+        span = cells.max(0).values - lo + 1
+        if float(span.double().prod()) * 6 < 2.0 ** 62:          # one int64 key a cell and kind: a fast unique
+            flat = (((cells[:, 0] - lo[0]) * span[1] + cells[:, 1] - lo[1]) * span[2] + cells[:, 2] - lo[2]) * 6 + kind
+            del cells, kind
+            flat, group = torch.unique(flat, return_inverse=True)
+            flat = flat // 6
+            keys = torch.stack([flat // (span[1] * span[2]), flat // span[2] % span[1], flat % span[2]], 1) + lo
+            del flat
+        else:
+            keys, group = torch.unique(torch.cat([cells, kind[:, None]], 1), dim=0, return_inverse=True)
+            del cells, kind
         m = len(keys)
         dd = dict(dtype=torch.float64, device=g.means.device)
         sums = {"w": torch.zeros(m, **dd), "x": torch.zeros(m, 3, **dd), "xx": torch.zeros(m, 3, 3, **dd),
