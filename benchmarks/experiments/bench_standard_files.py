@@ -10,6 +10,8 @@ fit of the headlight refit against the step's ground truth) and scores it as ``m
 ground truth it was made for. ``gap_*`` is the variant's surface PSNR minus the lit model's, per set of views.
 ``relit`` is the trained model shaded with the fixed light, one colour per Gaussian, drawn as trained (its blur,
 antialiased), against the fixed light's ground truth: what the representation holds before any refit.
+``blur_bound`` is that ground truth blurred by the viewers' 0.3 px² against itself: about the best a standard
+viewer, which adds that blur to every Gaussian, can show of a perfect model.
 
 A variant is ``NAME=KEY=VALUE,KEY=VALUE`` over ``output.*`` settings (``NAME=``: the defaults); its seconds
 (``ply_fit_seconds``: casting, baking or fitting, refit) are the device's. Prints one JSON object.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,6 +37,7 @@ from insitu.config import load_config, parse_override  # noqa: E402
 from insitu.groundtruth.scene import make_scene  # noqa: E402
 from insitu.parallel.comm import shutdown  # noqa: E402
 from insitu.render.lighting import FIXED_LIGHT  # noqa: E402
+from insitu.render.rendering import STANDARD_EPS2D  # noqa: E402
 from insitu.step import evaluation, plyfit  # noqa: E402
 from insitu.training.appearance import ColorModel, bake_light  # noqa: E402
 from insitu.training.trainer import to_params, training_blur  # noqa: E402
@@ -54,6 +58,23 @@ def figures(qualities: dict) -> dict:
     """Surface PSNR per set of views (``psnr_foreground`` on the orbit, ``psnr_foreground_near2``, ...)."""
     return {("psnr_foreground" if role == "test" else f"psnr_foreground_{role}"): q.psnr_foreground
             for role, q in qualities.items()}
+
+
+def blur_bound(scene, ids: torch.Tensor, eps2d: float = STANDARD_EPS2D):
+    """The ground truth of ``scene``'s views ``ids`` (one rank holds them whole) blurred by a Gaussian of variance
+    ``eps2d`` px², scored against itself: about the best a viewer that adds that blur to every Gaussian can show."""
+    from insitu.step.metrics import QualityAccumulator
+
+    gt = scene.gt[ids].float().permute(0, 3, 1, 2)                    # [V, 4, H, W] premultiplied
+    r = max(1, math.ceil(3 * math.sqrt(eps2d)))
+    x = torch.arange(-r, r + 1, dtype=torch.float32, device=gt.device)
+    k = torch.exp(-x ** 2 / (2 * eps2d))
+    k = k / k.sum()
+    blurred = torch.nn.functional.conv2d(gt.reshape(-1, 1, *gt.shape[2:]), k.view(1, 1, 1, -1), padding=(0, r))
+    blurred = torch.nn.functional.conv2d(blurred, k.view(1, 1, -1, 1), padding=(r, 0)).reshape(gt.shape)
+    acc = QualityAccumulator(lpips=False)
+    acc.add_rgba(blurred.permute(0, 2, 3, 1), gt.permute(0, 2, 3, 1), scene.background)
+    return acc.result()
 
 
 def synchronize(device: torch.device) -> None:
@@ -88,6 +109,8 @@ def main() -> None:
         baked, fixed, c, colors=ColorModel("sh", 0), backend=cfg.run.backend,
         ids=fixed.views.ids(role).tolist(), **training_blur(cfg)))[0] for role in ROLES if len(fixed.views.ids(role))})
 
+    blurred = figures({role: blur_bound(fixed, fixed.views.ids(role)) for role in ROLES if len(fixed.views.ids(role))})
+
     rows = {}
     for i, (name, pairs) in enumerate([variants[0]] + variants):       # the first twice: its first use warms up
         vcfg = load_config(None, {**overrides, **pairs})
@@ -107,7 +130,8 @@ def main() -> None:
            "data": Path(args.data).name, "downsample": args.downsample, "resolution": args.resolution,
            "views": len(scene.views), "gaussians": len(trained), "iterations": trainer.iteration,
            "train_seconds": round(clock.seconds["train"], 3), "lit": lit, "relit": relit,
-           "relit_gap": {k: round(v - lit[k], 3) for k, v in relit.items() if k in lit}, "variants": rows}
+           "relit_gap": {k: round(v - lit[k], 3) for k, v in relit.items() if k in lit}, "blur_bound": blurred,
+           "variants": rows}
     print(json.dumps(out), flush=True)
     shutdown(comm)
 
