@@ -107,7 +107,7 @@ def merge_cells(gaussians: Gaussians, cell: float, *, chunk: int = 1 << 22) -> G
         normals = quat_normals(g.quats.float())
         axis = normals.abs().argmax(-1)
         kind = axis * 2 + (normals.gather(1, axis[:, None])[:, 0] < 0).long()     # 6 kinds of normal
-        del normals, axis
+        del axis
         lo = cells.min(0).values
         span = cells.max(0).values - lo + 1
         if float(span.double().prod()) * 6 < 2.0 ** 62:          # one int64 key a cell and kind: a fast unique
@@ -131,7 +131,7 @@ def merge_cells(gaussians: Gaussians, cell: float, *, chunk: int = 1 << 22) -> G
             top = scales.sort(-1, descending=True).values
             w = torch.sigmoid(part.opacity_logits.double()) * top[:, 0] * top[:, 1] + 1e-300
             local = part.means.double() - keys[at, :3].double() * cell               # about the cell's corner
-            terms = {"w": w, "x": local, "n": quat_normals(part.quats.double()), "sh0": part.sh0.double(),
+            terms = {"w": w, "x": local, "n": normals[lo:lo + chunk].double(), "sh0": part.sh0.double(),
                      "shN": part.shN.double(),
                      "xx": quat_scale_to_covar(part.quats.double(), scales) + local[:, :, None] * local[:, None, :]}
             for key, term in terms.items():
