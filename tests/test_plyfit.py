@@ -8,7 +8,7 @@ import torch
 
 from insitu.groundtruth.views import orbit_distance, orbit_views
 from insitu.render.rendering import quat_scale_to_covar
-from insitu.step.plyfit import merge_cells, orbit_pixel, rotation_to_quat
+from insitu.step.plyfit import eigh3, merge_cells, orbit_pixel, rotation_to_quat
 from insitu.surface.gaussians import Gaussians
 from insitu.surface.seeds import normal_to_quat_torch
 from insitu.training.appearance import quat_normals
@@ -80,6 +80,27 @@ def test_rotation_to_quat_gives_back_the_rotation_of_a_covariance():
     axes[:, :, 2] *= torch.linalg.det(axes)[:, None]                 # a rotation
     back = rotation_to_quat(axes)
     torch.testing.assert_close(quat_scale_to_covar(back, scales), cov, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("spectrum", ["random", "a double eigenvalue", "diagonal", "a thin sheet"])
+def test_eigh3_decomposes_as_torch_linalg_eigh(spectrum):
+    g = torch.Generator().manual_seed(3)
+    n = 2000
+    rot, _ = torch.linalg.qr(torch.randn(n, 3, 3, generator=g, dtype=torch.float64))
+    values = {"random": torch.rand(n, 3, generator=g, dtype=torch.float64),
+              "a double eigenvalue": torch.tensor([1e-6, 1.0, 1.0], dtype=torch.float64).expand(n, 3),
+              "diagonal": torch.rand(n, 3, generator=g, dtype=torch.float64),
+              "a thin sheet": torch.rand(n, 3, generator=g, dtype=torch.float64) * torch.tensor([1e-12, 1e-3, 1.0],
+                                                                                                dtype=torch.float64)}
+    a = torch.diag_embed(values[spectrum])
+    if spectrum != "diagonal":
+        a = rot @ a @ rot.mT
+    w, v = eigh3(a)
+    w0, v0 = torch.linalg.eigh(a)
+    assert torch.allclose(w, w0, atol=1e-13)
+    assert torch.allclose(v.mT @ v, torch.eye(3, dtype=a.dtype).expand_as(a), atol=1e-12)     # orthonormal
+    assert torch.allclose(v @ torch.diag_embed(w) @ v.mT, a, atol=1e-12)
+    assert torch.allclose((v[:, :, 0] * v0[:, :, 0]).sum(-1).abs(), torch.ones(n, dtype=a.dtype), atol=1e-9)
 
 
 def test_orbit_pixel_is_the_orbit_distance_over_the_focal_length():
