@@ -354,6 +354,12 @@ class SeriesConfig:
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "
                                        "trains up to train.iterations instead, until the target or "
                                        "train.time_budget_s")
+    step_seconds: float | None = constrained(None, POSITIVE, doc="a warm step's seconds from its data to its "
+                                             "files written: its training stops (metrics' stopped_by: time "
+                                             "budget) once it has left only what the previous step took after "
+                                             "its training (figures, the standard files' fit, writing), looked at "
+                                             "every 10 iterations (at least 10 are trained); with "
+                                             "train.time_budget_s, the tighter of the two; null: no budget")
 
 
 @dataclass

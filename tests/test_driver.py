@@ -68,3 +68,20 @@ def test_a_warm_step_trains_more_by_its_share_of_new_seeds():
     assert follow_iterations(cfg, 1500, 600, 1000) == 1500              # a target's cap: as given
     off = from_dict({"train": {"iterations": 1500}, "series": {"warm_iterations": 250, "follow_iterations": False}})
     assert follow_iterations(off, 250, 600, 1000) == 250
+
+
+def test_a_warm_steps_training_budget_is_what_its_seconds_leave():
+    """series.step_seconds: less the step's seconds so far and what the previous step took after training
+    (total less seeds, ground truth and training, plus writing); never below 0; the tighter of it and
+    train.time_budget_s; a cold step (no previous metrics) or no step_seconds: train.time_budget_s alone."""
+    from insitu.step.driver import training_budget
+
+    previous = {"total_seconds": 20.0, "seeds_seconds": 1.0, "ground_truth_seconds": 3.0, "train_seconds": 12.0,
+                "model_write_seconds": 0.5, "export_seconds": 1.5}            # 4 s after training, 2 s writing
+    cfg = from_dict({"series": {"step_seconds": 10.0}})
+    assert training_budget(cfg, previous, 1.0) == 10.0 - 1.0 - 6.0
+    assert training_budget(cfg, previous, 9.0) == 0.0
+    assert training_budget(cfg, None, 1.0) is None
+    both = from_dict({"series": {"step_seconds": 10.0}, "train": {"time_budget_s": 2.0}})
+    assert training_budget(both, previous, 1.0) == 2.0 and training_budget(both, None, 1.0) == 2.0
+    assert training_budget(from_dict({}), previous, 1.0) is None

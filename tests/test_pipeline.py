@@ -585,6 +585,21 @@ def test_a_time_budget_stops_a_step_at_its_first_look_past_the_budget(comm):
         assert (m["iterations"], m["stopped_by"]) == (60, "iterations")
 
 
+def test_a_warm_steps_seconds_budget_leaves_what_the_previous_step_took_after_training(comm):
+    """series.step_seconds 25 on a clock that a second passes on every iteration (all else takes none): a warm
+    step of 60 iterations stops after 30; when the previous step's writing took 10 s more, after 20 (the look at
+    20 s finds its 15 s spent); the cold step before it has no budget."""
+    cfg = tiny_config(iterations=60)
+    cfg.series.step_seconds, cfg.series.warm_iterations, cfg.series.follow_iterations = 25.0, 60, False
+    cold = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0))
+    assert (cold.metrics["iterations"], cold.metrics["stopped_by"]) == (60, "iterations")
+    for writing, stop in ((0.0, 30), (10.0, 20)):
+        cold.metrics["export_seconds"] = writing
+        m = compute_step(whole_block(sphere_field()), cfg, comm, warm=cold, iterations=60,
+                         using=ticking_clock(1.0)).metrics
+        assert (m["iterations"], m["stopped_by"]) == (stop, "time budget")
+
+
 def test_a_quality_target_met_stops_a_step_and_says_so(comm):
     cfg = tiny_config(iterations=60, psnr_target=1.0, eval_every=5)
     m = compute_step(whole_block(sphere_field()), cfg, comm).metrics

@@ -91,6 +91,21 @@ def follow_iterations(cfg: Config, iterations: int, new: int, total: int) -> int
     return iterations + round(share * (cfg.train.iterations - iterations))
 
 
+def training_budget(cfg: Config, previous: dict | None, spent: float) -> float | None:
+    """A step's training budget in seconds (None: none): ``train.time_budget_s``, and for a warm step with
+    ``series.step_seconds`` what that leaves once the ``spent`` seconds of the step so far and what the previous
+    step took after its training are taken off (its ``previous`` metrics: the final figures, the standard files'
+    fit, their figures, writing), whichever is tighter. On ranks that differ, the caller takes the least."""
+    budget = cfg.train.time_budget_s
+    if previous is None or cfg.series.step_seconds is None:
+        return budget
+    after = (previous["total_seconds"] - previous["seeds_seconds"] - previous["ground_truth_seconds"]
+             - previous["train_seconds"] + previous.get("model_write_seconds", 0.0)
+             + previous.get("export_seconds", 0.0))
+    left = max(cfg.series.step_seconds - spent - after, 0.0)
+    return left if budget is None else min(budget, left)
+
+
 def masked(block, cfg: Config, comm: Any):
     """``block`` with its NaN/Inf samples counted as outside the surface (``input.nonfinite: outside``):
     the field's set to :func:`insitu.volume.outside_value` of its finite samples' global range, the

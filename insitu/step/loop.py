@@ -41,7 +41,7 @@ class Training:
     history:    one row per evaluation (:func:`history_row`), the initial model's first.
     reached:    the iteration at which the quality target was met, or None.
     stopped_by: what ended the training: ``"iterations"`` (all of them done), ``"target"`` (the quality
-                target met) or ``"time budget"`` (``train.time_budget_s`` spent).
+                target met) or ``"time budget"`` (``train.time_budget_s`` or ``series.step_seconds`` spent).
     """
 
     initial: Quality
@@ -51,18 +51,20 @@ class Training:
 
 
 def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: PhaseClock, *, iterations: int,
-          step: int, gaussians: int, show: bool, importing: Callable[[], bool] = importing_metrics) -> Training:
+          step: int, gaussians: int, show: bool, importing: Callable[[], bool] = importing_metrics,
+          budget: float | None = None) -> Training:
     """``iterations`` optimiser steps of ``trainer`` on the training views (collective over ``layout.comm``); the
     held-out views evaluated first (:func:`initial_figures`; ``importing``: whether this rank still imports the
     metrics) and every ``train.eval_every`` iterations, training stopped once the quality target is met or once the
-    current phase of ``clock`` (the training's) has lasted ``train.time_budget_s`` (:func:`out_of_time`; both the
-    same on every rank). ``gaussians``: the initial model's; ``show``: progress on this rank; ``clock`` times the
+    current phase of ``clock`` (the training's) has lasted ``budget`` seconds (default ``train.time_budget_s``;
+    given the same on every rank: :func:`out_of_time`). ``gaussians``: the initial model's; ``show``: progress on this rank; ``clock`` times the
     evaluations (its ``evaluation`` spans).
 
     Training that diverges raises :class:`insitu.errors.TrainingDiverged` on every rank (:func:`check_training`):
     found where the loop waits for the device anyway (a progress update, an evaluation) and, at the latest,
     once the iterations are done, so that no NaN model is evaluated, written or warm-started from."""
     tc = cfg.train
+    budget = tc.time_budget_s if budget is None else budget
     initial = initial_figures(trainer, scene, layout, cfg, clock, step=step, show=show, importing=importing)
     draws = iter(ViewSampler(scene, replace(tc, batch=trainer.images_per_step)))
     show_every = max(10, iterations // 100)     # each update waits for the device and reduces over ranks
@@ -86,7 +88,7 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
                 if target_reached(q, tc):
                     reached, stopped_by = it + 1, "target"
                     break
-            if out_of_time(it + 1, iterations, tc.time_budget_s, clock, layout.comm):
+            if out_of_time(it + 1, iterations, budget, clock, layout.comm):
                 stopped_by = "time budget"
                 break
         check_training(trainer, layout, iterations)

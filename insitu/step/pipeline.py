@@ -32,7 +32,7 @@ from insitu.input.decomposition import Decomposition
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
-from insitu.step.driver import follow_iterations
+from insitu.step.driver import follow_iterations, training_budget
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
                                     ply_metrics, preload_evaluation)
 from insitu.step.layouts import Layout, choose_layout
@@ -166,8 +166,11 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
+    budget = training_budget(cfg, warm.metrics if warm is not None else None, clock.total())
+    if budget is not None and comm.size > 1:
+        budget = comm.mpi.allreduce(budget, op=MPI.MIN)     # every rank stops at the same iteration
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
-                importing=using.importing_metrics)
+                importing=using.importing_metrics, budget=budget)
     clock.lap("train")
     q, images = evaluate_trainer(trainer, scene, layout, cfg, colors=trainer.colors_trained,
                                  keep_images=cfg.output.images)
