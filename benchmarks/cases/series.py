@@ -9,6 +9,10 @@ step) and the bytes of its model; ``extra`` holds the step's other figures (Gaus
 where a quality target was reached, evaluation and write seconds, and any column the step's metrics.csv
 adds: a time budget's verdict, say).
 
+``--steps`` replays only some of the written steps (the first of them cold); each ``--variant NAME=KEY=VALUE,...``
+replays the same file once more with those overrides (rows SERIES_NAME), e.g. ``--variant
+budget8=series.step_seconds=8``.
+
 Every ``--cold-every``-th step (the 5th, 10th, ...) is also trained cold: the same file replayed once more
 with ``--steps N1 N2 ... --set series.warm_start=false`` (one process; rows named SERIES_cold), and the warm
 step's row gains ``extra.cold_psnr_foreground``, ``extra.cold_gaussians``, ``extra.below_cold_db`` (cold
@@ -107,6 +111,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a configuration override of every replay and stream (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the BP files, in the run's folder")
+    parser.add_argument("--steps", nargs="+", type=int, metavar="N",
+                        help="replay only these written steps (default: all; the first trains cold)")
+    parser.add_argument("--variant", action="append", default=[], type=variant, metavar="NAME=KEY=VALUE,...",
+                        help="replay the written series once more with these overrides, rows SERIES_NAME "
+                             "(repeatable), e.g. budget8=series.step_seconds=8")
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """``NAME=KEY=VALUE,KEY=VALUE`` -> (name, the replay's ``--set`` arguments)."""
+    name, _, rest = text.partition("=")
+    pairs = [p for p in rest.split(",") if p]
+    if not name.isidentifier() or not pairs or not all("=" in p and "." in p.split("=")[0] for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected NAME=SECTION.KEY=VALUE,..., got {text!r}")
+    return name, [a for p in pairs for a in ("--set", p)]
 
 
 def sims_env() -> dict:
@@ -243,7 +261,10 @@ def run(args) -> list[dict]:
             if failed is not None:
                 rows.append(failed)
                 continue
-            warm = replay(args, name, series, bp, work)
+            only = ("--steps", *map(str, args.steps)) if args.steps else ()
+            warm = replay(args, name, series, bp, work, *only)
+            for label, sets in args.variant:
+                rows += replay(args, f"{name}_{label}", series, bp, work, *only, *sets)
             trained = [r["step"] for r in warm if "error" not in r and "step" in r]
             cold_steps = trained[args.cold_every - 1::args.cold_every] if args.cold_every else []
             cold = replay(args, f"{name}_cold", series, bp, work, "--steps", *map(str, cold_steps),
