@@ -600,6 +600,23 @@ def test_a_warm_steps_seconds_budget_leaves_what_the_previous_step_took_after_tr
         assert (m["iterations"], m["stopped_by"]) == (stop, "time budget")
 
 
+def test_a_written_step_keeps_its_writing_seconds_for_the_next_steps_budget(comm, tmp_path):
+    """run_step with a writer: the result's metrics hold the seconds its files took (model.ply, the rest), which
+    the next warm step's series.step_seconds leaves to writing."""
+    from insitu.output.export import StepWriter
+    from insitu.step.driver import training_budget
+    from insitu.step.pipeline import run_step
+
+    cfg = tiny_config()
+    cfg.series.step_seconds = 100.0
+    result = run_step(whole_block(sphere_field()), cfg, comm, writer=StepWriter(tmp_path, output=cfg.output))
+    m = result.metrics
+    assert m["export_seconds"] > 0 and m["model_write_seconds"] > 0
+    after = m["total_seconds"] - m["seeds_seconds"] - m["ground_truth_seconds"] - m["train_seconds"]
+    assert training_budget(cfg, m, 1.0) == pytest.approx(100.0 - 1.0 - after - m["export_seconds"]
+                                                         - m["model_write_seconds"])
+
+
 def test_a_quality_target_met_stops_a_step_and_says_so(comm):
     cfg = tiny_config(iterations=60, psnr_target=1.0, eval_every=5)
     m = compute_step(whole_block(sphere_field()), cfg, comm).metrics

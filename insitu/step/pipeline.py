@@ -219,8 +219,10 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:
+            t_export = _time.perf_counter()
             writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
                          frame=result.frame)
+            result.metrics["export_seconds"] = round(_time.perf_counter() - t_export, 3)   # the next step's budget
     result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
 
 
