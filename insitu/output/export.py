@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -408,11 +408,11 @@ class StepWriter:
         d = self._folder(step)
         metrics = dict(metrics)
         try:
-            self._write_models(step, d, gaussians, metrics, config, frame)
             if views:
                 (d / "views").mkdir(exist_ok=True)
-            for name, gt, pred in views:
-                write_png(d / "views" / f"{name}.png", side_by_side(gt, pred))
+            images = [partial(write_png, d / "views" / f"{name}.png", side_by_side(gt, pred))
+                      for name, gt, pred in views]
+            self._write_models(step, d, gaussians, metrics, config, frame, also=images)
             if cameras is not None:
                 write_json(d / "cameras.json", cameras_json(cameras, frame))
             if config is not None:
@@ -441,10 +441,13 @@ class StepWriter:
         return final
 
     def _write_models(self, step: int, d: Path, gaussians: Gaussians | None, metrics: dict, config: Any,
-                      frame: Frame | None) -> None:
-        """The model files of :meth:`write` into the step's folder ``d``; their sizes into ``metrics``."""
+                      frame: Frame | None, *, also: Sequence[Callable[[], Any]] = ()) -> None:
+        """The model files of :meth:`write` into the step's folder ``d``, and the jobs ``also`` (its images)
+        beside them; their sizes into ``metrics``."""
         out = self.output
+        jobs = list(also)                       # encoded side by side: numpy, torch, zlib and Pillow leave the GIL
         if not self.writes_models(step):
+            run_side_by_side(jobs)
             return
         lit = metrics.get("color_model") == "lit"
         standard = self._standard.pop(int(step), None)
@@ -454,17 +457,13 @@ class StepWriter:
                 write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
             if out.spz:
                 standard = drop_bands(gaussians, out.sh_degree)
-        jobs = []                               # encoded side by side: numpy, torch and zlib leave the GIL
         if standard is not None:
             jobs.append(partial(write_spz, d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
                                 version=STANDARD_SPZ_VERSION))
         if gaussians is not None and lit and out.lit:
             jobs.append(partial(write_spz, d / "model.lit.spz", gaussians,
                                 antialiased=bool(metrics.get("antialiased", False))))
-        if jobs:
-            with ThreadPoolExecutor(len(jobs), thread_name_prefix="insitu-spz") as pool:
-                for done in [pool.submit(job) for job in jobs]:
-                    done.result()
+        run_side_by_side(jobs)
         for key, name in (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"),
                           ("lit_model_bytes", "model.lit.spz")):
             if (d / name).is_file():
@@ -493,6 +492,19 @@ class StepWriter:
                 self.rows[int(step)] = {"step": int(step), **row}
             write_csv(self.csv_path, list(self.rows.values()))
             write_report(self.out_root, steps=self.trained)
+
+
+def run_side_by_side(jobs: Sequence[Callable[[], Any]]) -> None:
+    """Run ``jobs`` in threads, as many at once as there are jobs and cores; the first failure is raised once all
+    have ended (no file of the step is left half written behind the caller's back)."""
+    if len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1), thread_name_prefix="insitu-write") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    for done in futures:
+        done.result()
 
 
 def _drawn_antialiased(config: Any, metrics: Mapping[str, Any]) -> bool:
