@@ -57,8 +57,8 @@ def train(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, clock: Ph
     held-out views evaluated first (:func:`initial_figures`; ``importing``: whether this rank still imports the
     metrics) and every ``train.eval_every`` iterations, training stopped once the quality target is met or once the
     current phase of ``clock`` (the training's) has lasted ``budget`` seconds (default ``train.time_budget_s``;
-    given the same on every rank: :func:`out_of_time`). ``gaussians``: the initial model's; ``show``: progress on this rank; ``clock`` times the
-    evaluations (its ``evaluation`` spans).
+    given the same on every rank: :func:`out_of_time`). ``gaussians``: the initial model's; ``show``: progress on
+    this rank; ``clock`` times the evaluations (its ``evaluation`` spans).
 
     Training that diverges raises :class:`insitu.errors.TrainingDiverged` on every rank (:func:`check_training`):
     found where the loop waits for the device anyway (a progress update, an evaluation) and, at the latest,
