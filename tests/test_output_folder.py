@@ -205,7 +205,8 @@ def test_a_full_disk_is_one_line_naming_enospc_and_the_file_and_leaves_no_half_s
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("insitu: error: ")]
     assert len(errors) == 1, r.stderr
     assert "No space left on device (ENOSPC)" in errors[0], errors[0]
-    assert re.search(r"/(model\.(ply|spz|lit\.spz)|views/\w+\.png)'", errors[0]), errors[0]   # the file that did not fit
+    fitted = re.search(r"/(model\.(ply|spz|lit\.spz)|views/\w+\.png)'", errors[0])     # the file that did not fit
+    assert fitted, errors[0]
     listed = r.stdout.split("rc=1", 1)[1].split()
     assert not [name for name in listed if name.startswith(("step_", ".step_"))], listed   # no half step
 

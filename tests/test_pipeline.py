@@ -153,8 +153,8 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
     64^2): output.ply_refine (half the 100 iterations here) trains model.ply's SH model (the fit of the headlight,
     output.ply_light headlight) drawn with the standard 0.3, which a standard viewer then shows closer to the
     ground truth than the SH fit alone (by about 2.5 dB on the surface); unmerged (output.ply_merge 0), the same
-    Gaussians at the same places (no densification, positions held), the trained model itself unchanged. With neither model.ply, model.spz nor
-    their figures, nothing is refit; model.spz alone is."""
+    Gaussians at the same places (no densification, positions held), the trained model itself unchanged. With
+    neither model.ply, model.spz nor their figures, nothing is refit; model.spz alone is."""
     from insitu.training.appearance import refits_ply
 
     figures, models = {}, {}
