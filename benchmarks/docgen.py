@@ -18,7 +18,7 @@ ORDER = ("fidelity", "demo", "series", "coldstart", "fidab", "speed", "scale")
 HEADERS = {
     "name": "", "step": "step", "ranks": "ranks", "psnr_foreground": "surface (dB)", "psnr": "full image (dB)",
     "ssim_foreground": "surface SSIM", "psnr_foreground_near2": "2× closer", "psnr_foreground_near3": "3× closer",
-    "psnr_foreground_off": "off the orbit", "ply_psnr_foreground": "`model.ply`", "gaussians": "Gaussians",
+    "psnr_foreground_off": "off the orbit", "ply_psnr_foreground": "`model.ply`", "spz_psnr_foreground": "`model.spz`", "gaussians": "Gaussians",
     "iterations": "iterations", "seconds": "total (s)", "seeds_seconds": "seeds (s)",
     "ground_truth_seconds": "ground truth (s)", "train_seconds": "training (s)",
     "ply_fit_seconds": "`model.ply` fit (s)",

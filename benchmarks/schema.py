@@ -36,6 +36,8 @@ CASE = {
     "psnr_foreground_near3": (NUMBER, "surface PSNR (dB) of held-out views 3x closer"),
     "psnr_foreground_off": (NUMBER, "surface PSNR (dB) of held-out views off the orbit's lattice"),
     "ply_psnr_foreground": (NUMBER, "surface PSNR (dB) of model.ply (the SH fit) on the orbit's held-out views"),
+    "spz_psnr_foreground": (NUMBER, "surface PSNR (dB) of model.spz drawn antialiased, where it holds the trained "
+                                    "Gaussians, on the orbit's held-out views"),
     "gaussians": (int, "Gaussians of the trained model"),
     "iterations": (int, "optimiser steps trained"),
     "seconds": (NUMBER, "wall seconds of what the row measured (an `insitu run`: its total_seconds)"),

@@ -255,8 +255,11 @@ class OutputConfig:
                               "PNGs; 0: none")
     ply: bool = documented(True, "write each step's model.ply: the model as standard 3DGS viewers draw it (SH "
                            "colours; also red green blue, the band-0 colour, for VTK tools: ParaView, pyvista, F3D)")
-    spz: bool = documented(True, "write each step's model.spz: model.ply's model compressed (Niantic's SPZ, in "
-                           "its own frame: x right, y up, z back), about 15 times smaller; gathered on rank 0")
+    spz: bool = documented(True, "write each step's model.spz (Niantic's SPZ, in its own frame: x right, y up, "
+                           "z back; gathered on rank 0): a model trained antialiased (train.antialiased) as "
+                           "trained, in model.ply's colours, its header saying 'draw antialiased' (as Spark draws "
+                           "by default: the viewers' 0.3 px^2 blur, each splat's opacity scaled to keep its "
+                           "integral); else model.ply's model")
     lit: bool = documented(True, "write each step's model.lit.spz (train.color_model lit): the model as trained, "
                            "its base colours and its normals (each rotation's local z axis) in the step's frame, "
                            "which the report's viewer shades with the headlight; not a standard 3DGS model")
@@ -286,14 +289,15 @@ class OutputConfig:
                                     "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
                                     "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "
                                     "alone")
-    ply_merge: float = constrained(2.0, NON_NEGATIVE, doc="model.ply's and model.spz's model merged, before its "
-                                   "refit, into one Gaussian per cube this many pixels wide at the orbit's distance "
-                                   "(and per side of the surface): standard viewers draw every Gaussian at least "
-                                   "0.3 px^2 wide, too wide and too opaque where a trained model holds many to a "
-                                   "pixel; fewer, wider ones draw nearer the trained model, in smaller files; 0: "
-                                   "the trained model's Gaussians")
-    ply_metrics: bool = documented(True, "ply_psnr, ply_ssim and model.lit.spz: the whole model gathered on rank 0 "
-                                   "and drawn there; false for models larger than one GPU or host")
+    ply_merge: float = constrained(2.0, NON_NEGATIVE, doc="model.ply's model (and model.spz's when it is that one) "
+                                   "merged, before its refit, into one Gaussian per cube this many pixels wide at "
+                                   "the orbit's distance (and per side of the surface): standard viewers draw every "
+                                   "Gaussian at least 0.3 px^2 wide, too wide and too opaque where a trained model "
+                                   "holds many to a pixel; fewer, wider ones draw nearer the trained model, in "
+                                   "smaller files; 0: the trained model's Gaussians")
+    ply_metrics: bool = documented(True, "ply_psnr, ply_ssim (model.ply), spz_psnr, spz_ssim (model.spz, where it "
+                                   "holds the trained Gaussians) and model.lit.spz: the whole model gathered on rank "
+                                   "0 and drawn there; false for models larger than one GPU or host")
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "
                                 "holds results: refuse it; resume, keep its complete steps and train the others "
                                 "(--resume); overwrite, delete them first (--overwrite)")

@@ -88,7 +88,7 @@ def test_run_step_writes_every_output(comm, tmp_path):
     assert "step_000003" in report and "view_000.png" in report
     cams = json.loads((d / "cameras.json").read_text())           # the step's cameras, for the viewer
     assert len(cams["views"]) == cfg.views.count and cams["width"] == cfg.views.resolution
-    assert len(read_spz(d / "model.spz")) == len(model)
+    assert len(read_spz(d / "model.spz")) == m["gaussians"]      # the trained Gaussians (trained antialiased)
     assert not [p for p in tmp_path.rglob(".*")]                # no temporary files left
     assert math.isfinite(m["psnr"]) and math.isfinite(m["psnr_initial"]) and m["iterations"] == 10
     for key in ("ply_psnr", "ply_ssim", "psnr_foreground", "psnr_white"):
@@ -126,6 +126,34 @@ def test_ply_figures_are_those_of_model_ply_as_the_reference_reader_reads_it(com
         assert model.sh_degree == 0
         assert abs(m["ply_psnr"] - m["psnr"]) < 5.0       # another light: its rims are not dark as the headlight's
 
+
+
+def test_spz_figures_are_those_of_model_spz_read_back_and_drawn_antialiased(comm, tmp_path):
+    """A lit model trained antialiased (the default): model.spz holds the trained Gaussians themselves (as many as
+    metrics' gaussians, not model.ply's merged ones) lit by the fixed light, its header says "drawn antialiased",
+    and read back (``read_spz``: SPZ's bytes) and drawn so with one global sort it gives metrics.json's spz_*
+    figures against the fixed light's ground truth, to SPZ's quantisation (0.05 dB here); drawn as classic viewers
+    draw (the blur added as opaque), it scores well under them."""
+    from insitu.groundtruth.scene import make_scene
+    from insitu.output.webmodel import read_spz, spz_antialiased
+    from insitu.render.lighting import FIXED_LIGHT
+    from insitu.step.evaluation import model_quality
+
+    cfg = tiny_config(color_model="lit", iterations=30, budget=800)
+    block = whole_block(sphere_field())
+    m = run_step(block, cfg, comm, step=1, writer=StepWriter(tmp_path)).metrics
+    path = tmp_path / "step_000001" / "model.spz"
+    model = read_spz(path)
+    assert spz_antialiased(path) and len(model) == m["gaussians"] > m["ply_gaussians"] and model.sh_degree == 0
+    scene = make_scene(block, cfg, comm, light=FIXED_LIGHT)
+    q = model_quality(model, scene, comm, backend="torch", antialiased=True)
+    near = model_quality(model, scene, comm, backend="torch", ids=scene.views.ids("near2").tolist(), antialiased=True)
+    classic = model_quality(model, scene, comm, backend="torch")
+    print(f"model.spz: {m['spz_psnr_foreground']:.2f} dB in metrics, {q.psnr_foreground:.2f} read back, "
+          f"{classic.psnr_foreground:.2f} drawn classic; model.ply {m['ply_psnr_foreground']:.2f}")
+    assert m["spz_psnr_foreground"] == pytest.approx(q.psnr_foreground, abs=0.3)
+    assert m["spz_psnr_foreground_near2"] == pytest.approx(near.psnr_foreground, abs=0.3)
+    assert classic.psnr_foreground < q.psnr_foreground - 1.0
 
 
 def test_model_ply_of_a_lit_model_is_fitted_to_the_side_the_views_saw(comm):
@@ -190,7 +218,8 @@ def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_
     headlight, trained as viewers draw it too, unmerged) does not (about 4.5 dB under; merged, 3.1). Merged per two
     orbit pixels (the default output.ply_merge), it holds about a third of the trained Gaussians (686 of 2000 here)
     and scores within 0.5 dB of the trained Gaussians' refit (output.ply_merge 0) on the orbit and the close-ups
-    (-0.0 / +0.2 / +0.5 here)."""
+    (-0.0 / +0.2 / +0.5 here). model.spz (the trained Gaussians in the fixed light, drawn antialiased as its header
+    says) scores within 1 dB of the lit model on every set of views."""
     figures = {}
     for name, settings in (("fixed", {}), ("unmerged", {"ply_merge": 0.0}),
                            ("headlight", {"ply_light": "headlight", "ply_merge": 0.0})):
@@ -211,6 +240,10 @@ def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_
         assert merged[key] > unmerged[key] - 0.5, (key, merged[key], unmerged[key])
     for role in ("near2", "near3"):
         assert all(m[f"ply_psnr_foreground_{role}"] > 10.0 for m in figures.values()), (role, figures)
+    spz = {key: merged[f"spz_{key}"] - merged[key] for key in ("psnr_foreground", "psnr_foreground_near2",
+                                                               "psnr_foreground_near3")}
+    print("model.spz (the trained Gaussians, drawn antialiased) minus the lit model:", spz)
+    assert all(gap > -1.0 for gap in spz.values()), spz      # the goal: within 1 dB (-0.3 / +0.1 / -0.5 here)
 
 
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm):
@@ -430,7 +463,8 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
 def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_drawn_classic(comm, monkeypatch):
     """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
     metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
-    so an antialiased model refits it even at the viewers' blur; the figures differ from a classic run."""
+    so an antialiased model refits it even at the viewers' blur, and model.spz's (the trained Gaussians) is
+    scored as it says it is drawn (0.3, antialiased); the figures differ from a classic run."""
     import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import rasterize
@@ -454,7 +488,9 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     assert m["antialiased"] is True and m["eps2d"] == 0.3
     trained, refined = calls["training"][:-3], calls["training"][-3:]            # one view per step
     assert len(trained) > 3 and set(trained) == {(0.3, True)} and refined == [(0.3, False)] * 3, calls
-    assert calls["pipeline"] and set(calls["pipeline"]) == {(0.3, False)}, calls  # model_quality: model.ply
+    ply, spz = calls["pipeline"][:3], calls["pipeline"][3:]             # model_quality: orbit, 2x, 3x closer
+    assert set(ply) == {(0.3, False)} and spz == [(0.3, True)] * 3, calls
+    assert "spz_psnr_foreground" in m
     monkeypatch.undo()
     classic_cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=False, color_model="sh", sh_degree=1)
     classic = compute_step(block, classic_cfg, comm).metrics

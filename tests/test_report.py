@@ -376,30 +376,32 @@ def test_metrics_table_has_grouped_human_headings(tmp_path):
 
 
 def test_viewer_draws_model_spz_with_the_blur_it_was_made_for(tmp_path):
-    """The report's viewer draws a step's model.spz with the blur the standard files were made for: a model
-    trained with another blur (eps2d 0.1, antialiased) and refit as standard viewers draw it (output.ply_refine)
-    with theirs (0.3, classic), and its header says so; without the refit (ply_refine 0), or without the step's
+    """The report's viewer draws a step's model.spz with the blur it was made for: a model trained antialiased
+    (eps2d 0.1) is the trained Gaussians themselves, drawn as trained, its header saying antialiased, refit or not;
+    a model trained with another classic blur and refit as standard viewers draw it (output.ply_refine) with
+    theirs (0.3, classic), and its header says so; without the refit (ply_refine 0), or without the step's
     configuration, as trained; a lit model's model.lit.spz always as trained."""
     from insitu.config import Config
     from insitu.output.webmodel import spz_antialiased
 
     views = orbit_views([0, 0, 0], [8, 8, 8], 8, 12)
-    cases = {1: ("sh", 0.125), 2: ("sh", 0.0), 3: ("lit", 0.125), 4: ("sh", None)}
-    for step, (colors, refine) in cases.items():
+    cases = {1: ("sh", 0.125, False), 2: ("sh", 0.0, False), 3: ("lit", 0.125, True), 4: ("sh", None, False),
+             5: ("sh", 0.125, True), 6: ("sh", None, True)}
+    for step, (colors, refine, antialiased) in cases.items():
         out = tmp_path / f"out{step}"
         cfg = None
         if refine is not None:
             cfg = Config()
-            cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased = colors, 0.1, True
+            cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased = colors, 0.1, antialiased
             cfg.output.ply_refine = refine
-        metrics = {"step": step, "psnr": 20.0, "eps2d": 0.1, "antialiased": True, "iterations": 400,
+        metrics = {"step": step, "psnr": 20.0, "eps2d": 0.1, "antialiased": antialiased, "iterations": 400,
                    "color_model": colors}
         StepWriter(out).write(step, random_gaussians(40, 1 if colors == "sh" else 0, seed=step), [], metrics, cfg,
                               cameras=views)
         s = json.loads((out / "report.json").read_text())["steps"][0]
-        refit = colors == "sh" and refine
-        assert (s["eps2d"], s["antialiased"]) == ((0.3, False) if refit else (0.1, True)), (step, s)
+        refit = colors == "sh" and bool(refine) and not antialiased
+        assert (s["eps2d"], s["antialiased"]) == ((0.3, False) if refit else (0.1, antialiased)), (step, s)
         if colors == "sh":
-            assert spz_antialiased(out / f"step_{step:06d}" / "model.spz") is (not refit)
+            assert spz_antialiased(out / f"step_{step:06d}" / "model.spz") is antialiased
         else:
             assert s["model"].endswith("model.lit.spz")

@@ -64,8 +64,8 @@ IGNORED = ("status", "reason", "time", "color_model", "eps2d", "antialiased", "t
            "ssim", "ssim_foreground_near2", "ssim_foreground_near3", "ssim_foreground_off", "psnr_near2",
            "psnr_near3", "psnr_off")
 COLUMNS = ("name", "step", "psnr_foreground", "extra.cold_psnr_foreground", "psnr_foreground_near2",
-           "psnr_foreground_near3", "psnr_foreground_off", "ply_psnr_foreground", "gaussians", "extra.cold_gaussians",
-           "iterations", "seeds_seconds", "train_seconds", "seconds", "model_bytes")
+           "psnr_foreground_near3", "psnr_foreground_off", "ply_psnr_foreground", "spz_psnr_foreground", "gaussians",
+           "extra.cold_gaussians", "iterations", "seeds_seconds", "train_seconds", "seconds", "model_bytes")
 
 
 @dataclass(frozen=True)

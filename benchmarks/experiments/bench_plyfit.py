@@ -69,7 +69,7 @@ def main() -> None:
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         t = time.perf_counter()
-        ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
+        ply, _, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
         if comm.device.type == "cuda":
             torch.cuda.synchronize(comm.device)
         seconds = time.perf_counter() - t

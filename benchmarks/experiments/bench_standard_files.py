@@ -7,9 +7,13 @@ variant and from the same trained model, makes the standard files' model as a st
 again in the fixed light, the colours baked in it and refit as standard viewers draw them; with ``headlight``, the SH
 fit of the headlight refit against the step's ground truth) and scores it as ``metrics.json``'s ``ply_*`` figures
 (:func:`insitu.step.evaluation.model_figures`: one global sort, ``STANDARD_EPS2D``, not antialiased) against the
-ground truth it was made for. ``gap_*`` is the variant's surface PSNR minus the lit model's, per set of views.
+ground truth it was made for. ``gap_*`` is the variant's surface PSNR minus the lit model's, per set of views;
+``spz_*`` and ``spz_gap_*`` the same of model.spz where it holds the trained Gaussians (a model trained
+antialiased), drawn antialiased as its header says (``STANDARD_EPS2D``, each splat's opacity scaled: Spark's default).
 ``relit`` is the trained model shaded with the fixed light, one colour per Gaussian, drawn as trained (its blur,
-antialiased), against the fixed light's ground truth: what the representation holds before any refit.
+antialiased), against the fixed light's ground truth: what the representation holds before any refit;
+``relit_classic_gap`` the same drawn as classic viewers draw (0.3 px² added, no scaling): model.spz in a viewer that
+ignores its flag.
 ``blur_bound`` is that ground truth blurred by the viewers' 0.3 px² against itself: about the best a standard
 viewer, which adds that blur to every Gaussian, can show of a perfect model.
 
@@ -109,6 +113,12 @@ def main() -> None:
         baked, fixed, c, colors=ColorModel("sh", 0), backend=cfg.run.backend,
         ids=fixed.views.ids(role).tolist(), **training_blur(cfg)))[0] for role in ROLES if len(fixed.views.ids(role))})
 
+    def drawn(antialiased: bool) -> dict:       # the same, drawn with a standard viewer's blur (0.3 px^2)
+        return figures({role: layout.evaluate(lambda c: evaluation.evaluate(
+            baked, fixed, c, colors=ColorModel("sh", 0), backend=cfg.run.backend, ids=fixed.views.ids(role).tolist(),
+            eps2d=STANDARD_EPS2D, antialiased=antialiased))[0] for role in ROLES if len(fixed.views.ids(role))})
+
+    relit_classic = drawn(False)                # model.spz in a viewer that ignores its flag
     blurred = figures({role: blur_bound(fixed, fixed.views.ids(role)) for role in ROLES if len(fixed.views.ids(role))})
 
     rows = {}
@@ -116,12 +126,16 @@ def main() -> None:
         vcfg = load_config(None, {**overrides, **pairs})
         synchronize(comm.device)
         t = time.perf_counter()
-        ply, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
+        ply, spz, ply_scene = plyfit.model_ply(trained, gaussians, trainer, scene, layout, vcfg)
         synchronize(comm.device)
         seconds = time.perf_counter() - t
         _, qm = evaluation.model_figures(gaussians, ply, ply_scene, layout, vcfg)
         if i > 0:
             row = figures(qm)
+            if spz is not ply:                  # model.spz: the trained Gaussians, drawn antialiased
+                qs = figures(evaluation.standard_figures(spz, ply_scene, layout, vcfg, antialiased=True))
+                row.update({f"spz_{k}": v for k, v in qs.items()})
+                row.update({f"spz_gap_{k}": round(v - lit[k], 3) for k, v in qs.items() if k in lit})
             rows[name] = {"settings": pairs, "ply_fit_seconds": round(seconds, 3), "sh_degree": ply.sh_degree,
                           "gaussians": comm.mpi.allreduce(len(ply)),
                           **row, **{f"gap_{k}": round(v - lit[k], 3) for k, v in row.items() if k in lit}}
@@ -131,6 +145,7 @@ def main() -> None:
            "views": len(scene.views), "gaussians": len(trained), "iterations": trainer.iteration,
            "train_seconds": round(clock.seconds["train"], 3), "lit": lit, "relit": relit,
            "relit_gap": {k: round(v - lit[k], 3) for k, v in relit.items() if k in lit}, "blur_bound": blurred,
+           "relit_classic_gap": {k: round(v - lit[k], 3) for k, v in relit_classic.items() if k in lit},
            "variants": rows}
     print(json.dumps(out), flush=True)
     shutdown(comm)

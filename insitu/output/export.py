@@ -50,7 +50,7 @@ from insitu.output.ply import write_ply
 from insitu.output.report import cameras_json, write_report
 from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
 from insitu.surface.gaussians import Gaussians, drop_bands, gather_gaussians
-from insitu.training.appearance import standard_blur
+from insitu.training.appearance import spz_blur
 from insitu.volume import Frame
 
 __all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir", "step_name", "write_report"]
@@ -276,7 +276,7 @@ class StepWriter:
                  provenance: Mapping[str, Any] | None = None) -> None:
         self.out_root = Path(out_root)
         self.output = output if output is not None else OutputConfig()
-        self._standard: dict[int, Gaussians] = {}      # step -> the merged model for model.spz (write_model's)
+        self._standard: dict[int, tuple[Gaussians, bool]] = {}  # step -> model.spz's, antialiased (write_model's)
         self.provenance = plain(dict(provenance)) if provenance is not None else None
         self._lock = threading.Lock()           # rows come from a training thread and the caller's
         self.rows: dict[int, dict[str, Any]] = {}
@@ -319,26 +319,29 @@ class StepWriter:
         return int(step) % self.output.every == 0
 
     def write_model(self, step: int, gaussians: Gaussians, comm: Any = None, *,
-                    frame: Frame | None = None) -> Path | None:
+                    frame: Frame | None = None, spz: Gaussians | None = None) -> Path | None:
         """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it:
         ``model.ply`` in world units into its folder in the making (``output.ply``; returns its path, else
         None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0 in ``frame``, which
-        :meth:`write` writes (SPZ's fixed-point positions and byte scales cannot hold a grid in metres). Nothing when the step writes no model files (:meth:`writes_models`). Collective when ``comm``
-        spans several ranks; :meth:`write` on rank 0 completes the step.
+        :meth:`write` writes (SPZ's fixed-point positions and byte scales cannot hold a grid in metres). Nothing
+        when the step writes no model files (:meth:`writes_models`). Collective when ``comm`` spans several ranks;
+        :meth:`write` on rank 0 completes the step.
 
         gaussians: this rank's shard (any device); the file holds every rank's shard in rank
                    order (:func:`write_ply` with ``comm``).
         comm:      an :class:`insitu.parallel.comm.Comm`, or None for one process.
         frame:     the coordinates ``gaussians`` are in (:class:`insitu.volume.Frame`; default world units).
+        spz:       this rank's shard of model.spz's model where it is not model.ply's: the trained Gaussians,
+                   drawn antialiased (the header's flag; :func:`insitu.training.appearance.spz_trained`).
         """
         out = self.output
         if not self.writes_models(step) or not (out.ply or out.spz):
             return None
         several = comm is not None and comm.size > 1
         if out.spz:
-            merged = gather_gaussians(gaussians.to("cpu"), comm.mpi if several else None)
+            merged = gather_gaussians((gaussians if spz is None else spz).to("cpu"), comm.mpi if several else None)
             if merged is not None:
-                self._standard[int(step)] = drop_bands(merged, out.sh_degree)
+                self._standard[int(step)] = (drop_bands(merged, out.sh_degree), spz is not None)
         if not out.ply:
             return None
         if several:
@@ -395,8 +398,8 @@ class StepWriter:
                    not survive spz's fixed-point positions and byte scales, nor the viewer's float16), and
                    cameras.json records it (``frame``: world = origin + scale * x).
 
-        model.spz's header says the model is drawn antialiased when it is the model trained so (not refit as
-        standard viewers draw it). ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
+        model.spz's header says the model is drawn antialiased when it is the model trained so (the trained
+        Gaussians that :meth:`write_model` was given, or a model not refit as standard viewers draw it). ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
         written), ``bytes_written`` (every file of the step folder but metrics.json) and ``export_seconds``
         (writing the models, images and cameras) join the metrics.
         """
@@ -450,15 +453,17 @@ class StepWriter:
             run_side_by_side(jobs)
             return
         lit = metrics.get("color_model") == "lit"
-        standard = self._standard.pop(int(step), None)
+        standard, antialiased = self._standard.pop(int(step), (None, False))
+        if standard is not None and not antialiased:
+            antialiased = _drawn_antialiased(config, metrics)
         if gaussians is not None and not lit and not (d / "model.ply").exists() and standard is None:
             world = frame.gaussians_to_world(gaussians) if frame else gaussians    # no write_model: this model
             if out.ply:
                 write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
             if out.spz:
-                standard = drop_bands(gaussians, out.sh_degree)
+                standard, antialiased = drop_bands(gaussians, out.sh_degree), _drawn_antialiased(config, metrics)
         if standard is not None:
-            jobs.append(partial(write_spz, d / "model.spz", standard, antialiased=_drawn_antialiased(config, metrics),
+            jobs.append(partial(write_spz, d / "model.spz", standard, antialiased=antialiased,
                                 version=STANDARD_SPZ_VERSION))
         if gaussians is not None and lit and out.lit:
             jobs.append(partial(write_spz, d / "model.lit.spz", gaussians,
@@ -509,9 +514,9 @@ def run_side_by_side(jobs: Sequence[Callable[[], Any]]) -> None:
 
 def _drawn_antialiased(config: Any, metrics: Mapping[str, Any]) -> bool:
     """Whether the standard model (model.ply's, model.spz's) is drawn with the antialiased blur
-    (:func:`insitu.training.appearance.standard_blur`); without the configuration, the metrics' ``antialiased``
+    (:func:`insitu.training.appearance.spz_blur`); without the configuration, the metrics' ``antialiased``
     (the model as trained)."""
     trained = bool(metrics.get("antialiased", False))
     if not isinstance(config, Config):
         return trained
-    return standard_blur(config, float(metrics.get("eps2d") or 0.0), trained, int(metrics.get("iterations") or 0))[1]
+    return spz_blur(config, float(metrics.get("eps2d") or 0.0), trained, int(metrics.get("iterations") or 0))[1]

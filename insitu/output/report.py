@@ -57,7 +57,7 @@ from insitu.output.files import atomic_write, plain, read_csv, write_json
 from insitu.output.folder import STEP_DIR
 from insitu.render.lighting import HEADLIGHT
 from insitu.render.rendering import STANDARD_EPS2D
-from insitu.training.appearance import standard_blur
+from insitu.training.appearance import spz_blur
 
 VIEWER_SOURCE = Path(__file__).resolve().parent / "viewer"
 VIEWER_DIR = "viewer"                 # the assets' folder inside OUT
@@ -79,8 +79,11 @@ FILE_NOTES = {
                  "as they draw it; a lit model's is lit by a fixed key and fill light, so that it looks the same "
                  "in every viewer and from every side (its figures, model.ply in the table, are against a ground "
                  "truth lit so)",
-    "model.spz": "model.ply's model in the compressed SPZ format, which web splat viewers read: in SPZ's axes "
-                 "(x right, y up, z back) and the step's frame (cameras.json's frame gives world units)",
+    "model.spz": "the model for web splat viewers (the compressed SPZ format): a model trained antialiased "
+                 "(the default) as trained, lit as model.ply, its header saying 'draw antialiased' as Spark "
+                 "does by default (in viewers that draw every Gaussian as opaque, model.ply looks better); else "
+                 "model.ply's model; in SPZ's axes (x right, y up, z back) and the step's frame (cameras.json's "
+                 "frame gives world units)",
     "model.lit.spz": "the lit model as trained (a base colour and a normal per Gaussian, in the step's frame): "
                      "not plain 3DGS, for viewers that relight it with the headlight, as this page does: the "
                      "closest to the ground truth",
@@ -97,16 +100,17 @@ TABLE_COLUMNS = (
     ("Step", (("time", "simulation time", ""), ("status", "status", ""), ("reason", "reason", ""))),
     ("Surface PSNR (dB)", (("psnr_foreground", "orbit", "dB"), ("psnr_foreground_near2", "close-ups 2x", "dB"),
                            ("psnr_foreground_near3", "close-ups 3x", "dB"), ("psnr_foreground_off", "off the orbit", "dB"),
-                           ("ply_psnr_foreground", "model.ply", "dB"),
+                           ("ply_psnr_foreground", "model.ply", "dB"), ("spz_psnr_foreground", "model.spz", "dB"),
                            ("psnr_foreground_initial", "before training", "dB"))),
     ("Surface SSIM", (("ssim_foreground", "orbit", "ratio"), ("ssim_foreground_near2", "close-ups 2x", "ratio"),
                       ("ssim_foreground_near3", "close-ups 3x", "ratio"), ("ssim_foreground_off", "off the orbit", "ratio"),
-                      ("ply_ssim_foreground", "model.ply", "ratio"))),
+                      ("ply_ssim_foreground", "model.ply", "ratio"), ("spz_ssim_foreground", "model.spz", "ratio"))),
     ("Whole image PSNR (dB)", (("psnr", "orbit", "dB"), ("psnr_near2", "close-ups 2x", "dB"),
                                ("psnr_near3", "close-ups 3x", "dB"), ("psnr_off", "off the orbit", "dB"),
-                               ("ply_psnr", "model.ply", "dB"), ("psnr_initial", "before training", "dB"),
+                               ("ply_psnr", "model.ply", "dB"), ("spz_psnr", "model.spz", "dB"), ("psnr_initial", "before training", "dB"),
                                ("psnr_white", "white background", "dB"))),
-    ("Whole image", (("ssim", "SSIM", "ratio"), ("ply_ssim", "model.ply SSIM", "ratio"), ("lpips", "LPIPS", "ratio"))),
+    ("Whole image", (("ssim", "SSIM", "ratio"), ("ply_ssim", "model.ply SSIM", "ratio"),
+                     ("spz_ssim", "model.spz SSIM", "ratio"), ("lpips", "LPIPS", "ratio"))),
     ("Gaussians", (("gaussians_initial", "initial", ""), ("gaussians", "trained", ""),
                    ("ply_gaussians", "model.ply", ""))),
     ("Training", (("iterations", "iterations", ""), ("stopped_by", "stopped by", ""),
@@ -257,7 +261,7 @@ def _number(value) -> float | None:
 # every figure is in the table (metrics.csv)
 SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "ssim_foreground_near2",
                    "psnr_foreground_near3", "ssim_foreground_near3", "psnr_foreground_off", "ssim_foreground_off",
-                   "ply_psnr_foreground", "ply_ssim_foreground")
+                   "ply_psnr_foreground", "ply_ssim_foreground", "spz_psnr_foreground", "spz_ssim_foreground")
 BYTES_WRITTEN = "bytes_written"         # the bytes a step wrote, where metrics.json records them (plotted if so)
 HISTORY_FIGURES = ("psnr", "ssim", "psnr_foreground", "ssim_foreground")
 
@@ -299,14 +303,14 @@ def stage_seconds(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 def viewer_blur(config: dict, metrics: Mapping[str, Any], *, lit: bool) -> dict[str, Any]:
     """The blur the report's viewer draws a step's model with: ``eps2d`` (px^2) and ``antialiased``.
     The lit model (``lit``: model.lit.spz) as it was trained (``metrics.json``'s ``eps2d``, ``antialiased``);
-    model.spz as it was made to be drawn (:func:`insitu.training.appearance.standard_blur`, from ``config``, the
-    step's ``config.yaml`` as read: the viewers' blur where it was refit for them), as trained where the
-    configuration is not one."""
+    model.spz as it was made to be drawn (:func:`insitu.training.appearance.spz_blur`, from ``config``, the
+    step's ``config.yaml`` as read: the trained Gaussians as trained, model.ply's model refit for the viewers with
+    their blur), as trained where the configuration is not one."""
     eps2d, antialiased = _number(metrics.get("eps2d", STANDARD_EPS2D)), bool(metrics.get("antialiased", False))
     if config and not lit and isinstance(eps2d, (int, float)):
         with contextlib.suppress(ValueError, TypeError, ConfigError):
             cfg = from_dict(upgraded(config))
-            eps2d, antialiased = standard_blur(cfg, float(eps2d), antialiased, int(metrics.get("iterations") or 0))
+            eps2d, antialiased = spz_blur(cfg, float(eps2d), antialiased, int(metrics.get("iterations") or 0))
     return {"eps2d": eps2d, "antialiased": antialiased}
 
 

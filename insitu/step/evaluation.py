@@ -158,11 +158,12 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
 
 @torch.no_grad()
 def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None,
-                  groups: Grouping = view_groups):
+                  groups: Grouping = view_groups, antialiased: bool = False):
     """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
-    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, the views
-    ``ids`` of the scene (default: the held-out views) on ``scene.background``, in groups of views
-    (``groups``: :func:`view_groups`).
+    rasterization (one global depth sort, on rank 0) at the SH degree the file holds, with the viewers' blur
+    ``STANDARD_EPS2D`` (``antialiased``: each splat's opacity scaled to keep its integral, as Spark and viewers
+    that read SPZ's flag draw; else added as opaque, as the classic viewers of a .ply), the views ``ids`` of the
+    scene (default: the held-out views) on ``scene.background``, in groups of views (``groups``: :func:`view_groups`).
 
     model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.surface.gaussians.gather_gaussians`),
            None on the other ranks. Collective (the ground-truth bands are gathered).
@@ -182,7 +183,7 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, 
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
                                       colors, views.viewmats[chosen], views.Ks[chosen], views.width,
                                       views.height, sh_degree=g.sh_degree, backend=backend,
-                                      eps2d=STANDARD_EPS2D)
+                                      eps2d=STANDARD_EPS2D, antialiased=antialiased)
             acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
 
@@ -212,35 +213,45 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
                   cfg: Config) -> tuple[Gaussians | None, dict[str, Quality] | None]:
     """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
     on the other ranks) and the figures of what ``model.ply`` holds (this rank's shard of it: ``ply``) as
-    a viewer draws it (:func:`model_quality`, on every rank) against ``scene``'s ground truth (the standard
-    files' scene: :func:`insitu.step.plyfit.model_ply`), by held-out set: the orbit's (``test``) and the close-ups'
-    of :data:`PLY_ROLES` that ``scene`` has; else ``(None, None)``. Collective."""
+    a viewer draws it (:func:`standard_figures`) against ``scene``'s ground truth (the standard files' scene:
+    :func:`insitu.step.plyfit.model_ply`); else ``(None, None)``. Collective."""
     if not cfg.output.ply_metrics:
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
-    whole = gather_gaussians(ply.to("cpu"), layout.comm.mpi) if ply is not shard else merged
+    return merged, standard_figures(ply, scene, layout, cfg, whole=merged if ply is shard else None)
+
+
+def standard_figures(model: Gaussians, scene: Scene, layout: Layout, cfg: Config, *, antialiased: bool = False,
+                     whole: Gaussians | None = None) -> dict[str, Quality]:
+    """The figures of a standard file's model (this rank's shard of it: ``model``; ``whole``: the model already
+    gathered on rank 0) as a viewer draws it (:func:`model_quality`, ``antialiased`` or not) against ``scene``'s
+    ground truth, by held-out set: the orbit's (``test``) and the close-ups' of :data:`PLY_ROLES` that ``scene``
+    has. Collective."""
+    if whole is None:
+        whole = gather_gaussians(model.to("cpu"), layout.comm.mpi)
     figures = {}
     for role in PLY_ROLES:
         ids = scene.views.ids(role).tolist()
         if role == "test" or ids:
             figures[role], _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, ids=ids,
-                                                                           backend=cfg.run.backend), []))
-    return merged, figures
+                                                                           backend=cfg.run.backend,
+                                                                           antialiased=antialiased), []))
+    return figures
 
 
-def ply_metrics(figures: dict[str, Quality] | None) -> dict:
-    """metrics.json's figures of the standard files (:func:`model_figures`' ``figures``, None: each figure None):
-    ``ply_psnr_foreground``, ``ply_ssim_foreground``, ``ply_psnr`` and ``ply_ssim`` on the orbit's held-out views,
-    and ``ply_psnr_foreground_ROLE``, ``ply_ssim_foreground_ROLE`` on each set of close-ups."""
+def ply_metrics(figures: dict[str, Quality] | None, prefix: str = "ply") -> dict:
+    """metrics.json's figures of a standard file (:func:`standard_figures`, None: each figure None), ``prefix``
+    ``ply`` (model.ply) or ``spz`` (model.spz): ``ply_psnr_foreground``, ``ply_ssim_foreground``, ``ply_psnr`` and
+    ``ply_ssim`` on the orbit's held-out views, and ``ply_psnr_foreground_ROLE``, ``ply_ssim_foreground_ROLE`` on
+    each set of close-ups."""
     q = figures["test"] if figures else None
-    out = {"ply_psnr_foreground": q and q.psnr_foreground, "ply_ssim_foreground": q and q.ssim_foreground,
-           "ply_psnr": q and q.psnr, "ply_ssim": q and q.ssim}
+    out = {f"{prefix}_psnr_foreground": q and q.psnr_foreground, f"{prefix}_ssim_foreground": q and q.ssim_foreground,
+           f"{prefix}_psnr": q and q.psnr, f"{prefix}_ssim": q and q.ssim}
     for role, qr in (figures or {}).items():
         if role != "test":
-            out[f"ply_psnr_foreground_{role}"] = qr.psnr_foreground
-            out[f"ply_ssim_foreground_{role}"] = qr.ssim_foreground
+            out[f"{prefix}_psnr_foreground_{role}"] = qr.psnr_foreground
+            out[f"{prefix}_ssim_foreground_{role}"] = qr.ssim_foreground
     return out
-
 
 
 def target_reached(q, tc) -> bool:

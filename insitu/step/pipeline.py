@@ -34,7 +34,7 @@ from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.driver import follow_iterations, training_budget
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
-                                    ply_metrics, preload_evaluation)
+                                    ply_metrics, preload_evaluation, standard_figures)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
@@ -59,6 +59,8 @@ class StepResult:
     model:     the merged model on rank 0 (``output.ply_metrics``), else None: for the web copy.
     ply:       this rank's shard of ``model.ply`` (:func:`insitu.step.plyfit.model_ply`: the shard itself for a
                model that viewers draw as trained: SH colours and their blur).
+    spz:       this rank's shard of ``model.spz`` where it is not ``ply``'s model (the trained Gaussians drawn
+               antialiased: :func:`insitu.training.appearance.spz_trained`), else None.
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
@@ -71,7 +73,7 @@ class StepResult:
                (:func:`insitu.surface.follow.surface_offsets`; with ``series.warm_start``, else None): a warm start
                from this result takes a Gaussian for stale only if the new surface lies farther from it than
                that (:func:`insitu.surface.follow.stale`).
-    :func:`write_step` writes the outputs and then drops ``model``, ``ply`` and ``images``.
+    :func:`write_step` writes the outputs and then drops ``model``, ``ply``, ``spz`` and ``images``.
     """
 
     gaussians: Gaussians
@@ -81,6 +83,7 @@ class StepResult:
     time: float = 0.0
     model: Gaussians | None = None
     ply: Gaussians | None = None
+    spz: Gaussians | None = None
     images: list = field(default_factory=list)
     cameras: Views | None = None
     frame: Frame = field(default_factory=Frame)
@@ -178,17 +181,20 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    ply, ply_scene = model_ply(trained, gaussians, trainer, scene, layout, cfg)
+    standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
     clock.lap("ply fit")
-    merged, qm = model_figures(gaussians, ply, ply_scene, layout, cfg)
+    merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
+    spz = standard.spz if standard.spz is not standard.ply else None
+    qs = standard_figures(spz, standard.scene, layout, cfg, antialiased=True) \
+        if spz is not None and cfg.output.ply_metrics else None
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(ply)))
+                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(standard.ply)), qs=qs)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, images=images, cameras=orbit, frame=frame, growth=growth,
-                      offsets=offsets)
+                      model=merged, ply=standard.ply, spz=spz, images=images, cameras=orbit, frame=frame,
+                      growth=growth, offsets=offsets)
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -215,7 +221,7 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`)."""
     t_write = _time.perf_counter()
     shard = result.ply if result.ply is not None else result.gaussians
-    writer.write_model(result.step, shard, comm, frame=result.frame)
+    writer.write_model(result.step, shard, comm, frame=result.frame, spz=result.spz)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     with comm.phase("export"):                  # a failed write (disk full...) ends every rank
         if comm.rank == 0:
@@ -223,7 +229,7 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
             writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
                          frame=result.frame)
             result.metrics["export_seconds"] = round(_time.perf_counter() - t_export, 3)   # the next step's budget
-    result.model, result.ply, result.images = None, None, []    # written: a warm start needs only the shard
+    result.model, result.ply, result.spz, result.images = None, None, None, []   # a warm start needs the shard
 
 
 def check_iso(comm, block: Block, iso: list[float]) -> tuple[float, float]:
@@ -307,9 +313,11 @@ def follow_counts(comm, follow: Follow | None) -> dict:
 
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
                  clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
-                 closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None) -> dict:
+                 closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None,
+                 qs: dict[str, Quality] | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
+    ``qs``: model.spz's where it holds another model (:func:`standard_figures`; None: no ``spz_*`` figures),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
     whole model's Gaussians before and after training, ``ply_total``: the standard files' model's
     (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`).
@@ -320,7 +328,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "psnr_foreground": q.psnr_foreground, "ssim_foreground": q.ssim_foreground,
         **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
            for key in ("psnr_foreground", "ssim_foreground", "psnr")},
-        **ply_metrics(qm),
+        **ply_metrics(qm), **(ply_metrics(qs, "spz") if qs is not None else {}),
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
         "psnr_foreground_initial": log.initial.psnr_foreground,
         "psnr_white": q.psnr_white,

@@ -16,10 +16,15 @@ their SH degree (:func:`insitu.training.appearance.standard_degree`):
 
 That SH model then trains for ``output.ply_refine`` of the step's iterations as a viewer draws it
 (:func:`refine_for_viewers`); the trained model itself is unchanged.
+
+``model.spz`` of a model trained antialiased (:func:`insitu.training.appearance.spz_trained`) holds the trained
+Gaussians themselves in those colours, unmerged and not refit, for the viewers that draw antialiased as its header
+says; else model.ply's model.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -34,37 +39,55 @@ from insitu.step.layouts import Layout
 from insitu.step.loop import check_finite, train_iteration
 from insitu.surface.gaussians import Gaussians, drop_bands
 from insitu.training.appearance import (ColorModel, bake_light, drawn_otherwise, quat_normals, refits_ply,
-                                        standard_degree, standard_light)
+                                        spz_trained, standard_degree, standard_light)
 from insitu.training.sampling import ViewSampler
 from insitu.training.trainer import Trainer, footprint_sides, training_blur
 
 
+class StandardModels(NamedTuple):
+    """This rank's shards of the standard files' models (:func:`model_ply`) and the scene their figures are scored
+    on.
+
+    ply:   [N] model.ply's model.
+    spz:   [M] model.spz's: the trained Gaussians in model.ply's colours, drawn antialiased
+           (:func:`insitu.training.appearance.spz_trained`), else ``ply`` itself.
+    scene: their ground truth (the fixed light's, for a lit model in it).
+    """
+
+    ply: Gaussians
+    spz: Gaussians
+    scene: Scene
+
+
 def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Scene, layout: Layout,
-              cfg: Config) -> tuple[Gaussians, Scene]:
-    """This rank's shard of the standard files' model and the scene its figures are scored on; collective over every
-    rank of ``layout``. For a model that viewers draw as trained (SH colours and their blur:
+              cfg: Config) -> StandardModels:
+    """This rank's shards of the standard files' models and the scene their figures are scored on; collective over
+    every rank of ``layout``. For a model that viewers draw as trained (SH colours and their blur:
     :func:`insitu.training.appearance.drawn_otherwise`): its ``shard`` of the ``trained`` model
     (:meth:`Trainer.gaussians`) and ``scene``. Else an SH model made for them and trained as viewers draw it
     (:func:`refine_for_viewers`): in the fixed light (:func:`insitu.training.appearance.standard_light`), the trained
     colours baked in it (:func:`insitu.training.appearance.bake_light`), the opacities made for the viewers' blur
     (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light
     (:func:`fixed_light_scene`); else :func:`fitted_sh` and ``scene``. Either is first merged per cell of
-    ``output.ply_merge`` orbit pixels (:func:`merge_cells`, :func:`orbit_pixel`)."""
+    ``output.ply_merge`` orbit pixels (:func:`merge_cells`, :func:`orbit_pixel`). model.spz's model: the trained
+    Gaussians in those colours, before the merge (:func:`insitu.training.appearance.spz_trained`), else model.ply's."""
     if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
-        return shard, scene
+        return StandardModels(shard, shard, scene)
     light = standard_light(cfg)
     cell = cfg.output.ply_merge * orbit_pixel(scene.views, cfg.views.count)
     if light is None:
-        fitted = merge_cells(fitted_sh(trained, trainer, scene, layout, cfg), cell)
+        colored = fitted_sh(trained, trainer, scene, layout, cfg)
+        fitted = merge_cells(colored, cell)
     else:
         ids = refit_ids(scene.views, cfg, trainer.images_per_step)
-        baked = merge_cells(bake_light(trained, light, standard_degree(cfg, trained.sh_degree)), cell)
-        fitted = for_standard_blur(baked, scene.views, ids, cfg)
+        colored = bake_light(trained, light, standard_degree(cfg, trained.sh_degree))
+        fitted = for_standard_blur(merge_cells(colored, cell), scene.views, ids, cfg)
         scene = fixed_light_scene(scene, layout, cfg, light, ids)
     fitted = refine_for_viewers(fitted, trainer, scene, layout, cfg)
     check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")
-    return layout.shard(fitted)[0], scene
+    ply = layout.shard(fitted)[0]
+    return StandardModels(ply, layout.shard(colored)[0] if spz_trained(cfg) else ply, scene)
 
 
 def orbit_pixel(views: Views, count: int) -> float:

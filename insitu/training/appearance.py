@@ -264,12 +264,24 @@ def refits_ply(cfg) -> bool:
         and (cfg.output.ply or cfg.output.spz or cfg.output.ply_metrics)
 
 
-def standard_blur(cfg, eps2d: float, antialiased: bool, iterations: int) -> tuple[float, bool]:
-    """``(eps2d, antialiased)``: the blur the standard files' model (``model.ply``, ``model.spz``) of a step of
-    ``cfg`` (an :class:`insitu.config.Config`) is made to be drawn with, for a model trained with ``eps2d``
-    (``antialiased`` or not) for ``iterations``: a model refit as standard viewers draw it (:func:`refits_ply`, and
-    a refit of at least one iteration): theirs, ``STANDARD_EPS2D`` added as they add it; else the model's own."""
-    if refits_ply(cfg) and round(cfg.output.ply_refine * iterations) > 0:
+def spz_trained(cfg) -> bool:
+    """Whether ``model.spz`` of a step of ``cfg`` (an :class:`insitu.config.Config`) holds the trained Gaussians
+    themselves, in the standard files' colours, with its header's flag "drawn antialiased": a model trained with the
+    antialiased blur (``train.antialiased``). Viewers that draw antialiased (Spark by default, its ``blurAmount``
+    0.3: gsplat's antialiased mode at ``STANDARD_EPS2D``; those that read SPZ's flag) draw such Gaussians as
+    training did but for a wider blur, which the opacity scaling keeps faint where a Gaussian is under a pixel;
+    model.ply's model, merged and refit for viewers that draw every Gaussian 0.3 px^2 wider and as opaque, would
+    draw too faint there. Else model.spz holds model.ply's model."""
+    return bool(cfg.train.antialiased)
+
+
+def spz_blur(cfg, eps2d: float, antialiased: bool, iterations: int) -> tuple[float, bool]:
+    """``(eps2d, antialiased)``: the blur ``model.spz``'s model of a step of ``cfg`` (an
+    :class:`insitu.config.Config`) is made to be drawn with, for a model trained with ``eps2d`` (``antialiased`` or
+    not) for ``iterations``: the trained Gaussians (:func:`spz_trained`), or a model not refit, the model's own;
+    model.ply's model refit as standard viewers draw it (:func:`refits_ply`, and a refit of at least one
+    iteration), theirs: ``STANDARD_EPS2D`` added as they add it."""
+    if not spz_trained(cfg) and refits_ply(cfg) and round(cfg.output.ply_refine * iterations) > 0:
         return STANDARD_EPS2D, False
     return eps2d, antialiased
 

@@ -210,7 +210,8 @@
     const views = (prefix) => per(fg ? [["orbit", `${prefix}_foreground`], ["close-ups 2x", `${prefix}_foreground_near2`],
                                         ["close-ups 3x", `${prefix}_foreground_near3`],
                                         ["off the orbit", `${prefix}_foreground_off`],
-                                        ["model.ply", `ply_${prefix}_foreground`]]
+                                        ["model.ply", `ply_${prefix}_foreground`],
+                                        ["model.spz", `spz_${prefix}_foreground`]]
                                      : [["held-out", prefix]]);
     const common = { xlabel: "timestep", xs, integerX: true, ticksAtX: true };
     chart(series, { ...common, name: "series-psnr", title: `${what} PSNR per timestep`, ylabel: "PSNR (dB)",
