@@ -311,10 +311,12 @@ def fitted_sh(gaussians: Gaussians, trainer: Trainer, scene: Scene, layout: Layo
     return model.as_sh(gaussians, degree, sides=sides.to(gaussians.means.device))
 
 
-def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) -> Gaussians:
+def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, *,
+                       antialiased: bool = False) -> Gaussians:
     """Optimiser steps (``output.ply_refine`` times the trainer's iterations) of the SH model ``fitted`` (in the
     trainer's layout) on the training views of ``scene``, drawn as standard 3DGS viewers draw a ``.ply`` (SH colours
-    at their full degree, ``STANDARD_EPS2D``): the model.ply that such a viewer shows closest to the ground truth. No
+    at their full degree, ``STANDARD_EPS2D``; ``antialiased``: as viewers that draw antialiased do): the model.ply
+    that such a viewer shows closest to the ground truth. No
     densification, no opacity reset and the positions held (the Gaussians stay those of the trained model,
     where they are); the other learning rates and the image loss as in training; none when neither the standard
     files nor their figures are made. Collective over every rank of the layout (``layout.comm``: the replicas'
@@ -322,7 +324,7 @@ def refine_for_viewers(fitted: Gaussians, trainer: Trainer, scene: Scene, layout
     steps = round(cfg.output.ply_refine * trainer.iteration)
     if steps == 0 or not refits_ply(cfg):
         return fitted
-    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=False, iterations=steps,
+    tc = replace(cfg.train, color_model="sh", eps2d=STANDARD_EPS2D, antialiased=antialiased, iterations=steps,
                  densify=replace(cfg.train.densify, start=10**9, reset_every=0), lr_means=0.0, lr_means_final=0.0,
                  seed=cfg.train.seed + 1)
     plain = replace(cfg, train=tc)
