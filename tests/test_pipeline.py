@@ -653,6 +653,75 @@ def test_a_written_step_keeps_its_writing_seconds_for_the_next_steps_budget(comm
                                                          - m["model_write_seconds"])
 
 
+def overlapping_series(tmp_path, write, comm, *, steps=(1, 2), on_scene=lambda step: None):
+    """Steps of a sphere series (its centre moves) through a StepDriver whose StepWriter (``overlap``) writes with
+    ``write(writer, step, *args, **kw)`` in place of its own, ``on_scene(step)`` called as each step begins
+    casting its ground truth; returns the steps' results and the writer."""
+    from insitu.groundtruth.scene import make_scene
+    from insitu.step.driver import StepDriver
+
+    class Writer(StepWriter):
+        def write(self, step, *args, **kw):
+            return write(self, step, *args, **kw)
+
+    def scene(*args, **kw):
+        on_scene(current[0])
+        return make_scene(*args, **kw)
+
+    cfg = tiny_config()
+    writer = Writer(tmp_path, output=cfg.output, overlap=True)
+    using = Collaborators(make_scene=scene)
+    driver = StepDriver(cfg, comm, writer, process=lambda *a, **kw: run_step(*a, using=using, **kw))
+    current, results = [0], []
+    for step in steps:
+        current[0] = step
+        block = whole_block(sphere_field(centre=(7.0 + 0.5 * step, 7.5, 7.5)))
+        results.append(driver.train(block, step=step, time=float(step)))
+        driver.trained(results[-1])
+    return results, writer
+
+
+def test_a_series_writes_a_steps_files_while_the_next_step_seeds_and_casts_its_ground_truth(comm, tmp_path):
+    """With the writer's overlap (insitu run, replay, stream), step 1's files are written on the writer's thread
+    and only finish once step 2 has begun casting its ground truth (the write waits for that here: written
+    before step 2 began, as without overlap, it would wait in vain); step 2 waits for them before it trains,
+    records how long (writing_wait_seconds) and gives step 1's writing seconds to its budget (export_seconds);
+    once the writer is waited for, both step folders are complete."""
+    import threading
+
+    begun, log = threading.Event(), []
+
+    def write(writer, step, *args, **kw):
+        if step == 1:
+            log.append((begun.wait(timeout=60), threading.current_thread().name))
+        return StepWriter.write(writer, step, *args, **kw)
+
+    results, writer = overlapping_series(tmp_path, write, comm, on_scene=lambda step: step == 2 and begun.set())
+    writer.wait()
+    assert len(log) == 1 and log[0][0] is True and log[0][1].startswith("insitu-step-writer"), log
+    first, second = results
+    assert first.metrics["export_seconds"] > 0 and second.metrics["writing_wait_seconds"] >= 0
+    for step in (1, 2):
+        d = tmp_path / f"step_{step:06d}"
+        assert (d / "model.ply").is_file() and (d / "model.spz").is_file() and (d / "metrics.json").is_file()
+    assert [r["step"] for r in read_csv(tmp_path / "metrics.csv")] == ["1", "2"]
+
+
+def test_a_step_whose_files_fail_on_the_writers_thread_fails_the_next_step_before_it_trains(comm, tmp_path):
+    """A write that fails on the writer's thread (a full disk) is not lost: the next step raises it (on every
+    rank: comm.phase "export") before it trains, and the last step's failure is raised by the writer's wait."""
+    def write(writer, step, *args, **kw):
+        raise OSError(28, "No space left on device", f"step_{step:06d}/model.spz")
+
+    trained = []
+    with pytest.raises(OSError, match="No space left on device"):
+        overlapping_series(tmp_path, write, comm, on_scene=trained.append)
+    assert trained == [1, 2] and not (tmp_path / "step_000001").exists()
+    _, writer = overlapping_series(tmp_path / "one", write, comm, steps=(1,))
+    with pytest.raises(OSError, match="No space left on device"):
+        writer.wait()
+
+
 def test_a_quality_target_met_stops_a_step_and_says_so(comm):
     cfg = tiny_config(iterations=60, psnr_target=1.0, eval_every=5)
     m = compute_step(whole_block(sphere_field()), cfg, comm).metrics

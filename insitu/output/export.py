@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -267,15 +267,22 @@ class StepWriter:
     provenance: what the steps come from (e.g. ``{"command": "replay", "input": "/abs/m16.bp"}``), written
             into each step's ``metrics.json`` so that a resumed run can compare it with its own.
 
+    overlap: a series' steps hand what rank 0 writes (:meth:`write`) to a thread of the writer's own
+            (:meth:`later`) and go on: the next step seeds and casts its ground truth while they are written, and
+            waits for them (:meth:`wait`) before it trains (:func:`insitu.step.pipeline.run_step`).
+
     ``field_hashes``: step -> a hash of the step's field (given before the step is written), recorded as
     ``field_hash`` in its ``metrics.json`` (not in ``metrics.csv``); :meth:`kept_field_hash` reads a kept
     step's, so that a resumed run can tell whether it was made from the same values.
     """
 
     def __init__(self, out_root: str | Path, *, output: OutputConfig | None = None, done: Collection[int] = (),
-                 provenance: Mapping[str, Any] | None = None) -> None:
+                 provenance: Mapping[str, Any] | None = None, overlap: bool = False) -> None:
         self.out_root = Path(out_root)
         self.output = output if output is not None else OutputConfig()
+        self.overlap = overlap                  # a step's files written on a thread of their own (:meth:`later`)
+        self._writing: Future | None = None
+        self._thread: ThreadPoolExecutor | None = None
         self._standard: dict[int, tuple[Gaussians, bool]] = {}  # step -> model.spz's, antialiased (write_model's)
         self.provenance = plain(dict(provenance)) if provenance is not None else None
         self._lock = threading.Lock()           # rows come from a training thread and the caller's
@@ -357,6 +364,20 @@ class StepWriter:
             if not several or comm.rank == 0:
                 shutil.rmtree(self._pending.pop(int(step)), ignore_errors=True)
             raise
+
+    def later(self, job: Callable[[], Any]) -> None:
+        """Run ``job`` (a step's :meth:`write`) on the writer's own thread and return at once; one job at a time:
+        the one before is waited for first (:meth:`wait`)."""
+        self.wait()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="insitu-step-writer")
+        self._writing = self._thread.submit(job)
+
+    def wait(self) -> Any:
+        """Wait for the job :meth:`later` runs, if any, and raise its error here; returns what it returned (None
+        without a job)."""
+        writing, self._writing = self._writing, None
+        return None if writing is None else writing.result()
 
     def _folder(self, step: int) -> Path:
         """The step's temporary folder (made on first use; :meth:`write` renames it into place)."""

@@ -122,6 +122,7 @@ TABLE_COLUMNS = (
                  ("train_seconds", "training", ""), ("evaluation_seconds", "of which evaluation", ""),
                  ("initial_evaluation_seconds", "of which the first", ""), ("ply_fit_seconds", "model.ply fit", ""),
                  ("model_write_seconds", "writing model.ply", ""), ("export_seconds", "writing the rest", ""),
+                 ("writing_wait_seconds", "waiting for the last step's files", ""),
                  ("total_seconds", "total before writing", ""))),
     ("Files", (("model_bytes", "model.ply", "bytes"), ("web_model_bytes", "model.spz", "bytes"),
                ("lit_model_bytes", "model.lit.spz", "bytes"), ("bytes_written", "written", "bytes"))),

@@ -37,7 +37,9 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
     skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
     kept:    the field hashes the kept steps (``done``) record (None: none recorded); a kept step whose
              field's hash (:func:`field_hash`) differs now is a ConfigError, on every rank.
-    Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it).
+    Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it). With the writer's
+    ``overlap``, a step's files are written while the next step seeds and casts its ground truth; the last
+    step's before this returns.
     """
     from insitu.step.driver import StepDriver  # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
@@ -76,6 +78,9 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
         driver.trained(result)
         trained += 1
         say(comm, summary(result.metrics, out))
+    if writer is not None:
+        with comm.phase("export"):              # the last step's files (written beside the steps after it)
+            writer.wait()
     return trained
 
 
@@ -344,7 +349,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         lock, done = claimed if claimed is not None else (None, None)
         done = comm.mpi.bcast(done, root=0)
         compile_ahead(cfg, comm)                # the GPU kernels compile while the input is read
-        writer = StepWriter(out, output=cfg.output, done=done, provenance=provenance)
+        writer = StepWriter(out, output=cfg.output, done=done, provenance=provenance, overlap=True)
         if comm.rank == 0 and done:
             writer.publish()                    # metrics.csv and the report of the kept steps, rebuilt
         kept = comm.mpi.bcast({s: writer.kept_field_hash(s) for s in done} if comm.rank == 0 else None, root=0)

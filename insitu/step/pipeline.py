@@ -120,7 +120,7 @@ REAL = Collaborators()
 
 def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
                  warm: StepResult | None = None, iterations: int | None = None,
-                 using: Collaborators = REAL) -> StepResult:
+                 using: Collaborators = REAL, settle: Callable[[], float] | None = None) -> StepResult:
     """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``. Writes nothing: the
     outputs travel in the result (:func:`write_step`).
 
@@ -128,6 +128,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
           the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``; a
           warm step's grow by its start's share of new seeds (:func:`insitu.step.driver.follow_iterations`).
     using: what the step calls that a caller may replace (:class:`Collaborators`).
+    settle: called on every rank once the ground truth is cast, before training: waits for the previous step's files
+          (``StepWriter.wait``: :func:`run_step`), which were written meanwhile; its failure ends every rank here.
     The step trains in the block's :class:`insitu.volume.Frame` (its smallest cell side 1, the grid from 0),
     whatever the unit of its origin and spacing; the result stays in that frame (``frame``).
     """
@@ -168,6 +170,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                                   settled=seeding.settled)
     del shard, seeding                              # the trainer holds its own copy
     clock.lap("setup")                              # the layout's set-up counts as ground-truth time
+    if settle is not None:
+        with comm.phase("export"):                  # the previous step's files (a failed write ends every rank)
+            settle()
+    clock.lap("writing")                            # waited for them: what they took beyond this step's start
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
     budget = training_budget(cfg, warm.metrics if warm is not None else None, clock.total())
     if budget is not None and comm.size > 1:
@@ -210,7 +216,14 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
              warm: StepResult | None = None, iterations: int | None = None,
              using: Collaborators = REAL) -> StepResult:
     """:func:`compute_step`, then :func:`write_step` with ``writer`` (when given); collective over ``comm``."""
-    result = compute_step(block, cfg, comm, step=step, time=time, warm=warm, iterations=iterations, using=using)
+    def settle() -> None:                       # the previous step's files: its writing seconds, for the budget
+        seconds = writer.wait()
+        if seconds is not None and warm is not None:
+            warm.metrics["export_seconds"] = seconds
+
+    overlap = writer is not None and getattr(writer, "overlap", False)
+    result = compute_step(block, cfg, comm, step=step, time=time, warm=warm, iterations=iterations, using=using,
+                          settle=settle if overlap else None)
     if writer is not None:
         write_step(result, writer, cfg, comm)
     return result
@@ -218,17 +231,29 @@ def run_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.
 
 def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     """Write a computed step's outputs (collective): every rank its shard of ``model.ply`` at its
-    offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`)."""
+    offset in one file, then rank 0 the rest of the step (:class:`insitu.output.export.StepWriter`); with the
+    writer's ``overlap``, on the writer's thread, while the caller goes on (the next step waits for it before
+    training: :func:`run_step`; the caller's last step: ``writer.wait()``). ``export_seconds``, what rank 0's part
+    took, joins rank 0's metrics once written (with ``overlap``, when the next step has waited for it): the next
+    step's budget (:func:`insitu.step.driver.training_budget`)."""
     t_write = _time.perf_counter()
     shard = result.ply if result.ply is not None else result.gaussians
     writer.write_model(result.step, shard, comm, frame=result.frame, spz=result.spz)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
-    with comm.phase("export"):                  # a failed write (disk full...) ends every rank
+    model, images = result.model, result.images
+
+    def rest() -> float:
+        t_export = _time.perf_counter()
+        writer.write(result.step, model, images, result.metrics, cfg, cameras=result.cameras, frame=result.frame)
+        return round(_time.perf_counter() - t_export, 3)
+
+    if getattr(writer, "overlap", False):
         if comm.rank == 0:
-            t_export = _time.perf_counter()
-            writer.write(result.step, result.model, result.images, result.metrics, cfg, cameras=result.cameras,
-                         frame=result.frame)
-            result.metrics["export_seconds"] = round(_time.perf_counter() - t_export, 3)   # the next step's budget
+            writer.later(rest)                  # its seconds join the metrics when the next step waits for it
+    else:
+        with comm.phase("export"):              # a failed write (disk full...) ends every rank
+            if comm.rank == 0:
+                result.metrics["export_seconds"] = rest()
     result.model, result.ply, result.spz, result.images = None, None, None, []   # a warm start needs the shard
 
 
@@ -342,6 +367,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
         "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),
         "train_seconds": round(seconds["train"], 3), "ply_fit_seconds": round(seconds["ply fit"], 3),
+        "writing_wait_seconds": round(seconds["writing"], 3),      # for the previous step's files, before training
         "history": log.history,
         "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
         "evaluation_seconds": round(sum(evaluations), 3),
