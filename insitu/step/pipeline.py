@@ -120,7 +120,7 @@ REAL = Collaborators()
 
 def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float = 0.0,
                  warm: StepResult | None = None, iterations: int | None = None,
-                 using: Collaborators = REAL, settle: Callable[[], float] | None = None) -> StepResult:
+                 using: Collaborators = REAL, settle: Callable[[], None] | None = None) -> StepResult:
     """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``. Writes nothing: the
     outputs travel in the result (:func:`write_step`).
 
