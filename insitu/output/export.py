@@ -419,8 +419,9 @@ class StepWriter:
                    not survive spz's fixed-point positions and byte scales, nor the viewer's float16), and
                    cameras.json records it (``frame``: world = origin + scale * x).
 
-        model.spz's header says the model is drawn antialiased when it is the model trained so (the trained
-        Gaussians that :meth:`write_model` was given, or a model not refit as standard viewers draw it). ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
+        model.spz's header says the model is drawn antialiased when it is the model trained so: the trained
+        Gaussians :meth:`write_model` was given as ``spz``, or, without :meth:`write_model`, ``gaussians`` not
+        refit as standard viewers draw them. ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
         written), ``bytes_written`` (every file of the step folder but metrics.json) and ``export_seconds``
         (writing the models, images and cameras) join the metrics.
         """
@@ -475,8 +476,6 @@ class StepWriter:
             return
         lit = metrics.get("color_model") == "lit"
         standard, antialiased = self._standard.pop(int(step), (None, False))
-        if standard is not None and not antialiased:
-            antialiased = _drawn_antialiased(config, metrics)
         if gaussians is not None and not lit and not (d / "model.ply").exists() and standard is None:
             world = frame.gaussians_to_world(gaussians) if frame else gaussians    # no write_model: this model
             if out.ply:

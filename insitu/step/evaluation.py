@@ -239,11 +239,11 @@ def standard_figures(model: Gaussians, scene: Scene, layout: Layout, cfg: Config
     return figures
 
 
-def ply_metrics(figures: dict[str, Quality] | None, prefix: str = "ply") -> dict:
-    """metrics.json's figures of a standard file (:func:`standard_figures`, None: each figure None), ``prefix``
-    ``ply`` (model.ply) or ``spz`` (model.spz): ``ply_psnr_foreground``, ``ply_ssim_foreground``, ``ply_psnr`` and
-    ``ply_ssim`` on the orbit's held-out views, and ``ply_psnr_foreground_ROLE``, ``ply_ssim_foreground_ROLE`` on
-    each set of close-ups."""
+def file_metrics(figures: dict[str, Quality] | None, prefix: str = "ply") -> dict:
+    """metrics.json's figures of a standard file (:func:`standard_figures`; None: each figure None), named after
+    it by ``prefix`` (``ply``: model.ply, ``spz``: model.spz): ``PREFIX_psnr_foreground``, ``PREFIX_ssim_foreground``,
+    ``PREFIX_psnr`` and ``PREFIX_ssim`` on the orbit's held-out views, and ``PREFIX_psnr_foreground_ROLE``,
+    ``PREFIX_ssim_foreground_ROLE`` on each set of close-ups."""
     q = figures["test"] if figures else None
     out = {f"{prefix}_psnr_foreground": q and q.psnr_foreground, f"{prefix}_ssim_foreground": q and q.ssim_foreground,
            f"{prefix}_psnr": q and q.psnr, f"{prefix}_ssim": q and q.ssim}

@@ -34,7 +34,7 @@ from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.driver import follow_iterations, training_budget
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
-                                    ply_metrics, preload_evaluation, standard_figures)
+                                    file_metrics, preload_evaluation, standard_figures)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import Training, train
 from insitu.step.plyfit import model_ply
@@ -353,7 +353,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "psnr_foreground": q.psnr_foreground, "ssim_foreground": q.ssim_foreground,
         **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
            for key in ("psnr_foreground", "ssim_foreground", "psnr")},
-        **ply_metrics(qm), **(ply_metrics(qs, "spz") if qs is not None else {}),
+        **file_metrics(qm), **(file_metrics(qs, "spz") if qs is not None else {}),
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
         "psnr_foreground_initial": log.initial.psnr_foreground,
         "psnr_white": q.psnr_white,
