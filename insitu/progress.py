@@ -65,6 +65,7 @@ def summary(metrics: dict, out: Path) -> str:
             f"SSIM {figure(metrics['ssim_foreground'], '.4f')}"
             + (f" ({' and '.join(closer)} closer: {' and '.join(closer.values())} dB)" if closer else "")
             + f", whole image {figure(metrics['psnr'])} dB, "
-            f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations, "
+            f"{metrics['gaussians']} Gaussians, {metrics['iterations']} iterations"
+            + (" (time budget)" if metrics.get("stopped_by") == "time budget" else "") + ", "
             f"GT {metrics['ground_truth_seconds']:.1f} s, train {metrics['train_seconds']:.1f} s "
             f"-> {out / ('step_%06d' % metrics['step'])}")

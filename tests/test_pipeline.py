@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,11 +219,12 @@ def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_
     headlight, trained as viewers draw it too, unmerged) does not (about 4.5 dB under; merged, 3.1). Merged per two
     orbit pixels (the default output.ply_merge), it holds about a third of the trained Gaussians (686 of 2000 here)
     and scores within 0.5 dB of the trained Gaussians' refit (output.ply_merge 0) on the orbit and the close-ups
-    (-0.0 / +0.2 / +0.5 here). model.spz (the trained Gaussians in the fixed light, drawn antialiased as its header
-    says) scores within 1 dB of the lit model on every set of views."""
+    (-0.0 / +0.2 / +0.5 here). model.spz (the trained Gaussians in the fixed light, refit as the viewers that draw
+    antialiased draw them, as its header says) scores within 1 dB of the lit model on every set of views (+0.2 /
+    +0.6 / -0.1 here), and nearer it than the same Gaussians not refit (output.ply_refine 0: -0.3 / +0.1 / -0.5)."""
     figures = {}
     for name, settings in (("fixed", {}), ("unmerged", {"ply_merge": 0.0}),
-                           ("headlight", {"ply_light": "headlight", "ply_merge": 0.0})):
+                           ("headlight", {"ply_light": "headlight", "ply_merge": 0.0}), ("fit", {"ply_refine": 0.0})):
         cfg = tiny_config(iso=40.0, views=24, resolution=64, held_out=4, budget=2000, color_model="lit",
                           iterations=100)
         cfg.views.supersample = 2
@@ -232,7 +234,7 @@ def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_
         figures[name] = r.metrics
         assert r.ply.sh_degree == (3 if name == "headlight" else 0)
         assert len(r.ply) == r.metrics["ply_gaussians"]
-    gap = {name: m["psnr_foreground"] - m["ply_psnr_foreground"] for name, m in figures.items()}
+    gap = {name: m["psnr_foreground"] - m["ply_psnr_foreground"] for name, m in figures.items() if name != "fit"}
     assert gap["fixed"] < 3.5 < gap["headlight"], gap
     merged, unmerged = figures["fixed"], figures["unmerged"]
     assert unmerged["ply_gaussians"] == unmerged["gaussians"] and merged["ply_gaussians"] < 0.5 * merged["gaussians"]
@@ -242,8 +244,10 @@ def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_
         assert all(m[f"ply_psnr_foreground_{role}"] > 10.0 for m in figures.values()), (role, figures)
     spz = {key: merged[f"spz_{key}"] - merged[key] for key in ("psnr_foreground", "psnr_foreground_near2",
                                                                "psnr_foreground_near3")}
-    print("model.spz (the trained Gaussians, drawn antialiased) minus the lit model:", spz)
-    assert all(gap > -1.0 for gap in spz.values()), spz      # the goal: within 1 dB (-0.3 / +0.1 / -0.5 here)
+    fit = {key: figures["fit"][f"spz_{key}"] - figures["fit"][key] for key in spz}
+    print("model.spz (the trained Gaussians, drawn antialiased) minus the lit model:", spz, "not refit:", fit)
+    assert all(gap > -1.0 for gap in spz.values()), spz      # the goal: within 1 dB
+    assert sum(spz.values()) > sum(fit.values()) + 0.6, (spz, fit)
 
 
 def test_training_composites_render_and_ground_truth_on_the_same_random_background(comm):
@@ -621,19 +625,26 @@ def test_a_time_budget_stops_a_step_at_its_first_look_past_the_budget(comm):
         assert (m["iterations"], m["stopped_by"]) == (60, "iterations")
 
 
-def test_a_warm_steps_seconds_budget_leaves_what_the_previous_step_took_after_training(comm):
+def test_a_warm_steps_seconds_budget_leaves_what_the_previous_step_took_after_training(comm, capsys):
     """series.step_seconds 25 on a clock that a second passes on every iteration (all else takes none): a warm
     step of 60 iterations stops after 30; when the previous step's writing took 10 s more, after 20 (the look at
-    20 s finds its 15 s spent); the cold step before it has no budget."""
+    20 s finds its 15 s spent); when it took 30 s, the budget is spent before training, which stops at the first
+    look (10 iterations) and says so on stderr; the cold step before it has no budget."""
+    from insitu.progress import summary
+
     cfg = tiny_config(iterations=60)
     cfg.series.step_seconds, cfg.series.warm_iterations, cfg.series.follow_iterations = 25.0, 60, False
     cold = compute_step(whole_block(sphere_field()), cfg, comm, using=ticking_clock(1.0))
     assert (cold.metrics["iterations"], cold.metrics["stopped_by"]) == (60, "iterations")
-    for writing, stop in ((0.0, 30), (10.0, 20)):
+    cfg.run.progress = True
+    for writing, stop in ((0.0, 30), (10.0, 20), (30.0, 10)):
         cold.metrics["export_seconds"] = writing
         m = compute_step(whole_block(sphere_field()), cfg, comm, warm=cold, iterations=60,
                          using=ticking_clock(1.0)).metrics
         assert (m["iterations"], m["stopped_by"]) == (stop, "time budget")
+        assert f"{stop} iterations (time budget)," in summary(m, Path("out"))
+        spent = "series.step_seconds (25 s) is spent before its training" in capsys.readouterr().err
+        assert spent == (stop == 10) or comm.rank != 0
 
 
 def test_a_written_step_keeps_its_writing_seconds_for_the_next_steps_budget(comm, tmp_path):

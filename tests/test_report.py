@@ -376,11 +376,11 @@ def test_metrics_table_has_grouped_human_headings(tmp_path):
 
 
 def test_viewer_draws_model_spz_with_the_blur_it_was_made_for(tmp_path):
-    """The report's viewer draws a step's model.spz with the blur it was made for: a model trained antialiased
-    (eps2d 0.1) is the trained Gaussians themselves, drawn as trained, its header saying antialiased, refit or not;
-    a model trained with another classic blur and refit as standard viewers draw it (output.ply_refine) with
-    theirs (0.3, classic), and its header says so; without the refit (ply_refine 0), or without the step's
-    configuration, as trained; a lit model's model.lit.spz always as trained."""
+    """The report's viewer draws a step's model.spz with the blur it was made for: refit as viewers draw it
+    (output.ply_refine), with theirs, 0.3 px^2: antialiased for a model trained antialiased (eps2d 0.1; the trained
+    Gaussians themselves, its header saying antialiased), classic for one trained with a classic blur (model.ply's
+    model, its header saying so); without the refit (ply_refine 0), or without the step's configuration, as
+    trained; a lit model's model.lit.spz always as trained."""
     from insitu.config import Config
     from insitu.output.webmodel import spz_antialiased
 
@@ -399,8 +399,8 @@ def test_viewer_draws_model_spz_with_the_blur_it_was_made_for(tmp_path):
         StepWriter(out).write(step, random_gaussians(40, 1 if colors == "sh" else 0, seed=step), [], metrics, cfg,
                               cameras=views)
         s = json.loads((out / "report.json").read_text())["steps"][0]
-        refit = colors == "sh" and bool(refine) and not antialiased
-        assert (s["eps2d"], s["antialiased"]) == ((0.3, False) if refit else (0.1, antialiased)), (step, s)
+        refit = colors == "sh" and bool(refine)
+        assert (s["eps2d"], s["antialiased"]) == ((0.3 if refit else 0.1), antialiased), (step, s)
         if colors == "sh":
             assert spz_antialiased(out / f"step_{step:06d}" / "model.spz") is antialiased
         else:

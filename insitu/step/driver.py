@@ -99,11 +99,15 @@ def training_budget(cfg: Config, previous: dict | None, spent: float) -> float |
     budget = cfg.train.time_budget_s
     if previous is None or cfg.series.step_seconds is None:
         return budget
-    after = (previous["total_seconds"] - previous["seeds_seconds"] - previous["ground_truth_seconds"]
-             - previous["train_seconds"] + previous.get("model_write_seconds", 0.0)
-             + previous.get("export_seconds", 0.0))
-    left = max(cfg.series.step_seconds - spent - after, 0.0)
+    left = max(cfg.series.step_seconds - spent - after_training(previous), 0.0)
     return left if budget is None else min(budget, left)
+
+
+def after_training(metrics: dict) -> float:
+    """The seconds a step (its ``metrics``) took after its training: its final figures, the standard files' fit
+    and figures, and writing its files (on the writer's thread or not)."""
+    return (metrics["total_seconds"] - metrics["seeds_seconds"] - metrics["ground_truth_seconds"]
+            - metrics["train_seconds"] + metrics.get("model_write_seconds", 0.0) + metrics.get("export_seconds", 0.0))
 
 
 def masked(block, cfg: Config, comm: Any):

@@ -32,11 +32,11 @@ from insitu.input.decomposition import Decomposition
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
-from insitu.step.driver import follow_iterations, training_budget
+from insitu.step.driver import after_training, follow_iterations, training_budget
 from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
                                     file_metrics, preload_evaluation, standard_figures)
 from insitu.step.layouts import Layout, choose_layout
-from insitu.step.loop import Training, train
+from insitu.step.loop import BUDGET_EVERY, Training, train
 from insitu.step.plyfit import model_ply
 from insitu.step.seeding import Follow, init_colors, seed_shard
 from insitu.surface.follow import surface_offsets
@@ -178,6 +178,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     budget = training_budget(cfg, warm.metrics if warm is not None else None, clock.total())
     if budget is not None and comm.size > 1:
         budget = comm.mpi.allreduce(budget, op=MPI.MIN)     # every rank stops at the same iteration
+    if budget == 0.0 and warm is not None and cfg.series.step_seconds is not None:
+        note(f"step {step}: series.step_seconds ({cfg.series.step_seconds:g} s) is spent before its training "
+             f"({clock.total():.1f} s so far, and {after_training(warm.metrics):.1f} s after the last step's "
+             f"training): it trains {BUDGET_EVERY} iterations; raise it for more", show)
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
                 importing=using.importing_metrics, budget=budget)
     clock.lap("train")

@@ -18,8 +18,9 @@ That SH model then trains for ``output.ply_refine`` of the step's iterations as 
 (:func:`refine_for_viewers`); the trained model itself is unchanged.
 
 ``model.spz`` of a model trained antialiased (:func:`insitu.training.appearance.spz_trained`) holds the trained
-Gaussians themselves in those colours, unmerged and not refit, for the viewers that draw antialiased as its header
-says; else model.ply's model.
+Gaussians themselves in those colours, unmerged, trained the same share of iterations as the viewers that draw
+antialiased (as its header says) draw them: 0.3 px^2 added, each splat's opacity scaled to keep its integral;
+else model.ply's model.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class StandardModels(NamedTuple):
     on.
 
     ply:   [N] model.ply's model.
-    spz:   [M] model.spz's: the trained Gaussians in model.ply's colours, drawn antialiased
+    spz:   [M] model.spz's: the trained Gaussians in model.ply's colours, refit as drawn antialiased
            (:func:`insitu.training.appearance.spz_trained`), else ``ply`` itself.
     scene: their ground truth (the fixed light's, for a lit model in it).
     """
@@ -70,7 +71,8 @@ def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Sce
     (:func:`for_standard_blur`) over the refit's views (:func:`refit_ids`), and the scene cast in that light
     (:func:`fixed_light_scene`); else :func:`fitted_sh` and ``scene``. Either is first merged per cell of
     ``output.ply_merge`` orbit pixels (:func:`merge_cells`, :func:`orbit_pixel`). model.spz's model: the trained
-    Gaussians in those colours, before the merge (:func:`insitu.training.appearance.spz_trained`), else model.ply's."""
+    Gaussians in those colours, not merged (:func:`insitu.training.appearance.spz_trained`), and trained as the
+    viewers that draw antialiased draw them (:func:`refine_for_viewers` with ``antialiased``), else model.ply's."""
     if not drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased):
         return StandardModels(shard, shard, scene)
     light = standard_light(cfg)
@@ -87,7 +89,12 @@ def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Sce
     check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")
     ply = layout.shard(fitted)[0]
-    return StandardModels(ply, layout.shard(colored)[0] if spz_trained(cfg) else ply, scene)
+    if not spz_trained(cfg):
+        return StandardModels(ply, ply, scene)
+    spz = refine_for_viewers(colored, trainer, scene, layout, cfg, antialiased=True)
+    check_finite(spz.tensors(), layout.comm, "in model.spz's SH colours (their refinement)",
+                 "check the learning rates (train.lr_*) and output.ply_refine")
+    return StandardModels(ply, layout.shard(spz)[0], scene)
 
 
 def orbit_pixel(views: Views, count: int) -> float:
