@@ -9,9 +9,9 @@ step) and the bytes of its model; ``extra`` holds the step's other figures (Gaus
 where a quality target was reached, evaluation and write seconds, and any column the step's metrics.csv
 adds: a time budget's verdict, say).
 
-``--steps`` replays only some of the written steps (the first of them cold); each ``--variant NAME=KEY=VALUE,...``
-replays the same file once more with those overrides (rows SERIES_NAME), e.g. ``--variant
-budget8=series.step_seconds=8``.
+``--steps`` replays only some of the written steps (the first of them cold; rows SERIES_fromFIRST, apart from the
+whole series' rows); each ``--variant NAME=KEY=VALUE,...`` replays the same file once more with those overrides
+(rows SERIES_NAME), e.g. ``--variant budget8=series.step_seconds=8``.
 
 Every ``--cold-every``-th step (the 5th, 10th, ...) is also trained cold: the same file replayed once more
 with ``--steps N1 N2 ... --set series.warm_start=false`` (one process; rows named SERIES_cold), and the warm
@@ -262,12 +262,13 @@ def run(args) -> list[dict]:
                 rows.append(failed)
                 continue
             only = ("--steps", *map(str, args.steps)) if args.steps else ()
-            warm = replay(args, name, series, bp, work, *only)
-            for label, sets in args.variant:
-                rows += replay(args, f"{name}_{label}", series, bp, work, *only, *sets)
+            label = f"{name}_from{args.steps[0]}" if args.steps else name      # a part of the series: its own rows
+            warm = replay(args, label, series, bp, work, *only)
+            for variant_name, sets in args.variant:
+                rows += replay(args, f"{label}_{variant_name}", series, bp, work, *only, *sets)
             trained = [r["step"] for r in warm if "error" not in r and "step" in r]
             cold_steps = trained[args.cold_every - 1::args.cold_every] if args.cold_every else []
-            cold = replay(args, f"{name}_cold", series, bp, work, "--steps", *map(str, cold_steps),
+            cold = replay(args, f"{label}_cold", series, bp, work, "--steps", *map(str, cold_steps),
                           "--set", "series.warm_start=false") if cold_steps else []
             compare(warm, cold)
             rows += warm + cold
