@@ -256,10 +256,10 @@ class OutputConfig:
     ply: bool = documented(True, "write each step's model.ply: the model as standard 3DGS viewers draw it (SH "
                            "colours; also red green blue, the band-0 colour, for VTK tools: ParaView, pyvista, F3D)")
     spz: bool = documented(True, "write each step's model.spz (Niantic's SPZ, in its own frame: x right, y up, "
-                           "z back; gathered on rank 0): a model trained antialiased (train.antialiased) as "
-                           "trained, in model.ply's colours, its header saying 'draw antialiased' (as Spark draws "
-                           "by default: the viewers' 0.3 px^2 blur, each splat's opacity scaled to keep its "
-                           "integral); else model.ply's model")
+                           "z back; gathered on rank 0): of a model trained antialiased (train.antialiased) the "
+                           "trained Gaussians, in model.ply's colours, its header saying 'draw antialiased' (as "
+                           "Spark draws by default: the viewers' 0.3 px^2 blur, each splat's opacity scaled to keep "
+                           "its integral) and refit as so drawn (output.ply_refine); else model.ply's model")
     lit: bool = documented(True, "write each step's model.lit.spz (train.color_model lit): the model as trained, "
                            "its base colours and its normals (each rotation's local z axis) in the step's frame, "
                            "which the report's viewer shades with the headlight; not a standard 3DGS model")
@@ -287,8 +287,8 @@ class OutputConfig:
                                      "it; 0: both sides alike")
     ply_refine: float = constrained(0.125, NON_NEGATIVE, doc="model.ply's SH model trained as standard viewers "
                                     "draw it (train.eps2d 0.3) for this fraction of the step's iterations, when "
-                                    "the trained model is drawn otherwise (lit colours, another blur); 0: the fit "
-                                    "alone")
+                                    "the trained model is drawn otherwise (lit colours, another blur), and "
+                                    "model.spz's as the viewers that draw antialiased draw it; 0: the fit alone")
     ply_merge: float = constrained(2.0, NON_NEGATIVE, doc="model.ply's model (and model.spz's when it is that one) "
                                    "merged, before its refit, into one Gaussian per cube this many pixels wide at "
                                    "the orbit's distance (and per side of the surface): standard viewers draw every "
@@ -362,7 +362,8 @@ class SeriesConfig:
                                              "files written: its training stops (metrics' stopped_by: time "
                                              "budget) once it has left only what the previous step took after "
                                              "its training (figures, the standard files' fit, writing), looked at "
-                                             "every 10 iterations (at least 10 are trained); with "
+                                             "every 10 iterations (at least 10 are trained, and a step whose "
+                                             "budget is spent before training says so); with "
                                              "train.time_budget_s, the tighter of the two; null: no budget")
 
 
