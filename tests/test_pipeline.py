@@ -436,8 +436,9 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
         comm, monkeypatch):
     """train.eps2d reaches every rasterization of training, the colour statistics and the evaluation
     (the held-out figures, the close-ups), and metrics.json; model.ply's SH model is trained (output.ply_refine
-    steps) and its figures drawn with the blur standard 3DGS viewers add (0.3); a smaller blur gives sharper
-    images, so the figures differ."""
+    steps) and its figures drawn with the blur standard 3DGS viewers add (0.3), and so is model.spz's of a model
+    trained antialiased (the viewers' blur, antialiased); a smaller blur gives sharper images, so the figures
+    differ."""
     import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import STANDARD_EPS2D, rasterize
@@ -457,8 +458,9 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     cfg.output.ply_refine = 1.0                                                   # as many steps as training's
     m = compute_step(block, cfg, comm).metrics
     assert m["eps2d"] == 0.05 and STANDARD_EPS2D == 0.3
-    trained, refined = calls["training"][:-3], calls["training"][-3:]            # one view per step
-    assert len(trained) > 3 and set(trained) == {0.05} and refined == [0.3] * 3, calls
+    refits = 6 if cfg.train.antialiased else 3                                   # model.ply's, model.spz's
+    trained, refined = calls["training"][:-refits], calls["training"][-refits:]  # one view per step
+    assert len(trained) > 3 and set(trained) == {0.05} and refined == [0.3] * refits, calls
     assert calls["pipeline"] and set(calls["pipeline"]) == {0.3}, calls           # model_quality: model.ply
     standard = compute_step(block, tiny_config(iterations=3, eps2d=0.3), comm).metrics
     assert standard["eps2d"] == 0.3 and m["psnr"] != pytest.approx(standard["psnr"], abs=1e-3)
@@ -468,7 +470,7 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     """train.antialiased reaches every rasterization of training and evaluation with train.eps2d, and
     metrics.json; model.ply's SH model is trained and scored as standard viewers draw it (0.3, classic),
     so an antialiased model refits it even at the viewers' blur, and model.spz's (the trained Gaussians) is
-    scored as it says it is drawn (0.3, antialiased); the figures differ from a classic run."""
+    refit and scored as it says it is drawn (0.3, antialiased); the figures differ from a classic run."""
     import insitu.step.evaluation as evaluation
     import insitu.training.trainer as training
     from insitu.render.rendering import rasterize
@@ -490,8 +492,9 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     assert drawn_otherwise("sh", 0.3, True) and not drawn_otherwise("sh", 0.3, False)
     m = compute_step(block, cfg, comm).metrics
     assert m["antialiased"] is True and m["eps2d"] == 0.3
-    trained, refined = calls["training"][:-3], calls["training"][-3:]            # one view per step
-    assert len(trained) > 3 and set(trained) == {(0.3, True)} and refined == [(0.3, False)] * 3, calls
+    trained, refined = calls["training"][:-6], calls["training"][-6:]            # one view per step
+    assert len(trained) > 3 and set(trained) == {(0.3, True)}, calls
+    assert refined == [(0.3, False)] * 3 + [(0.3, True)] * 3, calls              # model.ply's, model.spz's
     ply, spz = calls["pipeline"][:3], calls["pipeline"][3:]             # model_quality: orbit, 2x, 3x closer
     assert set(ply) == {(0.3, False)} and spz == [(0.3, True)] * 3, calls
     assert "spz_psnr_foreground" in m
