@@ -353,6 +353,11 @@ class SeriesConfig:
                                          "(train.iterations - series.warm_iterations) iterations: an unchanged "
                                          "surface the warm iterations, a wholly new one a cold step's; false: "
                                          "series.warm_iterations alone")
+    cold_above: float = constrained(0.85, FRACTION, doc="a warm start whose new seeds are more than this share of "
+                                    "its Gaussians (a surface that moved almost wholly) is dropped and the step "
+                                    "starts cold: it would train nearly a cold step's iterations from a start no "
+                                    "better than fresh seeds, and ended 0.5-1.2 dB under cold (docs/log.md); 1: "
+                                    "never")
     warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
                                        "train.iterations); its new seeds need some; with a quality target "
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "

@@ -126,3 +126,25 @@ def test_the_count_of_a_field_that_stops_changing_stays_flat(comm):
         assert m["gaussians_stale"] == (0 if k else None), m
     assert all(abs(n - counts[0]) <= 0.01 * counts[0] for n in counts), counts
     assert min(psnr[1:]) > psnr[0] - 0.2, psnr
+
+
+def test_a_surface_that_moved_wholly_starts_cold(comm, capsys):
+    """A sphere of radius 4 that jumps 10 cells between two steps: its warm start is nearly all new seeds (above
+    series.cold_above, 0.85), so the step drops it and starts cold: a cold step's iterations (60, not the warm
+    15 and the share of new seeds), fresh seeds on the new sphere, no warm-start counts, its metrics'
+    cold_restart the share that decided it, and a line on stderr; with cold_above 1 the same step is warm."""
+    fields = [sphere_field(N, (C - 5.0, C, C)) - 4.0, sphere_field(N, (C + 5.0, C, C)) - 4.0]
+    for cold_above in (0.85, 1.0):
+        cfg = series_config(0.0)
+        cfg.series.cold_above, cfg.run.progress = cold_above, True
+        driver = StepDriver(cfg, comm)                  # as a series trains: the warm step's iterations given
+        driver.trained(driver.train(whole_block(fields[0]), step=0, time=0.0))
+        capsys.readouterr()
+        m = driver.train(whole_block(fields[1]), step=1, time=1.0).metrics
+        said = "of its warm start is new seeds (series.cold_above 0.85): it starts cold" in capsys.readouterr().err
+        if cold_above < 1:
+            assert m["cold_restart"] > 0.85 and m["gaussians_new"] is None and m["iterations"] == 60, m
+            assert said or comm.rank != 0
+        else:
+            assert m["cold_restart"] is None and m["gaussians_new"] > 0.85 * m["gaussians_initial"], m
+            assert not said

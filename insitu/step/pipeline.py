@@ -150,6 +150,13 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                          offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     follow = follow_counts(comm, seeding.follow)
+    previous, restart = warm, None                  # previous: for the time budget, a restarted step's too
+    if warm is not None and follow["gaussians_new"] > cfg.series.cold_above * n0:
+        restart = follow["gaussians_new"] / max(n0, 1)
+        note(f"step {step}: {restart:.0%} of its warm start is new seeds (series.cold_above "
+             f"{cfg.series.cold_above:g}): it starts cold", show)
+        warm, seeding, iters = None, seed_shard(block, cfg, comm, None), cfg.train.iterations
+        n0, follow = comm.mpi.allreduce(len(seeding.shard)), follow_counts(comm, None)
     if warm is not None:                            # as many more as the start's share of new seeds
         iters = follow_iterations(cfg, iters, follow["gaussians_new"], n0)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
@@ -175,12 +182,12 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             settle()
     clock.lap("writing")                            # waited for them: what they took beyond this step's start
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
-    budget = training_budget(cfg, warm.metrics if warm is not None else None, clock.total())
+    budget = training_budget(cfg, previous.metrics if previous is not None else None, clock.total())
     if budget is not None and comm.size > 1:
         budget = comm.mpi.allreduce(budget, op=MPI.MIN)     # every rank stops at the same iteration
-    if budget == 0.0 and warm is not None and cfg.series.step_seconds is not None:
+    if budget == 0.0 and previous is not None and cfg.series.step_seconds is not None:
         note(f"step {step}: series.step_seconds ({cfg.series.step_seconds:g} s) is spent before its training "
-             f"({clock.total():.1f} s so far, and {after_training(warm.metrics):.1f} s after the last step's "
+             f"({clock.total():.1f} s so far, and {after_training(previous.metrics):.1f} s after the last step's "
              f"training): it trains {BUDGET_EVERY} iterations; raise it for more", show)
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
                 importing=using.importing_metrics, budget=budget)
@@ -199,6 +206,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
         if spz is not None and cfg.output.ply_metrics else None
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
                            closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(standard.ply)), qs=qs)
+    metrics["cold_restart"] = None if restart is None else round(restart, 4)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
