@@ -329,9 +329,11 @@ def run(case: str, out: Path) -> None:
         record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
         record["out"] = str(out_dir)
     elif case == "pipeline":
-        # the real pipeline, tiny: a sphere that grows from step to step, trained in the background
+        # the real pipeline, tiny: a sphere that grows from step to step, trained in the background, warm-started
+        # (series.cold_above 1: on this coarse grid most of the grown sphere's start is new seeds)
         cfg = {**base, "run": {**base["run"], "mode": "background", "progress": False, "backend": "torch"},
-               "series": {"warm_iterations": 10}, "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 500},
+               "series": {"warm_iterations": 10, "cold_above": 1.0}, "input": {"var": "U", "iso": [0.5]},
+               "seeds": {"budget": 500},
                "views": {"count": 8, "resolution": 32, "supersample": 1},
                "train": {"iterations": 20}, "output": {**base["output"], "images": 1}}
         ad = Adaptor(comm, cfg)

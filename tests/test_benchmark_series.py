@@ -14,7 +14,7 @@ schema = pytest.importorskip("benchmarks.schema", reason="the benchmarks' entry 
 def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     results, run_dir = tmp_path / "box.jsonl", tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "benchmarks", "series", "--tiny", "--only", "heat", "--stream", "heat",
-                        "--variant", "fewer=series.follow_iterations=false,series.warm_iterations=1",
+                        "--variant", "fewer=series.follow_iterations=false,series.warm_iterations=1,series.cold_above=1",
                         "--machine", "box", "--commit", "abc1234",
                         "--run", "tiny1", "--run-dir", str(run_dir),
                         "--results", str(results)],
@@ -29,7 +29,8 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     assert sorted(by_name) == ["heat", "heat_cold", "heat_fewer", "heat_stream"]
     fewer = by_name["heat_fewer"]               # the same file replayed once more with the variant's overrides
     assert [row["step"] for row in fewer] == [10, 20, 30, 40, 50]
-    assert fewer[0]["cmd"].endswith("--set series.follow_iterations=false --set series.warm_iterations=1")
+    assert fewer[0]["cmd"].endswith("--set series.follow_iterations=false --set series.warm_iterations=1 "
+                                    "--set series.cold_above=1")
     assert fewer[1]["iterations"] == 1
     warm, (cold,), streamed = by_name["heat"], by_name["heat_cold"], by_name["heat_stream"]
     assert [row["step"] for row in warm] == [row["step"] for row in streamed] == [10, 20, 30, 40, 50]
