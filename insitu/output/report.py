@@ -79,9 +79,10 @@ FILE_NOTES = {
                  "as they draw it; a lit model's is lit by a fixed key and fill light, so that it looks the same "
                  "in every viewer and from every side (its figures, model.ply in the table, are against a ground "
                  "truth lit so)",
-    "model.spz": "the model for web splat viewers (the compressed SPZ format): a model trained antialiased "
-                 "(the default) as trained, lit as model.ply, its header saying 'draw antialiased' as Spark "
-                 "does by default (in viewers that draw every Gaussian as opaque, model.ply looks better); else "
+    "model.spz": "the model for web splat viewers (the compressed SPZ format): of a model trained antialiased "
+                 "(the default) every trained Gaussian, lit as model.ply and fitted as such viewers draw it, its "
+                 "header saying 'draw antialiased' as Spark does by default (in viewers that draw every Gaussian "
+                 "as opaque, model.ply looks better); else "
                  "model.ply's model; in SPZ's axes (x right, y up, z back) and the step's frame (cameras.json's "
                  "frame gives world units)",
     "model.lit.spz": "the lit model as trained (a base colour and a normal per Gaussian, in the step's frame): "
