@@ -218,17 +218,18 @@ def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout
     if not cfg.output.ply_metrics:
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
-    return merged, standard_figures(ply, scene, layout, cfg, whole=merged if ply is shard else None)
+    if ply is shard:                                # the same choice on every rank: the model is gathered once
+        return merged, standard_figures(merged, scene, layout, cfg, gathered=True)
+    return merged, standard_figures(ply, scene, layout, cfg)
 
 
-def standard_figures(model: Gaussians, scene: Scene, layout: Layout, cfg: Config, *, antialiased: bool = False,
-                     whole: Gaussians | None = None) -> dict[str, Quality]:
-    """The figures of a standard file's model (this rank's shard of it: ``model``; ``whole``: the model already
-    gathered on rank 0) as a viewer draws it (:func:`model_quality`, ``antialiased`` or not) against ``scene``'s
-    ground truth, by held-out set: the orbit's (``test``) and the close-ups' of :data:`PLY_ROLES` that ``scene``
-    has. Collective."""
-    if whole is None:
-        whole = gather_gaussians(model.to("cpu"), layout.comm.mpi)
+def standard_figures(model: Gaussians | None, scene: Scene, layout: Layout, cfg: Config, *,
+                     antialiased: bool = False, gathered: bool = False) -> dict[str, Quality]:
+    """The figures of a standard file's model (this rank's shard of it: ``model``; with ``gathered``, the same
+    on every rank: the model already gathered on rank 0, None on the others) as a viewer draws it
+    (:func:`model_quality`, ``antialiased`` or not) against ``scene``'s ground truth, by held-out set: the orbit's
+    (``test``) and the close-ups' of :data:`PLY_ROLES` that ``scene`` has. Collective."""
+    whole = model if gathered else gather_gaussians(model.to("cpu"), layout.comm.mpi)
     figures = {}
     for role in PLY_ROLES:
         ids = scene.views.ids(role).tolist()
