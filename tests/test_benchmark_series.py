@@ -14,7 +14,8 @@ schema = pytest.importorskip("benchmarks.schema", reason="the benchmarks' entry 
 def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     results, run_dir = tmp_path / "box.jsonl", tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "benchmarks", "series", "--tiny", "--only", "heat", "--stream", "heat",
-                        "--variant", "fewer=series.follow_iterations=false,series.warm_iterations=1,series.cold_above=1",
+                        "--variant",
+                        "fewer=series.follow_iterations=false,series.warm_iterations=1,series.cold_above=1",
                         "--machine", "box", "--commit", "abc1234",
                         "--run", "tiny1", "--run-dir", str(run_dir),
                         "--results", str(results)],

@@ -211,7 +211,8 @@ def test_a_step_config_written_before_the_keys_moved_reads_as_the_same_configura
 
     cfg = load_config(None, {"train.densify.start": 501})
     old = cfg.to_dict()                         # written the old way: every moved key back where it was
-    added = [old["series"].pop(k) for k in ("follow_iterations", "step_seconds", "cold_above")]   # nor the keys that came after
+    added = [old["series"].pop(k)               # nor the keys that came after
+             for k in ("follow_iterations", "step_seconds", "cold_above")]
     for was, now in MOVED.items():
         *path, name = now.split(".")
         section, key = was.split(".")

@@ -150,13 +150,11 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                          offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     follow = follow_counts(comm, seeding.follow)
-    previous, restart = warm, None                  # previous: for the time budget, a restarted step's too
-    if warm is not None and follow["gaussians_new"] > cfg.series.cold_above * n0:
-        restart = follow["gaussians_new"] / max(n0, 1)
+    previous, restart = warm, seeding.restart      # previous: the time budget's, a restarted step's too
+    if restart is not None:
         note(f"step {step}: {restart:.0%} of its warm start is new seeds (series.cold_above "
              f"{cfg.series.cold_above:g}): it starts cold", show)
-        warm, seeding, iters = None, seed_shard(block, cfg, comm, None), cfg.train.iterations
-        n0, follow = comm.mpi.allreduce(len(seeding.shard)), follow_counts(comm, None)
+        warm, iters = None, cfg.train.iterations
     if warm is not None:                            # as many more as the start's share of new seeds
         iters = follow_iterations(cfg, iters, follow["gaussians_new"], n0)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
@@ -205,8 +203,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     qs = standard_figures(spz, standard.scene, layout, cfg, antialiased=True) \
         if spz is not None and cfg.output.ply_metrics else None
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(standard.ply)), qs=qs)
-    metrics["cold_restart"] = None if restart is None else round(restart, 4)
+                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(standard.ply)), qs=qs,
+                           restart=restart)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
@@ -351,14 +349,14 @@ def follow_counts(comm, follow: Follow | None) -> dict:
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
                  clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
                  closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None,
-                 qs: dict[str, Quality] | None = None) -> dict:
+                 qs: dict[str, Quality] | None = None, restart: float | None = None) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
     ``qs``: model.spz's where it holds another model (:func:`standard_figures`; None: no ``spz_*`` figures),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
     whole model's Gaussians before and after training, ``ply_total``: the standard files' model's
-    (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`).
-    ``total_seconds`` is read last."""
+    (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`),
+    ``restart``: a dropped warm start's share of new seeds (``cold_restart``). ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
         "step": step, "time": time,             # the surface's figures first: what a user looks at
@@ -372,7 +370,8 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "ranks": comm.size, "device": comm.device.type, "color_model": trainer.cfg.color_model,
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
-        "stopped_by": log.stopped_by, "sh_degree": trainer.sh_degree_trained,
+        "stopped_by": log.stopped_by, "cold_restart": None if restart is None else round(restart, 4),
+        "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total, "ply_gaussians": ply_total,
         **(follow or follow_counts(comm, None)),
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included

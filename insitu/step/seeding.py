@@ -46,6 +46,8 @@ class Seeding:
              cold start (``train.densify.max_gaussians``).
     settled: [N] bool, a warm start's kept Gaussians where the surface did not move (:func:`warm_shard`: their
              opacities learn slower, :class:`insitu.training.trainer.Trainer`), None for a cold start.
+    restart: a warm start dropped for one that is more than ``series.cold_above`` new seeds: that share (the
+             same on every rank; the start is then cold), else None.
     """
 
     shard: Gaussians
@@ -55,6 +57,7 @@ class Seeding:
     follow: Follow | None = None
     ceiling: int | None = None
     settled: Tensor | None = None
+    restart: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     Gaussians' ``offsets`` from the previous step's surface, when known), its count steered to what a cold
     step would end with: the seeds times ``growth`` (the factor by which a cold step of the series grew its
     seeds); with the lit colour model, turned and coloured as the ground truth shades the surface
-    (:func:`lit_seeds`); collective."""
+    (:func:`lit_seeds`); a warm start more than ``series.cold_above`` new seeds over all ranks is dropped for a
+    cold one (``restart``); collective."""
     lit = cfg.train.color_model == "lit"
     color_range = global_range(comm, block.fields[cfg.input.color_var]) if cfg.input.color_var else None
     value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
@@ -140,7 +144,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
     count = seed_count(cfg, total_area, block)
-    fresh, settled, follow, ceiling = None, None, None, None
+    fresh, settled, follow, ceiling, restart = None, None, None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
             shard, fresh, settled, follow = warm_shard(warm, seeds, cfg, block, comm.device,
@@ -148,7 +152,10 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
                                                        ceiling=int(cfg.train.densify.max_gaussians * share),
                                                        then=offsets, rank=comm.rank)
             ceiling = min(cfg.train.densify.max_gaussians, math.ceil(SLACK * count * growth))
-        else:
+            new, total = comm.mpi.allreduce(np.array([follow.new, len(shard)], np.int64)).tolist()
+            if new > cfg.series.cold_above * total:         # moved almost wholly: no better than fresh seeds
+                restart, warm, fresh, settled, follow, ceiling = new / total, None, None, None, None, None
+        if warm is None:
             shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
                                    opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
                                    sh_degree=model_sh_degree(cfg), seed=cfg.train.seed + comm.rank,
@@ -157,7 +164,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
             shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
-    return Seeding(shard, fresh, share, targets, follow, ceiling, settled)
+    return Seeding(shard, fresh, share, targets, follow, ceiling, settled, restart)
 
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
