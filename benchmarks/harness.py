@@ -114,7 +114,8 @@ def mpi_argv(ranks: int, argv: list[str]) -> list[str]:
     """``argv`` on ``ranks`` MPI ranks: ``$MPIRUN -n RANKS ARGV``; ``argv`` itself for one rank.
 
     $MPIRUN defaults to Open MPI's mpirun with the GPU machine's flags (root allowed, no binding, the
-    environment that keeps NCCL off NVLink multicast passed on) where mpirun is Open MPI's, else mpiexec."""
+    environment that keeps NCCL off NVLink multicast passed on) where mpirun is Open MPI's, else the mpiexec
+    beside Python (a virtual environment's), else the one on ``PATH``."""
     if ranks == 1:
         return list(argv)
     launcher = os.environ.get("MPIRUN")
@@ -122,9 +123,12 @@ def mpi_argv(ranks: int, argv: list[str]) -> list[str]:
         version = ""
         if shutil.which("mpirun"):
             version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
-        launcher = ("mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE "
-                    "-x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS" if "Open MPI" in version
-                    else "mpiexec")
+        if "Open MPI" in version:
+            launcher = ("mpirun --allow-run-as-root --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED "
+                        "-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS")
+        else:
+            beside = Path(sys.executable).parent / "mpiexec"
+            launcher = shlex.quote(str(beside)) if beside.exists() else "mpiexec"
     return [*shlex.split(launcher), "-n", str(ranks), *argv]
 
 

@@ -1,5 +1,5 @@
 """The series benchmark case (benchmarks/cases/series.py) at its --tiny size: a heat series written through
-ADIOS2, replayed warm, once more with a variant's overrides, its fifth step cold, and streamed through SST; rows
+ADIOS2 by 2 ranks, replayed warm, once more with a variant's overrides, its fifth step cold, and streamed through SST; rows
 that follow the schema."""
 import json
 import subprocess
@@ -14,7 +14,7 @@ schema = pytest.importorskip("benchmarks.schema", reason="the benchmarks' entry 
 def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     results, run_dir = tmp_path / "box.jsonl", tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "benchmarks", "series", "--tiny", "--only", "heat", "--stream", "heat",
-                        "--variant",
+                        "--sim-ranks", "2", "--variant",
                         "fewer=series.follow_iterations=false,series.warm_iterations=1,series.cold_above=1",
                         "--machine", "box", "--commit", "abc1234",
                         "--run", "tiny1", "--run-dir", str(run_dir),
@@ -54,6 +54,7 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
                  "heat_stream_sim.log", "heat_stream_metrics.csv"):
         assert (run_dir / name).is_file(), name
     assert not list(run_dir.glob("*.bp"))                  # the series' files are not kept without --keep
+    assert "-n 2 " in (run_dir / "heat_sim.log").read_text().splitlines()[0]     # the mini-app on 2 ranks
 
 
 def test_a_negative_cadence_is_refused(tmp_path):

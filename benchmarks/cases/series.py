@@ -108,6 +108,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cold-every", type=cadence, default=5, metavar="K",
                         help="a cold reference of every K-th step (default 5; 0: none)")
     parser.add_argument("--ranks", type=int, default=1, help="MPI ranks of each `insitu` process (default 1)")
+    parser.add_argument("--sim-ranks", type=int, default=1, metavar="K",
+                        help="MPI ranks of the mini-app (default 1; its fields do not depend on K: the "
+                             "Gray-Scott noise is a hash of the global cell)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a configuration override of every replay and stream (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the BP files, in the run's folder")
@@ -207,7 +210,8 @@ def simulate(args, name: str, series: Series, work: Path) -> tuple[Path | None, 
     """The series written to ``work/NAME.bp``: its path, or None and an error row."""
     bp = work / f"{name}.bp"
     log = args.run_dir / f"{name}_sim.log"
-    rc = run_logged(sim_argv(series, args.tiny, "--output", str(bp)), log, timeout=args.timeout, env=sims_env())
+    rc = run_logged(mpi_argv(args.sim_ranks, sim_argv(series, args.tiny, "--output", str(bp))), log,
+                    timeout=args.timeout, env=sims_env())
     if rc != 0 or not bp.exists():
         return None, {"name": name, "device": args.device, "cmd": " ".join(sim_argv(series, args.tiny)[1:]),
                       "error": f"simulation: exit {rc}: {tail(log) or 'no output'} ({log.name})"}
@@ -219,7 +223,8 @@ def stream(args, name: str, series: Series, work: Path) -> list[dict]:
     label = f"{name}_stream"
     contact = f"{name}_sst"
     sim_log, log = args.run_dir / f"{label}_sim.log", args.run_dir / f"{label}.log"
-    argv = sim_argv(series, args.tiny, "--engine", "SST", "--output", contact, "--sst-readers", str(args.ranks))
+    argv = mpi_argv(args.sim_ranks, sim_argv(series, args.tiny, "--engine", "SST", "--output", contact,
+                                             "--sst-readers", str(args.ranks)))
     with sim_log.open("w") as f:
         f.write("$ " + " ".join(argv) + "\n")
         f.flush()
@@ -249,8 +254,9 @@ def stream(args, name: str, series: Series, work: Path) -> list[dict]:
 
 
 def run(args) -> list[dict]:
-    if args.ranks < 1:
-        raise SystemExit(f"benchmarks: error: series: --ranks {args.ranks}: expected at least 1")
+    for option, value in (("--ranks", args.ranks), ("--sim-ranks", args.sim_ranks)):
+        if value < 1:
+            raise SystemExit(f"benchmarks: error: series: {option} {value}: expected at least 1")
     names = args.only or list(SERIES)
     work = Path(tempfile.mkdtemp(prefix="bench-series-"))
     rows = []
