@@ -88,6 +88,8 @@ def test_a_sphere_that_shifts_and_grows_is_followed(comm):
         assert m["gaussians_stale"] > 0.1 * warm[k - 1]["gaussians"] and m["gaussians_new"] > 0, m
         assert m["gaussians_initial"] == warm[k - 1]["gaussians"] - m["gaussians_stale"] - m["gaussians_dropped"] \
             + m["gaussians_new"]
+        kept = m["gaussians_initial"] - m["gaussians_new"]      # where the sphere moved, not where it stayed
+        assert 0 < m["gaussians_moved"] < kept, m
 
 
 def blobs(separation: float, amplitude: float) -> np.ndarray:
@@ -112,7 +114,7 @@ def test_a_blob_that_splits_is_followed(comm):
 
 
 def test_the_count_of_a_field_that_stops_changing_stays_flat(comm):
-    """A sphere, then the same field 3 times: no Gaussian stale, the count within 1% of the cold step's at every
+    """A sphere, then the same field 3 times: no Gaussian stale nor moved, the count within 1% of the cold step's at every
     step (a few Gaussians go faint, a few seeds fill what densification left thin), and the quality no lower."""
     field = sphere_field(N) - 5.0
     driver = StepDriver(series_config(0.0), comm)
@@ -123,7 +125,7 @@ def test_the_count_of_a_field_that_stops_changing_stays_flat(comm):
         m = result.metrics
         counts.append(m["gaussians"])
         psnr.append(m["psnr_foreground"])
-        assert m["gaussians_stale"] == (0 if k else None), m
+        assert m["gaussians_stale"] == m["gaussians_moved"] == (0 if k else None), m
     assert all(abs(n - counts[0]) <= 0.01 * counts[0] for n in counts), counts
     assert min(psnr[1:]) > psnr[0] - 0.2, psnr
 

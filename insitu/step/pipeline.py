@@ -337,13 +337,13 @@ def make_trainer(shard: Gaussians, scene: Scene, layout: Layout, block: Block, c
 def follow_counts(comm, follow: Follow | None) -> dict:
     """metrics.json's counts of a warm start (:class:`insitu.step.seeding.Follow`), summed over the ranks:
     ``gaussians_stale`` (removed, off the new surface), ``gaussians_dropped`` (removed on it: faint or
-    thinned) and ``gaussians_new`` (seeds added); None each for a cold start (the same on every rank);
-    collective."""
-    keys = ("gaussians_stale", "gaussians_dropped", "gaussians_new")
+    thinned), ``gaussians_new`` (seeds added) and ``gaussians_moved`` (kept where the surface moved); None each
+    for a cold start (the same on every rank); collective."""
+    keys = ("gaussians_stale", "gaussians_dropped", "gaussians_new", "gaussians_moved")
     if follow is None:
         return dict.fromkeys(keys)
-    return dict(zip(keys, comm.mpi.allreduce(np.array([follow.stale, follow.dropped, follow.new], np.int64))
-                    .tolist()))
+    counts = np.array([follow.stale, follow.dropped, follow.new, follow.moved], np.int64)
+    return dict(zip(keys, comm.mpi.allreduce(counts).tolist()))
 
 
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,

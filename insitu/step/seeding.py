@@ -68,11 +68,14 @@ class Follow:
     dropped: Gaussians removed although on the surface: faint (below ``train.densify.prune_opacity``), or thinned
              where the kept model was denser than the count steered to.
     new:     seeds added (on new surface, and on the covered surface where the kept model was too thin).
+    moved:   kept Gaussians where the surface moved (not settled: their offset from it changed by more than
+             ``SETTLED_CELLS``; 0 where the previous offsets are unknown).
     """
 
     stale: int
     dropped: int
     new: int
+    moved: int = 0
 
 
 def seed_count(cfg: Config, total_area: float, block: Block) -> int:
@@ -255,7 +258,8 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
     if then is not None:                        # kept where the surface did not move: settled
         moved = (p.cells - torch.as_tensor(then, device=device)).abs()[p.keep] > SETTLED_CELLS
         settled[:len(kept)] &= ~moved
-    return shard, fresh, settled, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept))
+    return shard, fresh, settled, Follow(stale=int(p.stale.sum()), dropped=p.dropped, new=len(shard) - len(kept),
+                                         moved=int((~settled[:len(kept)]).sum()))
 
 
 def init_colors(shard: Gaussians, scene: Scene, cfg: Config, comm, *, only: Tensor | None = None) -> Gaussians:
