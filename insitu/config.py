@@ -271,7 +271,7 @@ class OutputConfig:
                                         "(a lit model's headlight fit: train.sh_degree)")
     every: int = constrained(1, POSITIVE, doc="the model files (output.ply, output.spz, output.lit) of the steps "
                              "whose number is a multiple of this; the other steps write their figures, images and "
-                             "cameras")
+                             "cameras, and neither fit the files' models nor score them (no ply_*, spz_* figures)")
     ply_light: str = constrained("fixed", choices=("fixed", "headlight"), doc="the light a lit model's model.ply "
                                  "and model.spz are shaded with: fixed, a key and a fill light fixed in the data's "
                                  "frame, baked into each Gaussian's colour (the same from every side, which band 0 "
@@ -301,6 +301,10 @@ class OutputConfig:
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "
                                 "holds results: refuse it; resume, keep its complete steps and train the others "
                                 "(--resume); overwrite, delete them first (--overwrite)")
+
+    def writes_models(self, step: int) -> bool:
+        """Whether step ``step`` writes the model files: its number a multiple of ``every``."""
+        return int(step) % self.every == 0
 
 
 @dataclass

@@ -66,6 +66,30 @@ def test_compute_step_writes_nothing_and_write_step_writes_its_result(comm, tmp_
 
 
 
+def test_a_step_that_writes_no_model_files_neither_fits_nor_scores_them(comm, tmp_path, monkeypatch):
+    """output.every 2: step 3 writes no model files, so the standard files' models are not fitted and have no
+    figures (nor is the trained model gathered for model.lit.spz); step 4 fits, scores and writes them."""
+    import insitu.step.pipeline as pipeline
+
+    cfg = tiny_config()
+    cfg.output.every = 2
+    fits = []
+    fit = pipeline.model_ply
+    monkeypatch.setattr(pipeline, "model_ply", lambda *a, **k: fits.append(k) or fit(*a, **k))
+    writer = StepWriter(tmp_path, output=cfg.output)
+    odd = run_step(whole_block(sphere_field()), cfg, comm, step=3, writer=writer)
+    m = odd.metrics
+    assert fits == [] and m["ply_fit_seconds"] == 0.0 and m["ply_gaussians"] is None
+    assert m["ply_psnr_foreground"] is None and not any(k.startswith("spz_") and v is not None for k, v in m.items())
+    assert math.isfinite(m["psnr_foreground"])
+    assert sorted(p.name for p in (tmp_path / "step_000003").iterdir()) == ["cameras.json", "config.yaml",
+                                                                            "metrics.json", "views"]
+    even = run_step(whole_block(sphere_field()), cfg, comm, step=4, writer=writer).metrics
+    assert len(fits) == 1 and even["ply_fit_seconds"] > 0 and math.isfinite(even["ply_psnr_foreground"])
+    assert math.isfinite(even["spz_psnr_foreground"]) and even["ply_gaussians"] > 0
+    assert (tmp_path / "step_000004" / "model.ply").is_file()
+
+
 def test_run_step_writes_every_output(comm, tmp_path):
     cfg = tiny_config()
     result = compute_step(whole_block(sphere_field()), cfg, comm, step=3, time=1.5)

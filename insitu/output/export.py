@@ -323,7 +323,7 @@ class StepWriter:
 
     def writes_models(self, step: int) -> bool:
         """Whether step ``step`` writes model files: its number a multiple of ``output.every``."""
-        return int(step) % self.output.every == 0
+        return self.output.writes_models(step)
 
     def write_model(self, step: int, gaussians: Gaussians, comm: Any = None, *,
                     frame: Frame | None = None, spz: Gaussians | None = None) -> Path | None:

@@ -196,20 +196,22 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
-    clock.lap("ply fit")
-    merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
-    spz = standard.spz if standard.spz is not standard.ply else None
-    qs = standard_figures(spz, standard.scene, layout, cfg, antialiased=True) \
-        if spz is not None and cfg.output.ply_metrics else None
+    merged, ply, spz, qm, qs, ply_total = None, gaussians, None, None, None, None
+    if cfg.output.writes_models(step):              # else no model files: neither their fit nor their figures
+        standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
+        clock.lap("ply fit")
+        merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
+        ply, spz = standard.ply, (standard.spz if standard.spz is not standard.ply else None)
+        qs = standard_figures(spz, standard.scene, layout, cfg, antialiased=True) \
+            if spz is not None and cfg.output.ply_metrics else None
+        ply_total = comm.mpi.allreduce(len(ply))
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow, ply_total=comm.mpi.allreduce(len(standard.ply)), qs=qs,
-                           restart=restart)
+                           closer=closer, follow=follow, ply_total=ply_total, qs=qs, restart=restart)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=standard.ply, spz=spz, images=images, cameras=orbit, frame=frame,
+                      model=merged, ply=ply, spz=spz, images=images, cameras=orbit, frame=frame,
                       growth=growth, offsets=offsets)
 
 
@@ -377,7 +379,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "seeds_seconds": round(seconds["seeds"] + seconds["colors"], 3),      # the seed colours included
         "ground_truth_seconds": round(seconds["scene"] + seconds["setup"], 3),
         "color_init_seconds": round(seconds["colors"], 3), "scene_seconds": round(seconds["scene"], 3),
-        "train_seconds": round(seconds["train"], 3), "ply_fit_seconds": round(seconds["ply fit"], 3),
+        "train_seconds": round(seconds["train"], 3), "ply_fit_seconds": round(seconds.get("ply fit", 0.0), 3),
         "writing_wait_seconds": round(seconds["writing"], 3),      # for the previous step's files, before training
         "history": log.history,
         "initial_evaluation_seconds": round(evaluations[0], 3),     # both inside train_seconds
