@@ -370,7 +370,9 @@ class SeriesConfig:
     step_seconds: float | None = constrained(None, POSITIVE, doc="a warm step's seconds from its data to its "
                                              "files written: its training stops (metrics' stopped_by: time "
                                              "budget) once it has left only what the previous step took after "
-                                             "its training (figures, the standard files' fit, writing), looked at "
+                                             "its training (figures, the standard files' fit, writing; with "
+                                             "output.every, the latest step that wrote model files or not, as "
+                                             "this one does), looked at "
                                              "every 10 iterations (at least 10 are trained, and a step whose "
                                              "budget is spent before training says so); with "
                                              "train.time_budget_s, the tighter of the two; null: no budget")

@@ -674,6 +674,24 @@ def test_a_warm_steps_seconds_budget_leaves_what_the_previous_step_took_after_tr
         assert spent == (stop == 10) or comm.rank != 0
 
 
+def test_with_output_every_a_steps_budget_leaves_what_the_latest_step_of_its_kind_took(comm):
+    """output.every 2, series.step_seconds 25 on the ticking clock: step 1 writes no model files and step 0's
+    files took 10 s after its training, so step 1 (none of its kind before it) leaves those 10 s and stops after
+    20 iterations; step 2 writes model files and leaves step 0's 10 s (20 iterations), not step 1's none (30)."""
+    cfg = tiny_config(iterations=60)
+    cfg.output.every = 2
+    cfg.series.step_seconds, cfg.series.warm_iterations, cfg.series.follow_iterations = 25.0, 60, False
+    block = whole_block(sphere_field())
+    first = compute_step(block, cfg, comm, step=0, using=ticking_clock(1.0))
+    first.metrics["export_seconds"] = 10.0
+    second = compute_step(block, cfg, comm, step=1, warm=first, iterations=60, using=ticking_clock(1.0))
+    assert (second.metrics["iterations"], second.metrics["stopped_by"]) == (20, "time budget")
+    second.metrics["export_seconds"] = 0.0
+    third = compute_step(block, cfg, comm, step=2, warm=second, iterations=60, using=ticking_clock(1.0))
+    assert (third.metrics["iterations"], third.metrics["stopped_by"]) == (20, "time budget")
+    assert third.tails == {True: third.metrics, False: second.metrics}
+
+
 def test_a_written_step_keeps_its_writing_seconds_for_the_next_steps_budget(comm, tmp_path):
     """run_step with a writer: the result's metrics hold the seconds its files took (model.ply, the rest), which
     the next warm step's series.step_seconds leaves to writing."""

@@ -69,6 +69,9 @@ class StepResult:
     growth:    the factor by which the series' last cold step grew its seeds in training (its ``gaussians``
                over ``gaussians_initial``; this step's own when it started cold): a warm start from this
                result steers its count to its seeds times it (:func:`insitu.step.seeding.warm_shard`).
+    tails:     the metrics of the series' latest step that wrote model files (key True) and of its latest that
+               wrote none (False), this one's included: a warm step's time budget leaves what the latest step
+               of its own kind took after training (with ``output.every``, only a step with model files fits them).
     offsets:   [N] each of ``gaussians``' distance (cells) to this step's isosurfaces at the end of the step
                (:func:`insitu.surface.follow.surface_offsets`; with ``series.warm_start``, else None): a warm start
                from this result takes a Gaussian for stale only if the new surface lies farther from it than
@@ -89,6 +92,7 @@ class StepResult:
     frame: Frame = field(default_factory=Frame)
     growth: float = 1.0
     offsets: torch.Tensor | None = None
+    tails: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -180,12 +184,14 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
             settle()
     clock.lap("writing")                            # waited for them: what they took beyond this step's start
     using.compile_ahead(cfg, comm, KernelShapes.of(scene, layout, trainer)).wait()     # those the step built
-    budget = training_budget(cfg, previous.metrics if previous is not None else None, clock.total())
+    files = cfg.output.writes_models(step)         # this step writes model files (fits them, scores them)
+    like = previous.tails.get(files, previous.metrics) if previous is not None else None
+    budget = training_budget(cfg, like, clock.total())
     if budget is not None and comm.size > 1:
         budget = comm.mpi.allreduce(budget, op=MPI.MIN)     # every rank stops at the same iteration
-    if budget == 0.0 and previous is not None and cfg.series.step_seconds is not None:
+    if budget == 0.0 and like is not None and cfg.series.step_seconds is not None:
         note(f"step {step}: series.step_seconds ({cfg.series.step_seconds:g} s) is spent before its training "
-             f"({clock.total():.1f} s so far, and {after_training(previous.metrics):.1f} s after the last step's "
+             f"({clock.total():.1f} s so far, and {after_training(like):.1f} s after the last step's "
              f"training): it trains {BUDGET_EVERY} iterations; raise it for more", show)
     log = train(trainer, scene, layout, cfg, clock, iterations=iters, step=step, gaussians=n0, show=show,
                 importing=using.importing_metrics, budget=budget)
@@ -197,7 +203,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
     merged, ply, spz, qm, qs, ply_total = None, gaussians, None, None, None, None
-    if cfg.output.writes_models(step):              # else no model files: neither their fit nor their figures
+    if files:                                       # else no model files: neither their fit nor their figures
         standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
         clock.lap("ply fit")
         merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
@@ -212,7 +218,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
                       model=merged, ply=ply, spz=spz, images=images, cameras=orbit, frame=frame,
-                      growth=growth, offsets=offsets)
+                      growth=growth, offsets=offsets,
+                      tails={**(previous.tails if previous is not None else {}), files: metrics})
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
