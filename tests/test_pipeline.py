@@ -90,6 +90,22 @@ def test_a_step_that_writes_no_model_files_neither_fits_nor_scores_them(comm, tm
     assert (tmp_path / "step_000004" / "model.ply").is_file()
 
 
+def test_model_spz_is_written_from_the_model_gathered_for_its_figures(comm, tmp_path, monkeypatch):
+    """A lit model trained antialiased: model.spz's model (the trained Gaussians refit) is gathered once, for its
+    figures, and the file written from that gather; the writer gathers nothing more."""
+    import insitu.output.export as export
+
+    cfg = tiny_config()
+    result = compute_step(whole_block(sphere_field()), cfg, comm, step=2)
+    assert result.spz_gathered and len(result.spz_whole) == len(result.spz) == result.metrics["gaussians"]
+    whole = result.spz_whole
+    monkeypatch.setattr(export, "gather_gaussians", lambda *a, **k: pytest.fail("gathered again"))
+    write_step(result, StepWriter(tmp_path, output=cfg.output), cfg, comm)
+    spz = read_spz(tmp_path / "step_000002" / "model.spz")
+    assert len(spz) == len(whole) and result.spz_whole is None
+    torch.testing.assert_close(spz.means, whole.means, atol=2e-3, rtol=0)     # SPZ's fixed-point positions
+
+
 def test_run_step_writes_every_output(comm, tmp_path):
     cfg = tiny_config()
     result = compute_step(whole_block(sphere_field()), cfg, comm, step=3, time=1.5)
