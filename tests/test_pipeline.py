@@ -97,7 +97,7 @@ def test_model_spz_is_written_from_the_model_gathered_for_its_figures(comm, tmp_
 
     cfg = tiny_config()
     result = compute_step(whole_block(sphere_field()), cfg, comm, step=2)
-    assert result.spz_gathered and len(result.spz_whole) == len(result.spz) == result.metrics["gaussians"]
+    assert len(result.spz_whole) == len(result.spz) == result.metrics["gaussians"]
     whole = result.spz_whole
     monkeypatch.setattr(export, "gather_gaussians", lambda *a, **k: pytest.fail("gathered again"))
     write_step(result, StepWriter(tmp_path, output=cfg.output), cfg, comm)
@@ -249,6 +249,7 @@ def test_model_ply_is_trained_as_standard_viewers_draw_it_when_the_model_is_draw
     assert not refits_ply(cfg)
     r = compute_step(whole_block(bonsai), cfg, comm, step=1)
     torch.testing.assert_close(r.ply.opacity_logits, models[0][1].opacity_logits)            # the fit alone
+    assert r.spz is None and r.spz_whole is None and r.metrics.get("spz_psnr_foreground") is None   # no model.spz
 
 
 def test_the_standard_files_of_a_lit_model_in_the_fixed_light_come_near_its_own_figure(comm, bonsai):

@@ -326,8 +326,8 @@ class StepWriter:
         return self.output.writes_models(step)
 
     def write_model(self, step: int, gaussians: Gaussians, comm: Any = None, *,
-                    frame: Frame | None = None, spz: Gaussians | None = None, gathered: bool = False,
-                    whole: Gaussians | None = None) -> Path | None:
+                    frame: Frame | None = None, spz: Gaussians | None = None,
+                    spz_whole: Gaussians | None = None) -> Path | None:
         """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it:
         ``model.ply`` in world units into its folder in the making (``output.ply``; returns its path, else
         None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0 in ``frame``, which
@@ -341,16 +341,15 @@ class StepWriter:
         frame:     the coordinates ``gaussians`` are in (:class:`insitu.volume.Frame`; default world units).
         spz:       this rank's shard of model.spz's model where it is not model.ply's: the trained Gaussians,
                    drawn antialiased (the header's flag; :func:`insitu.training.appearance.spz_trained`).
-        gathered:  ``spz`` is already gathered (the same on every rank): ``whole`` on rank 0, None on the others;
-                   else it is gathered here.
+        spz_whole: with ``spz``, that model already gathered on rank 0 (None on the other ranks): written as it is.
         """
         out = self.output
         if not self.writes_models(step) or not (out.ply or out.spz):
             return None
         several = comm is not None and comm.size > 1
         if out.spz:
-            merged = whole if gathered and spz is not None \
-                else gather_gaussians((gaussians if spz is None else spz).to("cpu"), comm.mpi if several else None)
+            merged = spz_whole if spz is not None \
+                else gather_gaussians(gaussians.to("cpu"), comm.mpi if several else None)
             if merged is not None:
                 self._standard[int(step)] = (drop_bands(merged, out.sh_degree), spz is not None)
         if not out.ply:

@@ -61,9 +61,8 @@ class StepResult:
                model that viewers draw as trained: SH colours and their blur).
     spz:       this rank's shard of ``model.spz`` where it is not ``ply``'s model (the trained Gaussians drawn
                antialiased: :func:`insitu.training.appearance.spz_trained`), else None.
-    spz_whole: ``spz`` gathered on rank 0 (None on the other ranks) where its figures or its file need it; the
-               file is written from it (``spz_gathered``, the same on every rank: it was gathered), not gathered
-               again.
+    spz_whole: with ``spz``, that model gathered on rank 0 (None on the other ranks), once: for its figures and
+               its file.
     images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
     cameras:   the step's views (for the report's viewer).
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
@@ -91,7 +90,6 @@ class StepResult:
     ply: Gaussians | None = None
     spz: Gaussians | None = None
     spz_whole: Gaussians | None = None
-    spz_gathered: bool = False
     images: list = field(default_factory=list)
     cameras: Views | None = None
     frame: Frame = field(default_factory=Frame)
@@ -208,16 +206,15 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
     merged, ply, spz, spz_whole, qm, qs, ply_total = None, gaussians, None, None, None, None, None
-    gathered = False
     if files:                                       # else no model files: neither their fit nor their figures
         standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
         clock.lap("ply fit")
         merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
         ply, spz = standard.ply, (standard.spz if standard.spz is not standard.ply else None)
-        gathered = spz is not None and (cfg.output.ply_metrics or cfg.output.spz)   # for its figures and file
-        spz_whole = gather_gaussians(spz.to("cpu"), layout.comm.mpi) if gathered else None
-        qs = standard_figures(spz_whole, standard.scene, layout, cfg, antialiased=True, gathered=True) \
-            if spz is not None and cfg.output.ply_metrics else None
+        if spz is not None:                         # (model.spz is written) gathered once: figures and file
+            spz_whole = gather_gaussians(spz.to("cpu"), layout.comm.mpi)
+            qs = standard_figures(spz_whole, standard.scene, layout, cfg, antialiased=True, gathered=True) \
+                if cfg.output.ply_metrics else None
         ply_total = comm.mpi.allreduce(len(ply))
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
                            closer=closer, follow=follow, ply_total=ply_total, qs=qs, restart=restart)
@@ -225,7 +222,7 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
-                      model=merged, ply=ply, spz=spz, spz_whole=spz_whole, spz_gathered=gathered,
+                      model=merged, ply=ply, spz=spz, spz_whole=spz_whole,
                       images=images, cameras=orbit, frame=frame,
                       growth=growth, offsets=offsets,
                       tails={**(previous.tails if previous is not None else {}), files: metrics})
@@ -266,8 +263,7 @@ def write_step(result: StepResult, writer, cfg: Config, comm) -> None:
     step's budget (:func:`insitu.step.driver.training_budget`)."""
     t_write = _time.perf_counter()
     shard = result.ply if result.ply is not None else result.gaussians
-    writer.write_model(result.step, shard, comm, frame=result.frame, spz=result.spz, gathered=result.spz_gathered,
-                       whole=result.spz_whole)
+    writer.write_model(result.step, shard, comm, frame=result.frame, spz=result.spz, spz_whole=result.spz_whole)
     result.metrics["model_write_seconds"] = round(_time.perf_counter() - t_write, 3)
     model, images = result.model, result.images
 
