@@ -362,6 +362,11 @@ class SeriesConfig:
                                     "starts cold: it would train nearly a cold step's iterations from a start no "
                                     "better than fresh seeds, and ended 0.5-1.2 dB under cold (docs/log.md); 1: "
                                     "never")
+    cold_every: int = constrained(5, NON_NEGATIVE, doc="every this many steps of a series, one starts cold (a "
+                                  "keyframe): a chain of warm starts on a pattern that keeps changing character "
+                                  "drifts under its cold steps, by about 0.6 dB after four warm steps and 1.1 dB "
+                                  "after nine (docs/log.md), and a cold step ends the drift; 0: only the first "
+                                  "step and the rules above start cold")
     warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
                                        "train.iterations); its new seeds need some; with a quality target "
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "

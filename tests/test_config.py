@@ -212,7 +212,7 @@ def test_a_step_config_written_before_the_keys_moved_reads_as_the_same_configura
     cfg = load_config(None, {"train.densify.start": 501})
     old = cfg.to_dict()                         # written the old way: every moved key back where it was
     added = [old["series"].pop(k)               # nor the keys that came after
-             for k in ("follow_iterations", "step_seconds", "cold_above")]
+             for k in ("follow_iterations", "step_seconds", "cold_above", "cold_every")]
     for was, now in MOVED.items():
         *path, name = now.split(".")
         section, key = was.split(".")
@@ -221,7 +221,7 @@ def test_a_step_config_written_before_the_keys_moved_reads_as_the_same_configura
     assert set(old) == {"input", "seeds", "views", "train", "output", "parallel", "insitu"}
 
     want = cfg.to_dict()
-    assert [want["series"].pop(k) for k in ("follow_iterations", "step_seconds", "cold_above")] == added
+    assert [want["series"].pop(k) for k in ("follow_iterations", "step_seconds", "cold_above", "cold_every")] == added
     assert upgraded(old) == want and old["train"]["densify_from"] == 501   # old key: left as it was
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     assert kept_differences(tmp_path, cfg, None) == []

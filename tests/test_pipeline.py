@@ -709,6 +709,27 @@ def test_with_output_every_a_steps_budget_leaves_what_the_latest_step_of_its_kin
     assert third.tails == {True: third.metrics, False: second.metrics}
 
 
+def test_one_step_in_cold_every_starts_cold_within_the_series_budget(comm, capsys):
+    """series.cold_every 2: the step after one warm start starts cold instead of warm (fresh seeds, no warm-start
+    counts, warm_chain 0) and says so on stderr; the previous step still sets its time budget
+    (series.step_seconds 25 on the ticking clock: 30 of 60 iterations), and the next step starts warm from it."""
+    cfg = tiny_config(iterations=60)
+    cfg.series.step_seconds, cfg.series.warm_iterations, cfg.series.follow_iterations = 25.0, 60, False
+    cfg.series.cold_every, cfg.run.progress = 2, True
+    block = whole_block(sphere_field())
+    first = compute_step(block, cfg, comm, step=0, using=ticking_clock(1.0))
+    second = compute_step(block, cfg, comm, step=1, warm=first, iterations=60, using=ticking_clock(1.0))
+    capsys.readouterr()
+    third = compute_step(block, cfg, comm, step=2, warm=second, iterations=60, using=ticking_clock(1.0))
+    said = "one step in 2 starts cold (series.cold_every)" in capsys.readouterr().err
+    fourth = compute_step(block, cfg, comm, step=3, warm=third, iterations=60, using=ticking_clock(1.0))
+    chains = [r.metrics["warm_chain"] for r in (first, second, third, fourth)]
+    assert chains == [0, 1, 0, 1] and (said or comm.rank != 0)
+    assert second.metrics["gaussians_new"] is not None and third.metrics["gaussians_new"] is None
+    assert (third.metrics["iterations"], third.metrics["stopped_by"]) == (30, "time budget")
+    assert third.metrics["gaussians_initial"] == first.metrics["gaussians_initial"]     # the same fresh seeds
+
+
 def test_a_written_step_keeps_its_writing_seconds_for_the_next_steps_budget(comm, tmp_path):
     """run_step with a writer: the result's metrics hold the seconds its files took (model.ply, the rest), which
     the next warm step's series.step_seconds leaves to writing."""

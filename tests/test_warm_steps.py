@@ -126,6 +126,7 @@ def test_the_count_of_a_field_that_stops_changing_stays_flat(comm):
         counts.append(m["gaussians"])
         psnr.append(m["psnr_foreground"])
         assert m["gaussians_stale"] == m["gaussians_moved"] == (0 if k else None), m
+        assert m["warm_chain"] == k                 # under series.cold_every (5): every step after the first warm
     assert all(abs(n - counts[0]) <= 0.01 * counts[0] for n in counts), counts
     assert min(psnr[1:]) > psnr[0] - 0.2, psnr
 

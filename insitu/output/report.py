@@ -118,6 +118,7 @@ TABLE_COLUMNS = (
                    ("gaussians_moved", "kept where the surface moved", ""))),
     ("Training", (("iterations", "iterations", ""), ("stopped_by", "stopped by", ""),
                   ("cold_restart", "started cold: new seeds", "ratio"),
+                  ("warm_chain", "warm starts in a row", ""),
                   ("target_reached_at", "target met at", ""),
                   ("sh_degree", "SH degree", ""), ("color_model", "colours", ""), ("eps2d", "blur (px\u00b2)", ""),
                   ("antialiased", "antialiased", ""))),

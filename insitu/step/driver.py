@@ -10,7 +10,9 @@ cold step;
 the first step, a step after :meth:`StepDriver.forget` (a step kept from an earlier run or one
 that failed, as the caller decides) and a step after one whose training diverged (NaN or infinite
 values: :class:`insitu.errors.TrainingDiverged`, raised on every rank alike) start cold and train
-``train.iterations``. A step's result becomes the next warm start once the caller has recorded it
+``train.iterations``, as does, once the step has its warm start, one that would make ``series.cold_every`` warm
+starts in a row (a keyframe) or whose warm start is more than ``series.cold_above`` new seeds
+(:func:`insitu.step.pipeline.compute_step`). A step's result becomes the next warm start once the caller has recorded it
 (:meth:`StepDriver.trained`), after the ranks agree that the step succeeded everywhere. With
 ``input.nonfinite: outside``, a step's NaN/Inf samples are filled first (:func:`masked`), so that the
 step trains on a finite field.

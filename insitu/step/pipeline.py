@@ -74,6 +74,8 @@ class StepResult:
     tails:     the metrics of the series' latest step that wrote model files (key True) and of its latest that
                wrote none (False), this one's included: a warm step's time budget leaves what the latest step
                of its own kind took after training (with ``output.every``, only a step with model files fits them).
+    warm_chain: the warm starts in a row that end with this step (0: it started cold); with ``series.cold_every``
+               the driver starts a step cold once the chain is that long (:meth:`insitu.step.driver.StepDriver.train`).
     offsets:   [N] each of ``gaussians``' distance (cells) to this step's isosurfaces at the end of the step
                (:func:`insitu.surface.follow.surface_offsets`; with ``series.warm_start``, else None): a warm start
                from this result takes a Gaussian for stale only if the new surface lies farther from it than
@@ -96,6 +98,7 @@ class StepResult:
     growth: float = 1.0
     offsets: torch.Tensor | None = None
     tails: dict = field(default_factory=dict)
+    warm_chain: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,10 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     warm: the previous step's result on this rank: its shard, refit to this step's surface, is trained on from
           the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``; a
           warm step's grow by its start's share of new seeds (:func:`insitu.step.driver.follow_iterations`).
+          The step starts cold all the same (fresh seeds, ``cfg.train.iterations``) where ``warm`` ends
+          ``series.cold_every - 1`` warm starts in a row (a keyframe: a chain of warm steps drifts under cold
+          ones) or where its start would be more than ``series.cold_above`` new seeds; ``warm`` still sets its
+          time budget (``series.step_seconds``).
     using: what the step calls that a caller may replace (:class:`Collaborators`).
     settle: called on every rank once the ground truth is cast, before training: waits for the previous step's files
           (``StepWriter.wait``: :func:`run_step`), which were written meanwhile; its failure ends every rank here.
@@ -151,17 +158,23 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     frame = Frame.of(block)
     block, warm = frame.inside(block), in_frame(warm, frame)
     layout = choose_layout(cfg, comm, block, decomposition)
+    previous = warm                                 # the time budget's, a step started cold instead's too
+    if warm is not None and 0 < cfg.series.cold_every <= warm.warm_chain + 1:
+        note(f"step {step}: it would be the {warm.warm_chain + 1}. warm start in a row; one step in "
+             f"{cfg.series.cold_every} starts cold (series.cold_every)", show)
+        warm, iters = None, cfg.train.iterations
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
                          growth=warm.growth if warm is not None else 1.0,
                          offsets=warm.offsets if warm is not None else None)
     n0 = comm.mpi.allreduce(len(seeding.shard))
     follow = follow_counts(comm, seeding.follow)
-    previous, restart = warm, seeding.restart      # previous: the time budget's, a restarted step's too
+    restart = seeding.restart
     if restart is not None:
         note(f"step {step}: {restart:.0%} of its warm start is new seeds (series.cold_above "
              f"{cfg.series.cold_above:g}): it starts cold", show)
         warm, iters = None, cfg.train.iterations
+    chain = warm.warm_chain + 1 if warm is not None else 0
     if warm is not None:                            # as many more as the start's share of new seeds
         iters = follow_iterations(cfg, iters, follow["gaussians_new"], n0)
     note(f"step {step} seeds: {n0} Gaussians on {comm.size} rank(s) ({clock.lap('seeds', sync=False):.1f} s)", show)
@@ -217,7 +230,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                 if cfg.output.ply_metrics else None
         ply_total = comm.mpi.allreduce(len(ply))
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow, ply_total=ply_total, qs=qs, restart=restart)
+                           closer=closer, follow=follow, ply_total=ply_total, qs=qs, restart=restart,
+                           chain=chain)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
@@ -225,7 +239,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                       model=merged, ply=ply, spz=spz, spz_whole=spz_whole,
                       images=images, cameras=orbit, frame=frame,
                       growth=growth, offsets=offsets,
-                      tails={**(previous.tails if previous is not None else {}), files: metrics})
+                      tails={**(previous.tails if previous is not None else {}), files: metrics},
+                      warm_chain=chain)
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -365,14 +380,15 @@ def follow_counts(comm, follow: Follow | None) -> dict:
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
                  clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
                  closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None,
-                 qs: dict[str, Quality] | None = None, restart: float | None = None) -> dict:
+                 qs: dict[str, Quality] | None = None, restart: float | None = None, chain: int = 0) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
     ``qs``: model.spz's where it holds another model (:func:`standard_figures`; None: no ``spz_*`` figures),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
     whole model's Gaussians before and after training, ``ply_total``: the standard files' model's
     (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`),
-    ``restart``: a dropped warm start's share of new seeds (``cold_restart``). ``total_seconds`` is read last."""
+    ``restart``: a dropped warm start's share of new seeds (``cold_restart``), ``chain``: the warm starts in a row
+    that end with this step (``warm_chain``, 0: it started cold). ``total_seconds`` is read last."""
     seconds, evaluations = clock.seconds, clock.spans["evaluation"]
     metrics = {
         "step": step, "time": time,             # the surface's figures first: what a user looks at
@@ -387,6 +403,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         "eps2d": trainer.cfg.eps2d, "antialiased": trainer.cfg.antialiased,
         "test_views": q.views, "iterations": trainer.iteration, "target_reached_at": log.reached,
         "stopped_by": log.stopped_by, "cold_restart": None if restart is None else round(restart, 4),
+        "warm_chain": chain,
         "sh_degree": trainer.sh_degree_trained,
         "gaussians_initial": initial, "gaussians": total, "ply_gaussians": ply_total,
         **(follow or follow_counts(comm, None)),
