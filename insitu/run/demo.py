@@ -45,6 +45,8 @@ DEMO_DEFAULTS = {
     "series.warm_start": True, "series.warm_iterations": 300,
     "series.follow_iterations": False,   # the warm steps as measured (the GPU demo's 1000 hold 34.7-39.2 dB): the
                                          # package's rule would double a step's time here
+    "series.cold_every": 0,              # the GPU demo's six steps as measured, all warm after the first (a
+                                         # keyframe would train its sixth as long as its first)
     "output.images": 4,
 }
 # with a CUDA GPU: a grid, images and model sized for it (the simulation: GPU_SIMULATION)
