@@ -78,7 +78,8 @@ class GrayScottSettings:
                       reader launched with ``mpiexec -n P`` needs ``P`` here); 0: do not wait.
     sst_queue_limit:  SST ``QueueLimit``: steps held for readers (0: unlimited).
     sst_policy:       SST ``QueueFullPolicy``: "Block" (the simulation waits for the
-                      slowest reader) or "Discard" (the oldest queued step is dropped).
+                      slowest reader) or "Discard" (the oldest queued step is dropped,
+                      and what is queued when the writer closes).
     sst_open_timeout_s: SST ``OpenTimeoutSecs``: how long the writer waits for its readers.
     """
 
