@@ -74,8 +74,8 @@ class StepResult:
     tails:     the metrics of the series' latest step that wrote model files (key True) and of its latest that
                wrote none (False), this one's included: a warm step's time budget leaves what the latest step
                of its own kind took after training (with ``output.every``, only a step with model files fits them).
-    warm_chain: the warm starts in a row that end with this step (0: it started cold); with ``series.cold_every``
-               the driver starts a step cold once the chain is that long (:meth:`insitu.step.driver.StepDriver.train`).
+    warm_chain: the warm starts in a row that end with this step (0: it started cold); a step that would make it
+               ``series.cold_every`` starts cold instead (:func:`compute_step`).
     offsets:   [N] each of ``gaussians``' distance (cells) to this step's isosurfaces at the end of the step
                (:func:`insitu.surface.follow.surface_offsets`; with ``series.warm_start``, else None): a warm start
                from this result takes a Gaussian for stale only if the new surface lies farther from it than
@@ -160,8 +160,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     layout = choose_layout(cfg, comm, block, decomposition)
     previous = warm                                 # the time budget's, a step started cold instead's too
     if warm is not None and 0 < cfg.series.cold_every <= warm.warm_chain + 1:
-        note(f"step {step}: it would be the {warm.warm_chain + 1}. warm start in a row; one step in "
-             f"{cfg.series.cold_every} starts cold (series.cold_every)", show)
+        note(f"step {step}: starts cold after {warm.warm_chain} warm step(s) in a row (series.cold_every "
+             f"{cfg.series.cold_every}: one step in {cfg.series.cold_every} starts cold)", show)
         warm, iters = None, cfg.train.iterations
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
