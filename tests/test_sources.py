@@ -288,6 +288,26 @@ def test_sst_stream_from_a_separate_writer_matches_the_file(gs_bp, tmp_path):
     assert "engine=SST" in wout
 
 
+def test_a_stream_whose_writer_discards_says_how_many_steps_never_arrived(tmp_path):
+    """A writer faster than its reader under QueueFullPolicy Discard (50 outputs in a few seconds, each step a
+    second or more to train): the simulation keeps its pace, `insitu stream` trains the steps that reach it, in
+    order, and its last line counts the writer's steps before the last one trained that never arrived."""
+    from conftest import TINY, insitu
+
+    from insitu.output.files import read_csv
+
+    writer = popen([sys.executable, SIM, "--L", "48", "--steps", "1000", "--plotgap", "20", "--engine", "SST",
+                    "--output", "fast", "--sst-policy", "Discard"], tmp_path)
+    run = insitu("stream", "fast", "--var", "V", "--iso", "0.3", *TINY, "--out", "out", cwd=tmp_path, timeout=120)
+    wout, werr = finish(writer)
+    assert run.returncode == 0 and writer.returncode == 0, (run.stdout, run.stderr, werr)
+    trained = [int(r["step"]) for r in read_csv(tmp_path / "out" / "metrics.csv")]
+    assert trained == sorted(trained) and 1 < len(trained) < 50, trained
+    never = max(trained) // 20 - len(trained)       # output k (0, 1, ...) is the simulation's step 20 (k + 1)
+    assert never > 0 and f"done: {len(trained)} step(s) trained, {never} of the stream's steps never arrived (its " \
+        "writer discarded them, SST QueueFullPolicy=Discard" in run.stdout, (trained, run.stdout)
+
+
 def test_sst_writer_killed_mid_stream(tmp_path):
     writer = popen([sys.executable, SIM, "--L", "16", "--steps", "100000", "--plotgap", "10", "--engine", "SST",
                     "--output", "dying", "--sst-queue-limit", "1"], tmp_path)

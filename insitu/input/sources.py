@@ -860,6 +860,15 @@ class SSTSource(_AdiosSource):
     def _params(self) -> dict[str, str]:
         return {"OpenTimeoutSecs": str(max(1, int(np.ceil(self.timeout_s)))), "DataTransport": "WAN"}
 
+    @property
+    def undelivered(self) -> int:
+        """How many of the writer's steps before the last one this reader met never reached it: the writer
+        discarded them (``QueueFullPolicy=Discard`` while this reader trained) or wrote them before it joined
+        (``RendezvousReaderCount=0``). The writer's step indices number its steps; what it discards after the
+        last step met (at its close, say) no reader can see."""
+        indices = set(self._first.values())
+        return max(indices) + 1 - len(indices) if indices else 0
+
     def _open(self) -> None:
         with _stderr_copied():              # _open_error reads what ADIOS2 printed meanwhile
             super()._open()

@@ -355,6 +355,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         kept = comm.mpi.bcast({s: writer.kept_field_hash(s) for s in done} if comm.rank == 0 else None, root=0)
         failed: list[tuple[int, str]] = []
         skipped: list[tuple[int, str]] = []     # steps the source could not use (no such variable, ...) or too small
+        undelivered = 0                         # a stream's steps that never reached its reader (SSTSource)
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
@@ -382,6 +383,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                     if comm.rank == 0 and skipped:
                         writer.record_all("skipped", skipped)
                 missing = sorted(set(cfg.input.steps or ()) - set(getattr(source, "seen", ())))
+                undelivered = getattr(source, "undelivered", 0)
             if missing:
                 seen = list(getattr(source, "seen", []))
                 say(comm, f"insitu: warning: step(s) {', '.join(map(str, missing))} asked for (--steps) are not in "
@@ -405,6 +407,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             text += f", {len(failed)} failed (" + "; ".join(f"step {s}: {m.splitlines()[0]}" for s, m in failed) + ")"
         if skipped:
             text += f", {len(skipped)} skipped ({_reasons(skipped)})"
+        if undelivered:
+            text += (f", {undelivered} of the stream's steps never arrived (its writer discarded them, SST "
+                     "QueueFullPolicy=Discard, while steps trained, or wrote them before this reader joined)")
         say(comm, f"{text}; outputs in {out} (report: {out / 'report.html'})")
         return 0
     except (InputError, ConfigError, RankFailure) as e:     # the same on every rank: rank 0 says it
