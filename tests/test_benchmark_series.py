@@ -49,6 +49,9 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     assert last["below_cold_db"] == round(cold["psnr_foreground"] - warm[-1]["psnr_foreground"], 3)
     assert last["gaussians_over_cold"] == round(warm[-1]["gaussians"] / cold["gaussians"], 3)
     assert "cold_psnr_foreground" not in warm[0].get("extra", {})
+    for row in warm + streamed:                 # what the series cost the simulation, from its own last line
+        assert 0 <= row["extra"]["sim_output_seconds"] <= row["extra"]["sim_seconds"], row["extra"]
+    assert {row["extra"]["sst_policy"] for row in streamed} == {"Block"}
     assert warm[0]["iterations"] == cold["iterations"] == 2
     for name in ("heat_sim.log", "heat.log", "heat_metrics.csv", "heat_cold_metrics.csv", "heat_stream.log",
                  "heat_stream_sim.log", "heat_stream_metrics.csv"):

@@ -18,7 +18,9 @@ with ``--steps N1 N2 ... --set series.warm_start=false`` (one process; rows name
 step's row gains ``extra.cold_psnr_foreground``, ``extra.cold_gaussians``, ``extra.below_cold_db`` (cold
 minus warm surface PSNR) and ``extra.gaussians_over_cold`` (warm / cold).
 ``--stream SERIES`` trains that series once more as it is simulated: the mini-app writing through ADIOS2 SST
-and `insitu stream` reading it (rows SERIES_stream). A series whose simulation fails is one row with its
+(``--sst-policy``: Block, the default, or Discard) and `insitu stream` reading it (rows SERIES_stream). Every row's
+``extra`` holds the simulation's seconds, ``sim_seconds`` and ``sim_output_seconds`` (in output: writing the BP
+file, or waiting for the SST reader): what training the series cost the simulation. A series whose simulation fails is one row with its
 ``error``; so is a replay that trains nothing.
 
 Series (``--only``; each 20 written steps):
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +58,7 @@ from pathlib import Path
 from benchmarks.harness import csv_rows, insitu_argv, kernel_cache, metrics_row, mpi_argv, run_logged, tail
 
 ROOT = Path(__file__).resolve().parents[2]
+SIM_SUMMARY = re.compile(r": ([0-9.]+) s, [0-9.]+ steps/s \(\d+ outputs, ([0-9.]+) s in output\)")  # a mini-app's last line
 VIEWS = ("--views", "448", "--resolution", "1024")
 # --tiny: the tests' tiny step (tests/conftest.py TINY), warm steps as short
 TINY_ARGS = ("--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100",
@@ -115,6 +119,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sim-ranks", type=int, default=1, metavar="K",
                         help="MPI ranks of the mini-app (default 1; its fields do not depend on K: the "
                              "Gray-Scott noise is a hash of the global cell)")
+    parser.add_argument("--sst-policy", default="Block", choices=("Block", "Discard"),
+                        help="the stream's SST QueueFullPolicy (default Block: the simulation waits for the "
+                             "training; Discard: it keeps its pace and the steps it outruns are dropped)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a configuration override of every replay and stream (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the BP files, in the run's folder")
@@ -222,13 +229,29 @@ def simulate(args, name: str, series: Series, work: Path) -> tuple[Path | None, 
     return bp, None
 
 
+def sim_seconds(log: Path) -> dict:
+    """The mini-app's own figures from the last summary line of its ``log``: ``sim_seconds`` (its wall time) and
+    ``sim_output_seconds`` (of which in output: writing, or waiting for an SST reader); {} without one."""
+    found = list(SIM_SUMMARY.finditer(log.read_text(errors="replace"))) if log.is_file() else []
+    return {"sim_seconds": float(found[-1][1]), "sim_output_seconds": float(found[-1][2])} if found else {}
+
+
+def with_sim(rows: list[dict], figures: dict) -> list[dict]:
+    """``rows`` (the trained ones) with the simulation's ``figures`` in their ``extra``."""
+    for r in rows:
+        if "error" not in r and figures:
+            r.setdefault("extra", {}).update(figures)
+    return rows
+
+
 def stream(args, name: str, series: Series, work: Path) -> list[dict]:
-    """The series simulated again, through SST, while `insitu stream` trains it: rows ``NAME_stream``."""
+    """The series simulated again, through SST (``--sst-policy``), while `insitu stream` trains it: rows
+    ``NAME_stream``, each with the simulation's seconds (:func:`sim_seconds`) and its policy."""
     label = f"{name}_stream"
     contact = f"{name}_sst"
     sim_log, log = args.run_dir / f"{label}_sim.log", args.run_dir / f"{label}.log"
     argv = mpi_argv(args.sim_ranks, sim_argv(series, args.tiny, "--engine", "SST", "--output", contact,
-                                             "--sst-readers", str(args.ranks)))
+                                             "--sst-readers", str(args.ranks), "--sst-policy", args.sst_policy))
     with sim_log.open("w") as f:
         f.write("$ " + " ".join(argv) + "\n")
         f.flush()
@@ -250,7 +273,8 @@ def stream(args, name: str, series: Series, work: Path) -> list[dict]:
             writer.kill()
             writer.wait()
     cmd = " ".join(["insitu", "stream", contact, *user_args(args, series)])
-    rows = collect(args, label, out, log, rc, cmd, cache)
+    rows = with_sim(collect(args, label, out, log, rc, cmd, cache),
+                    {**sim_seconds(sim_log), "sst_policy": args.sst_policy})
     if writer.returncode != 0:
         rows.append({"name": label, "cmd": " ".join(argv[1:]), "device": args.device,
                      "error": f"simulation: exit {writer.returncode}: {tail(sim_log) or 'no output'} ({sim_log.name})"})
@@ -273,7 +297,7 @@ def run(args) -> list[dict]:
                 continue
             only = ("--steps", *map(str, args.steps)) if args.steps else ()
             label = f"{name}_from{args.steps[0]}" if args.steps else name      # a part of the series: its own rows
-            warm = replay(args, label, series, bp, work, *only)
+            warm = with_sim(replay(args, label, series, bp, work, *only), sim_seconds(args.run_dir / f"{name}_sim.log"))
             for variant_name, sets in args.variant:
                 rows += replay(args, f"{label}_{variant_name}", series, bp, work, *only, *sets)
             trained = [r["step"] for r in warm if "error" not in r and "step" in r]
