@@ -20,8 +20,8 @@ minus warm surface PSNR) and ``extra.gaussians_over_cold`` (warm / cold).
 ``--stream SERIES`` trains that series once more as it is simulated: the mini-app writing through ADIOS2 SST
 (``--sst-policy``: Block, the default, or Discard) and `insitu stream` reading it (rows SERIES_stream). Every row's
 ``extra`` holds the simulation's seconds, ``sim_seconds`` and ``sim_output_seconds`` (in output: writing the BP
-file, or waiting for the SST reader): what training the series cost the simulation. A series whose simulation fails is one row with its
-``error``; so is a replay that trains nothing.
+file, or waiting for the SST reader): what training the series cost the simulation. A series whose simulation
+fails is one row with its ``error``; so is a replay that trains nothing.
 
 Series (``--only``; each 20 written steps):
 
@@ -58,7 +58,8 @@ from pathlib import Path
 from benchmarks.harness import csv_rows, insitu_argv, kernel_cache, metrics_row, mpi_argv, run_logged, tail
 
 ROOT = Path(__file__).resolve().parents[2]
-SIM_SUMMARY = re.compile(r": ([0-9.]+) s, [0-9.]+ steps/s \(\d+ outputs, ([0-9.]+) s in output\)")  # a mini-app's last line
+# a mini-app's last line: its wall seconds and those in output
+SIM_SUMMARY = re.compile(r": ([0-9.]+) s, [0-9.]+ steps/s \(\d+ outputs, ([0-9.]+) s in output\)")
 VIEWS = ("--views", "448", "--resolution", "1024")
 # --tiny: the tests' tiny step (tests/conftest.py TINY), warm steps as short
 TINY_ARGS = ("--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100",
@@ -238,8 +239,8 @@ def sim_seconds(log: Path) -> dict:
 
 def with_sim(rows: list[dict], figures: dict) -> list[dict]:
     """``rows`` (the trained ones) with the simulation's ``figures`` in their ``extra``."""
-    for r in rows:
-        if "error" not in r and figures:
+    for r in rows if figures else []:
+        if "error" not in r:
             r.setdefault("extra", {}).update(figures)
     return rows
 
@@ -297,7 +298,8 @@ def run(args) -> list[dict]:
                 continue
             only = ("--steps", *map(str, args.steps)) if args.steps else ()
             label = f"{name}_from{args.steps[0]}" if args.steps else name      # a part of the series: its own rows
-            warm = with_sim(replay(args, label, series, bp, work, *only), sim_seconds(args.run_dir / f"{name}_sim.log"))
+            warm = with_sim(replay(args, label, series, bp, work, *only),
+                            sim_seconds(args.run_dir / f"{name}_sim.log"))
             for variant_name, sets in args.variant:
                 rows += replay(args, f"{label}_{variant_name}", series, bp, work, *only, *sets)
             trained = [r["step"] for r in warm if "error" not in r and "step" in r]

@@ -155,14 +155,15 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     iters = iterations if iterations is not None else cfg.train.iterations
     block = readable_block(block)                   # float16, long double, other byte orders: as scipy, torch read
     decomposition = check_input(block, cfg, comm)
-    frame = Frame.of(block)
-    block, warm = frame.inside(block), in_frame(warm, frame)
-    layout = choose_layout(cfg, comm, block, decomposition)
     previous = warm                                 # the time budget's, a step started cold instead's too
+                                                    # (a keyframe's is dropped before it is moved to this frame)
     if warm is not None and 0 < cfg.series.cold_every <= warm.warm_chain + 1:
         note(f"step {step}: starts cold after {warm.warm_chain} warm step(s) in a row (series.cold_every "
              f"{cfg.series.cold_every}: one step in {cfg.series.cold_every} starts cold)", show)
         warm, iters = None, cfg.train.iterations
+    frame = Frame.of(block)
+    block, warm = frame.inside(block), in_frame(warm, frame)
+    layout = choose_layout(cfg, comm, block, decomposition)
     ahead = using.compile_ahead(cfg, comm)          # the planned shapes (started at the run's start, if it was)
     seeding = seed_shard(block, cfg, comm, warm.gaussians if warm is not None else None,
                          growth=warm.growth if warm is not None else 1.0,
