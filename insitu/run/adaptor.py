@@ -348,14 +348,22 @@ class Adaptor:
         """``execute()`` for the C API: fields as raw buffers, viewed without a copy.
 
         buffers: (name, buffer or None, dtype code of ``C_DTYPES``) per field; each buffer
-                 holds ``count[0] * count[1] * count[2]`` values, x fastest.
+                 holds ``count[0] * count[1] * count[2]`` values, x fastest. A name that is not UTF-8
+                 comes as bytes (refused, naming it).
         count:   (nx, ny, nz) samples this rank holds.
         """
         error = None
         fields: dict[str, np.ndarray] = {}
         try:
             count = _integers("count", count)
+            low = [a for a in range(3) if count[a] < 1]
+            if low:
+                raise InputError(f"count {count} (x, y, z): expected at least 1 sample this rank holds along each "
+                                 f"axis, got count[{low[0]}] = {count[low[0]]}")
+            samples = math.prod(count)
             for name, buf, code in buffers:
+                if isinstance(name, bytes):
+                    raise InputError(f"field name {name!r}: not UTF-8 text; expected a name in UTF-8, such as 'V'")
                 if not name:
                     raise InputError("field name: expected a non-empty string, got NULL or ''")
                 if code not in C_DTYPES:
@@ -363,6 +371,14 @@ class Adaptor:
                                      + ", ".join(f"{k} ({v})" for k, v in C_DTYPES.items()))
                 if buf is None:
                     raise InputError(f"field {name}: data is a NULL pointer")
+                nbytes = samples * C_DTYPES[code].itemsize
+                if nbytes > sys.maxsize:
+                    raise InputError(f"count {count} (x, y, z): {samples:.3g} samples of field {name} "
+                                     f"({C_DTYPES[code]}) are {nbytes:.3g} bytes, more than a process can address; "
+                                     "expected the samples this rank holds")
+                if memoryview(buf).nbytes != nbytes:
+                    raise InputError(f"field {name}: {memoryview(buf).nbytes} bytes given, expected {nbytes} "
+                                     f"(count {count} of {C_DTYPES[code]})")
                 fields[name] = np.frombuffer(buf, dtype=C_DTYPES[code]).reshape(count[::-1])
         except (InputError, ValueError, TypeError) as e:
             error = str(e)
