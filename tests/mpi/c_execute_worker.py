@@ -21,7 +21,8 @@ rc = lib.insitu_initialize(ctypes.c_int(MPI._handleof(comm)), sys.argv[2].encode
 assert rc == 0, lib.insitu_last_error()
 triple = ctypes.c_int64 * 3
 u = np.zeros((4, 4, 4), np.float32)
-cases = {"negative count": (b"U", (4, 4, -5)), "huge count": (b"U", (2**21,) * 3), "non-UTF-8 name": (b"U\xff", (4, 4, 4))}
+cases = {"negative count": (b"U", (4, 4, -5)), "huge count": (b"U", (2**21,) * 3),
+         "non-UTF-8 name": (b"U\xff", (4, 4, 4))}
 for step, (case, (name, count)) in enumerate(cases.items()):
     if rank != 1:
         name, count = b"U", (4, 4, 4)
