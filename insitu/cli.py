@@ -158,14 +158,12 @@ def _flag_text(key: str, value: Any) -> str:
 
 
 def command_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The configuration keys the command line sets, by flags and ``--set``; a ConfigError when two of them set one
-    key to different values (``--iterations 10 --set train.iterations=20``), which would keep one without a word."""
+    """The configuration keys the command line sets, by flags and ``--set``; a ConfigError when a flag and ``--set``
+    set one key to different values (``--iterations 10 --set train.iterations=20``), which would keep the flag's
+    whatever their order. Of two ``--set`` of one key the later wins, as of two flags (scripts add to a base)."""
     given: dict[str, tuple[str, Any]] = {}      # key -> (how it was given, value)
     for text in args.set:
         key, value = parse_override(text)
-        given_before = given.get(key)
-        if given_before is not None and not same_value(key, given_before[1], value):
-            raise ConfigError(f"{key}: set twice, by {given_before[0]} and by --set {text}; give it once")
         given[key] = (f"--set {text}", value)
     for dest, value in vars(args).items():
         if not dest.startswith(CONFIG_DEST) or value is None:
