@@ -109,9 +109,13 @@ class SeedConfig:
     budget: int = constrained(2_000_000, POSITIVE, doc="the most Gaussians a step starts with, over all ranks "
                               "(--budget)")
     thickness: float = constrained(0.1, POSITIVE, FRACTION, doc="each disc's thickness as a fraction of its "
-                                   "radius; its thin axis is its normal, which the lit colour model shades with")
-    opacity: float = constrained(0.5, OPEN_FRACTION, doc="every seed's initial opacity (its logit is the "
-                                 "parameter trained)")
+                                   "in-plane size; its thin axis is its normal, which the lit colour model shades with")
+    opacity: float = constrained(0.95, OPEN_FRACTION, doc="every seed's initial opacity (its logit is the "
+                                 "parameter trained): nearly opaque, so that the discs together draw the surface "
+                                 "opaque before any training")
+    footprint: float = constrained(0.6, POSITIVE, doc="each seed's in-plane standard deviation as a multiple of the "
+                                   "mean spacing of the seeds (the square root of the area each stands for): larger "
+                                   "covers the surface more opaquely, smaller draws it sharper")
     fill: bool = documented(False, "with seeds.density 0: true draws seeds.budget points on the triangles, false "
                             "takes one Gaussian per marching-cubes vertex (at most the budget); true with a "
                             "density above 0 is refused")
@@ -177,7 +181,7 @@ class DensifyConfig:
                                        "Gaussians fainter than this opacity, and an opacity reset caps every "
                                        "opacity at twice it; 0 only without resets (reset_every 0)")
     reset_every: int = constrained(3000, NON_NEGATIVE, doc="iterations between opacity resets, only in the first "
-                                   "half of training (so none within the default 1500 iterations); 0: none")
+                                   "half of training (so none within the default 400 iterations); 0: none")
     max_gaussians: int = constrained(5_000_000, POSITIVE, doc="the most Gaussians densification grows the model "
                                      "to, over all ranks")
 
@@ -186,8 +190,9 @@ class DensifyConfig:
 class TrainConfig:
     """The optimisation: loss, learning rates, densification and when a step stops."""
 
-    iterations: int = constrained(1500, POSITIVE, doc="optimiser steps per timestep, each of train.batch views "
-                                  "(--iterations); the means' learning rate decays over them")
+    iterations: int = constrained(400, POSITIVE, doc="optimiser steps per timestep, each of train.batch views "
+                                  "(--iterations); the means' learning rate decays over them; a step starts from "
+                                  "seeds that already draw the surface, so a short refinement is enough")
     batch: int = constrained(4, POSITIVE, doc="views per optimiser step (--batch); on a GPU a step's work on "
                              "every Gaussian (projection, colours, Adam) is shared by its views, so each view costs "
                              "less")
@@ -197,7 +202,7 @@ class TrainConfig:
     sh_degree: int = constrained(3, NON_NEGATIVE, doc="sh: the SH degree trained, reached one band every "
                                  "train.sh_increase_every iterations; lit: the degree of model.ply's SH fit of the "
                                  "headlight (output.ply_light headlight) unless output.sh_degree is set; 0 to 3")
-    sh_increase_every: int = constrained(300, POSITIVE, doc="iterations between one SH band and the next")
+    sh_increase_every: int = constrained(100, POSITIVE, doc="iterations between one SH band and the next")
     lr_means: float = constrained(1.6e-4, POSITIVE, doc="the means' (positions') learning rate at the start, "
                                   "times the scene's extent; it decays log-linearly to train.lr_means_final")
     lr_means_final: float = constrained(1.6e-6, NON_NEGATIVE, doc="the means' learning rate at the end, times the "
@@ -352,11 +357,12 @@ class SeriesConfig:
 
     warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
                                   "still on the surface, new seeds where it is not) instead of fresh seeds")
-    follow_iterations: bool = documented(True, "a warm step whose model starts as a share s of new seeds (surface "
+    follow_iterations: bool = documented(False, "a warm step whose model starts as a share s of new seeds (surface "
                                          "that moved or is new) trains series.warm_iterations + s * "
                                          "(train.iterations - series.warm_iterations) iterations: an unchanged "
                                          "surface the warm iterations, a wholly new one a cold step's; false: "
-                                         "series.warm_iterations alone")
+                                         "series.warm_iterations alone (new surface is converted into seeds that "
+                                         "draw it, as a cold step's are)")
     cold_above: float = constrained(0.85, FRACTION, doc="a warm start whose new seeds are more than this share of "
                                     "its Gaussians (a surface that moved almost wholly) is dropped and the step "
                                     "starts cold: it would train nearly a cold step's iterations from a start no "
@@ -367,7 +373,7 @@ class SeriesConfig:
                                   "drifts under its cold steps, by about 0.6 dB after four warm steps and 1.1 dB "
                                   "after nine (docs/log.md), and a cold step ends the drift; 0: only the first "
                                   "step and the rules above start cold")
-    warm_iterations: int = constrained(250, POSITIVE, doc="optimiser steps of a warm-started step (at most "
+    warm_iterations: int = constrained(200, POSITIVE, doc="optimiser steps of a warm-started step (at most "
                                        "train.iterations); its new seeds need some; with a quality target "
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "
                                        "trains up to train.iterations instead, until the target or "

@@ -1,10 +1,10 @@
 """A step's initial shard: Gaussians seeded on this rank's part of the isosurface, or the previous step's refit to it.
 
 :func:`seed_shard` extracts the surface (:func:`insitu.surface.seeds.extract_seeds`), refuses one too small to
-train (:func:`check_surface`), takes this rank's share of :func:`seed_count` seeds, and either seeds them
-(:func:`insitu.surface.seeds.init_gaussians`) or makes the previous step's shard follow the surface
-(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`); the lit colour model's seeds are turned and
-coloured as the ground truth shades the surface (:func:`lit_seeds`). Once the ground truth is cast,
+train (:func:`check_surface`), and either converts it into :func:`seed_count` seeds that already draw it
+(:func:`cold_shard`: :func:`insitu.surface.conversion.convert`) or makes the previous step's shard follow the surface
+(:func:`warm_shard`, the policy of :mod:`insitu.surface.follow`, its new surface converted); the lit colour model's
+seeds are turned and coloured as the ground truth shades the surface (:func:`lit_seeds`). Once the ground truth is cast,
 :func:`init_colors` gives the SH model's seeds their colours from it. :func:`surface_targets` are the points the
 close-up cameras look at.
 """
@@ -23,10 +23,11 @@ from insitu.groundtruth.scene import Scene, global_range
 from insitu.groundtruth.views import pixels_per_area
 from insitu.surface.follow import SLACK, plan, submesh, uncovered
 from insitu.surface.gaussians import Gaussians, rgb_to_sh0
+from insitu.surface.conversion import IsoField, convert, point_hash
 from insitu.surface.seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from insitu.training.appearance import BlockSamples, base_colors
 from insitu.training.trainer import colors_from_images, training_blur
-from insitu.volume import Block, unit_field
+from insitu.volume import Block
 
 
 @dataclass
@@ -105,18 +106,6 @@ def surface_targets(comm, seeds: Seeds, count: int = 512, seed: int = 0) -> np.n
     return all_points[first[:count]]
 
 
-def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
-    """``[M]`` uint64 keys of ``points: [M, 3]``, a function of their coordinates rounded to 1e-3 and of
-    ``seed`` alone (a 64-bit integer mix), so the same point gets the same key on any rank."""
-    q = np.round(np.asarray(points, np.float64).reshape(-1, 3) * 1000.0).astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        h = np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
-        for axis in range(3):
-            h = (h ^ q[:, axis]) * np.uint64(0xBF58476D1CE4E5B9)
-            h ^= h >> np.uint64(31)
-    return h
-
-
 def seeds_fill(cfg: Config) -> bool:
     """Whether seeds are points drawn on the triangles (a density of seeds per pixel, or with ``seeds.density: 0``
     and ``seeds.fill`` the budget's) rather than the marching-cubes vertices: cold and warm starts alike."""
@@ -143,6 +132,7 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     value_range = global_range(comm, block.data)   # every rank's block brought to unit size alike
     with comm.phase("seeds"):
         seeds = extract_seeds(block, cfg.input.iso, value_range=value_range)
+        field = IsoField(block, cfg.input.iso, comm.device, value_range=value_range)
     total_area = comm.mpi.allreduce(seeds.total_area)
     check_surface(comm, seeds, total_area, block, cfg, value_range)
     share = seeds.total_area / total_area if total_area > 0 else 0.0
@@ -150,24 +140,40 @@ def seed_shard(block: Block, cfg: Config, comm, warm: Gaussians | None, *, growt
     fresh, settled, follow, ceiling, restart = None, None, None, None, None
     with comm.phase("initialise Gaussians"):
         if warm is not None:
-            shard, fresh, settled, follow = warm_shard(warm, seeds, cfg, block, comm.device,
+            shard, fresh, settled, follow = warm_shard(warm, seeds, cfg, block, field,
                                                        expected=count * share * growth,
                                                        ceiling=int(cfg.train.densify.max_gaussians * share),
-                                                       then=offsets, rank=comm.rank)
+                                                       then=offsets)
             ceiling = min(cfg.train.densify.max_gaussians, math.ceil(SLACK * count * growth))
             new, total = comm.mpi.allreduce(np.array([follow.new, len(shard)], np.int64)).tolist()
             if new > cfg.series.cold_above * total:         # moved almost wholly: no better than fresh seeds
                 restart, warm, fresh, settled, follow, ceiling = new / total, None, None, None, None, None
         if warm is None:
-            shard = init_gaussians(seeds, int(round(count * share)), color=cfg.views.surface_color,
-                                   opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
-                                   sh_degree=model_sh_degree(cfg), seed=cfg.train.seed + comm.rank,
-                                   fill=seeds_fill(cfg), device=comm.device)
+            shard = cold_shard(seeds, count, total_area, field, cfg, seed=cfg.train.seed + comm.rank)
         if lit:                                  # normals and base colours: the ground truth's at each seed
-            shard, fresh = lit_seeds(shard, block, cfg, color_range, only=fresh), None
+            shard, fresh = lit_seeds(shard, block, cfg, color_range, field=field, only=fresh), None
     needed = cfg.views.closeups > 0 or cfg.views.held_out > 0
     targets = surface_targets(comm, seeds, seed=cfg.train.seed) if needed else np.zeros((0, 3))
     return Seeding(shard, fresh, share, targets, follow, ceiling, settled, restart)
+
+
+def cold_shard(seeds: Seeds, count: int, total_area: float, field: IsoField, cfg: Config, *, seed: int) -> Gaussians:
+    """A cold start's Gaussians on this rank's part of the surface: with :func:`seeds_fill`, the surface converted
+    (:func:`insitu.surface.conversion.convert`) at ``count`` seeds over its whole area ``total_area`` (every rank's,
+    so that the surface gets the same seeds on any number of ranks); else discs on its marching-cubes vertices,
+    this rank's share of ``count`` (drawn by area with ``seed`` where there are more). On ``field``'s device."""
+    if seeds_fill(cfg):
+        return convert(seeds, count / total_area, field, **disc_settings(cfg), seed=cfg.train.seed)
+    return init_gaussians(seeds, int(round(count * seeds.total_area / total_area)), color=cfg.views.surface_color,
+                          opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness, sh_degree=model_sh_degree(cfg),
+                          seed=seed, device=field.volume.device)
+
+
+def disc_settings(cfg: Config, sh_degree: int | None = None) -> dict:
+    """The discs' settings of a conversion (:func:`insitu.surface.conversion.convert`) in ``cfg``, at the model's
+    SH degree or ``sh_degree``."""
+    return dict(footprint=cfg.seeds.footprint, opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
+                color=cfg.views.surface_color, sh_degree=model_sh_degree(cfg) if sh_degree is None else sh_degree)
 
 
 MIN_SURFACE_PIXELS = 1.0               # a surface that covers less of a view leaves nothing to train on: a
@@ -194,17 +200,18 @@ def check_surface(comm, seeds: Seeds, total_area: float, block: Block, cfg: Conf
 
 
 def lit_seeds(shard: Gaussians, block: Block, cfg: Config, color_range: tuple[float, float] | None, *,
-              only: Tensor | None = None) -> Gaussians:
+              field: IsoField | None = None, only: Tensor | None = None) -> Gaussians:
     """The lit colour model's seeds: each disc turned to the ground truth's normal at its centre and
     given the ground truth's base colour there (:class:`insitu.training.appearance.BlockSamples`,
     :func:`insitu.training.appearance.base_colors`), so that it starts shaded as the surface it stands for.
-    ``only``: [N] bool, the Gaussians to set (a warm start's new seeds); default all. Local."""
+    ``field``: the block's field at unit size (:class:`insitu.surface.conversion.IsoField`, the step's), else made
+    here. ``only``: [N] bool, the Gaussians to set (a warm start's new seeds); default all. Local."""
     if len(shard) == 0:
         return shard
     device = shard.means.device
-    unit, _ = unit_field(block.data, cfg.input.iso)
-    samples = BlockSamples(torch.from_numpy(np.ascontiguousarray(unit)).to(device), origin=block.origin,
-                           spacing=block.spacing, start=block.start)
+    if field is None:
+        field = IsoField(block, cfg.input.iso, device)
+    samples = BlockSamples(field.volume.to(device), origin=block.origin, spacing=block.spacing, start=block.start)
     pick = torch.ones(len(shard), dtype=torch.bool, device=device) if only is None else only.to(device)
     means = shard.means[pick]
     quats, sh0 = shard.quats.clone(), shard.sh0.clone()
@@ -219,9 +226,8 @@ SETTLED_CELLS = 0.05    # a kept Gaussian whose offset from the surface changed 
                         # the surface moved: its opacity learns at the full rate, as a new seed's does
 
 
-def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device, *, expected: float,
-               ceiling: int | None = None, then: Tensor | None = None,
-               rank: int = 0) -> tuple[Gaussians, Tensor, Tensor, Follow]:
+def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, field: IsoField, *, expected: float,
+               ceiling: int | None = None, then: Tensor | None = None) -> tuple[Gaussians, Tensor, Tensor, Follow]:
     """The previous step's shard made to follow the new surface (:func:`insitu.surface.follow.plan`, on
     ``device``): the Gaussians whose centre is off it go (stale: a quarter of a cell off it, and as far beyond
     ``then``, their offsets when their step ended, where known: :func:`insitu.surface.follow.stale`), so do the
@@ -235,23 +241,21 @@ def warm_shard(warm: Gaussians, seeds: Seeds, cfg: Config, block: Block, device,
     start's colours, :func:`init_colors`; the kept Gaussians keep their trained ones), ``settled: [N]`` bool,
     the kept Gaussians where the surface did not move (their offset from it changed by at most
     ``SETTLED_CELLS`` since ``then``; all kept ones where ``then`` is unknown): their opacities learn slower
-    (:class:`insitu.training.trainer.Trainer`), and the counts (:class:`Follow`). ``rank``: this rank's number,
-    for the new seeds' draws (as a cold start's).
+    (:class:`insitu.training.trainer.Trainer`), and the counts (:class:`Follow`). The new seeds are converted
+    (:func:`insitu.surface.conversion.convert`) on ``field``'s device, as a cold start's.
     """
+    device = field.volume.device
     old = warm.to(device)
     p = plan(block, cfg.input.iso, seeds, old.means, old.opacity_logits, expected, ceiling=ceiling, then=then,
              faint=cfg.train.densify.prune_opacity, device=device)
     kept = old.select(p.keep)
-    draw = dict(color=cfg.views.surface_color, opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness,
-                sh_degree=old.sh_degree, fill=True, device=device)
+    discs = disc_settings(cfg, old.sh_degree)
     parts = [kept]
-    if p.budget.new > 0:                        # drawn on the new triangles, kept where no kept centre covers
-        part = submesh(seeds, p.new.cpu().numpy())
-        drawn = init_gaussians(part, int(round(p.budget.density * part.total_area)), seed=cfg.train.seed + rank,
-                               **draw)
+    if p.budget.new > 0:                        # converted on the new triangles, kept where no kept centre covers
+        drawn = convert(submesh(seeds, p.new.cpu().numpy()), p.budget.density, field, **discs, seed=cfg.train.seed + 1)
         parts.append(drawn.select(uncovered(drawn.means, p.projected, p.coverage.radius)))
-    if p.budget.extra > 0:                      # the kept model too thin: more on the whole surface
-        parts.append(init_gaussians(seeds, p.budget.extra, seed=cfg.train.seed + rank + 7919, **draw))
+    if p.budget.extra > 0 and seeds.total_area > 0:     # the kept model too thin: more on the whole surface
+        parts.append(convert(seeds, p.budget.extra / seeds.total_area, field, **discs, seed=cfg.train.seed + 2))
     shard = Gaussians.cat(parts)
     fresh = torch.arange(len(shard), device=device) >= len(kept)
     settled = ~fresh
