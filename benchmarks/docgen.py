@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ORDER = ("fidelity", "demo", "series", "coldstart", "fidab", "speed", "scale")
 HEADERS = {
     "name": "", "step": "step", "ranks": "ranks", "psnr_foreground": "surface (dB)", "psnr": "full image (dB)",
+    "psnr_foreground_initial": "seeds' surface (dB)", "extra.cold_psnr_foreground": "cold (dB)",
     "ssim_foreground": "surface SSIM", "psnr_foreground_near2": "2× closer", "psnr_foreground_near3": "3× closer",
     "psnr_foreground_off": "off the orbit", "ply_psnr_foreground": "`model.ply`", "spz_psnr_foreground": "`model.spz`", "gaussians": "Gaussians",
     "iterations": "iterations", "seconds": "total (s)", "seeds_seconds": "seeds (s)",

@@ -30,6 +30,8 @@ CASE = {
     "kernel_cache": (str, "'cold' (the process began with an empty kernel cache / first on the machine) "
                           "or 'warm'; absent where no kernels compile (CPU) or unknown"),
     "psnr_foreground": (NUMBER, "surface PSNR (dB): held-out views on the orbit, pixels of the surface"),
+    "psnr_foreground_initial": (NUMBER, "the same of the step's initial model, before any iteration (its seeds, or "
+                                        "its warm start)"),
     "ssim_foreground": (NUMBER, "surface SSIM of the same views"),
     "psnr": (NUMBER, "whole-image PSNR (dB) of the same views"),
     "psnr_foreground_near2": (NUMBER, "surface PSNR (dB) of held-out views 2x closer"),

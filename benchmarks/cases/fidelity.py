@@ -40,8 +40,8 @@ DEFAULT = ("bonsai", "engine", "bonsai4m")
 # --tiny: the tests' tiny step (tests/conftest.py TINY) on a 16^3 ball
 TINY_ARGS = ("--views", "8", "--resolution", "16", "--iterations", "2", "--budget", "100",
              "--set", "views.supersample=1")
-COLUMNS = ("name", "psnr_foreground", "psnr", "psnr_foreground_near2", "psnr_foreground_near3",
-           "psnr_foreground_off", "ply_psnr_foreground", "gaussians", "seconds", "kernel_cache")
+COLUMNS = ("name", "psnr_foreground_initial", "psnr_foreground", "psnr", "psnr_foreground_near2",
+           "psnr_foreground_near3", "psnr_foreground_off", "ply_psnr_foreground", "gaussians", "seconds", "kernel_cache")
 
 
 def add_arguments(parser) -> None:

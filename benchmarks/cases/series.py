@@ -69,11 +69,11 @@ EXTRA = ("gaussians_initial", "target_reached_at", "evaluation_seconds", "initia
          "color_init_seconds", "scene_seconds", "export_seconds", "model_write_seconds", "web_model_bytes")
 # metrics.csv columns that are neither a figure here nor of interest (status, configuration echoes)
 IGNORED = ("status", "reason", "time", "color_model", "eps2d", "antialiased", "test_views", "sh_degree", "lpips",
-           "psnr_white", "psnr_initial", "psnr_foreground_initial", "ply_ssim_foreground", "ply_psnr", "ply_ssim",
+           "psnr_white", "psnr_initial", "ply_ssim_foreground", "ply_psnr", "ply_ssim",
            "ssim", "ssim_foreground_near2", "ssim_foreground_near3", "ssim_foreground_off", "psnr_near2",
            "psnr_near3", "psnr_off")
-COLUMNS = ("name", "step", "psnr_foreground", "extra.cold_psnr_foreground", "psnr_foreground_near2",
-           "psnr_foreground_near3", "psnr_foreground_off", "ply_psnr_foreground", "spz_psnr_foreground", "gaussians",
+COLUMNS = ("name", "step", "psnr_foreground_initial", "psnr_foreground", "extra.cold_psnr_foreground",
+           "psnr_foreground_near2", "psnr_foreground_near3", "psnr_foreground_off", "ply_psnr_foreground", "spz_psnr_foreground", "gaussians",
            "extra.cold_gaussians", "iterations", "seeds_seconds", "train_seconds", "seconds", "model_bytes")
 
 
