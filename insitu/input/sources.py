@@ -292,12 +292,26 @@ class _AdiosSource(_Source):
         self._said.add(text)
 
     # -- one step ------------------------------------------------------------------------------
+    def _next_status(self):
+        """ADIOS2's ``begin_step``, waiting up to ``timeout_s`` for the next step without holding the GIL: the
+        adios2 binding holds it for as long as ``begin_step`` waits, which would stop the step writer's thread
+        (the step just trained stays a ``.step_*.tmp`` folder) and every signal handler (Ctrl-C, SIGTERM) for that
+        long. So it asks without waiting (timeout 0: a BP file that is still written, or an SST stream, answers
+        at once) and sleeps ``POLL_S`` between asks, in Python."""
+        not_ready = _adios2().bindings.StepStatus.NotReady
+        deadline = _time.monotonic() + self.timeout_s
+        while True:
+            status = self._stream.begin_step(timeout=0.0)
+            if status != not_ready or _time.monotonic() >= deadline:
+                return status
+            _time.sleep(min(POLL_S, max(deadline - _time.monotonic(), 0.0)))
+
     def _begin(self) -> tuple[str, int | None]:
         """Begin the next step: ("ok", step number) | ("end", None); raises SourceError."""
         adios2 = _adios2()
         s = self._stream
         try:
-            status = s.begin_step(timeout=self.timeout_s)
+            status = self._next_status()
         except Exception as e:
             raise self._step_error(e) from None
         if status == adios2.bindings.StepStatus.EndOfStream:
@@ -608,6 +622,7 @@ class _AdiosSource(_Source):
 
 
 NONFINITE = ("error", "outside")
+POLL_S = 0.05                   # seconds between asks for the next step of a stream (_AdiosSource._next_status)
 _NUMERIC = ("int8_t", "char", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t", "uint64_t",
             "float", "double", "long double")
 _OPERATORS: dict[str, bool] = {}

@@ -382,6 +382,23 @@ class StepWriter:
         writing, self._writing = self._writing, None
         return None if writing is None else writing.result()
 
+    def close(self) -> BaseException | None:
+        """End the writer, however the run ends (an error, Ctrl-C, SIGTERM): the step that :meth:`later` writes is
+        written to its end (a step reported as written is kept), then the folders of steps in the making that no
+        job will complete are removed, and the thread ends. Returns the written step's error, if any, instead of
+        raising it (the caller may be handling another). For the process that writes the folder (rank 0)."""
+        error = None
+        try:
+            self.wait()
+        except Exception as e:                  # (a second Ctrl-C while it waits is raised)
+            error = e
+        for step in list(self._pending):
+            shutil.rmtree(self._pending.pop(step), ignore_errors=True)
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        return error
+
     def _folder(self, step: int) -> Path:
         """The step's temporary folder (made on first use; :meth:`write` renames it into place)."""
         if int(step) not in self._pending:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from insitu.config import FILE_KINDS, Config, check_backend, check_memory
-from insitu.errors import ConfigError, InputError, RankFailure, SurfaceTooSmall
+from insitu.errors import ConfigError, InputError, RankFailure, SurfaceTooSmall, Terminated
 from insitu.parallel.agreement import agree_errors, first_error
 from insitu.progress import summary
 from insitu.run.demo import check_demo, run_demo
@@ -332,7 +332,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         return 2
     out = Path(cfg.output.dir)
     provenance = run_provenance(args)
-    lock = None
+    lock, writer = None, None
     try:
         compare_configs(comm.mpi, cfg, cfg.run.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
@@ -419,18 +419,58 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     except OSError as e:                    # disk full...: in a parallel run, agreed (a RankFailure)
         print(f"insitu: error: {e}", file=sys.stderr, flush=True)
         if comm.size > 1:
+            _finish(writer, lock)
             comm.mpi.Abort(1)
         return 1
+    except KeyboardInterrupt as e:          # Ctrl-C, SIGTERM (Terminated): what is finished stays
+        return _interrupted(e, comm, writer, lock, out)
     except Exception:                       # unexpected: never leave the other ranks waiting
         traceback.print_exc()
         sys.stderr.flush()
         if comm.size > 1:
+            _finish(writer, lock)
             comm.mpi.Abort(1)
         return 1
     finally:
-        if lock is not None:
-            lock.release()
+        _finish(writer, lock)
         shutdown(comm)
+
+
+def _finish(writer, lock) -> None:
+    """The end of a run, however it ends: the step being written finished (the writer's thread), what no job will
+    complete removed, then the output folder's lock released; a failed write said in one line."""
+    if writer is not None:
+        error = writer.close()
+        if error is not None:
+            print(f"insitu: error: {error}", file=sys.stderr, flush=True)
+    if lock is not None:
+        lock.release()
+
+
+def _interrupted(e: KeyboardInterrupt, comm, writer, lock, out: Path) -> int:
+    """End a run that Ctrl-C (SIGINT) or SIGTERM (:class:`insitu.errors.Terminated`) interrupted: exit 130 or 143.
+    Rank 0 finishes the step being written (:func:`_finish`: a step reported as written is kept, no ``.tmp`` stays,
+    the lock is released) and says what the folder holds; in a parallel run it then ends every rank
+    (``MPI_Abort``: a rank may wait in a collective that the interrupted ranks never join), and the other ranks wait
+    for that (up to ``run.timeout_s``) instead of ending first, which would make the MPI launcher kill rank 0 while it
+    writes."""
+    terminated = isinstance(e, Terminated)
+    code, name = (143, "SIGTERM") if terminated else (130, "SIGINT")
+    if comm.rank == 0:
+        _finish(writer, lock)
+        kept = writer.trained if writer is not None else []
+        text = (f"{len(kept)} step(s) complete in {out} ({_steps_text(kept)}): give --resume to train the others"
+                if kept else f"no step complete in {out}")
+        print(f"insitu: interrupted ({name}); {text}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            sys.stdout.flush()
+            comm.mpi.Abort(code)
+    elif comm.size > 1:
+        import time
+
+        time.sleep(comm.timeout_s)
+        os._exit(code)
+    return code
 
 
 def _agreed(comm, check):
