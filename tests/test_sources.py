@@ -157,10 +157,17 @@ def test_bp_origin_and_spacing_come_from_attributes(tmp_path):
 
 
 def test_bp_missing_variable_skips_the_step_listing_the_variables_present(gs_bp):
-    src = BPSource(gs_bp, "W")
+    # probed: a variable in none of the steps is refused before any is read (a mistyped name)
+    with pytest.raises(SourceInputError, match=r"gs.bp: no variable 'W' in any of its 6 step\(s\); variables present: "
+                                               "U, V, step, time$"):
+        BPSource(gs_bp, "W")
+    with pytest.raises(SourceInputError, match=r"no colour variable 'C' in any of the 1 step\(s\) asked for "
+                                               r"\(--steps\); variables present: U, V, step, time$"):
+        BPSource(gs_bp, "U", color_var="C", steps=[10])
+    src = BPSource(gs_bp, "W", probe=False)          # each step without it is skipped, saying why
     assert list(src) == [] and len(src.skipped) == 6
     assert src.skipped[0] == (10, "no variable 'W' at step 10; variables present: U, V, step, time")
-    src = BPSource(gs_bp, "U", color_var="C", steps=[10])
+    src = BPSource(gs_bp, "U", color_var="C", steps=[10], probe=False)
     assert list(src) == [] and src.skipped == [(10, "no colour variable 'C' at step 10; variables present: U, V, "
                                                     "step, time")]
 

@@ -43,7 +43,7 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
     """
     from insitu.step.driver import StepDriver  # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
-    driver, trained = StepDriver(cfg, comm, writer), 0
+    driver, trained = StepDriver(cfg, comm, writer, chain=writer is not None), 0
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -62,8 +62,11 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
                                   f"its field than the input holds now (field hash {recorded} kept vs {digest} now); "
                                   "give the input it was made from, --overwrite, or another --out")
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
-            driver.forget()
+            driver.kept(item.step)
             continue
+        restored = driver.resume()              # after kept steps: the warm chain as it was (collective)
+        if restored is not None:
+            say(comm, restored)
         if writer is not None:
             writer.field_hashes[item.step] = digest
         try:
@@ -203,6 +206,41 @@ def missing_iso(args: argparse.Namespace, cfg: Config, comm) -> str:
                if otsu is not None else ""))
 
 
+def check_iso_range(block, cfg: Config, comm, what: str) -> None:
+    """InputError, on every rank, when an iso value is outside the field's finite range ``(min, max]`` (no surface:
+    a sample equal to an iso value counts as above it), so that a volume without one is refused before the output
+    folder is claimed; ``what`` names the input. Collective (the range over every rank's block)."""
+    from mpi4py import MPI
+
+    finite = np.isfinite(block.data) if cfg.input.nonfinite == "outside" else True
+    lo = comm.mpi.allreduce(float(np.min(block.data, where=finite, initial=np.inf)), op=MPI.MIN)
+    hi = comm.mpi.allreduce(float(np.max(block.data, where=finite, initial=-np.inf)), op=MPI.MAX)
+    for v in cfg.input.iso:
+        if lo <= hi and not lo < v <= hi:
+            raise InputError(f"{what}: iso value {v:.10g} is outside the field's range ({lo:.10g}, {hi:.10g}]: no "
+                             "surface to extract (a sample equal to the iso value counts as above it)")
+
+
+def check_steps_iso(source, cfg: Config, what: str) -> None:
+    """InputError when no step of a BP file that holds the field (of those asked for) has a surface at every iso
+    value, from the field's ranges ADIOS2's statistics record (``source.ranges``, the same on every rank; nothing
+    is refused where a step's range is not recorded, or lies within rounding of the value)."""
+    ranges = getattr(source, "ranges", None)
+    if not ranges or any(r is None for r in ranges.values()):
+        return
+
+    def outside(v: float, lo: float, hi: float) -> bool:     # the statistics keep 7 digits
+        tol = 1e-6 * max(abs(lo), abs(hi))
+        return v <= lo - tol or v > hi + tol
+
+    if all(any(outside(v, *r) for v in cfg.input.iso) for r in ranges.values()):
+        shown = ", ".join(f"[{lo:.6g}, {hi:.6g}] at step {n}" for n, (lo, hi) in list(ranges.items())[:3])
+        more = f", ... ({len(ranges)} steps)" if len(ranges) > 3 else ""
+        iso = ", ".join(f"{v:g}" for v in cfg.input.iso)
+        raise InputError(f"{what}: no step has a surface at iso {iso}: {cfg.input.var} ranges over {shown}{more}; "
+                         "an iso value must lie within a step's (min, max] (--iso)")
+
+
 def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...] | None = None) -> str:
     """What the command is about to do, in one line, before the slow parts (ground truth, training)."""
     vc, tc = cfg.views, cfg.train
@@ -332,7 +370,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         return 2
     out = Path(cfg.output.dir)
     provenance = run_provenance(args)
-    lock, writer = None, None
+    lock, writer, source = None, None, None
     try:
         compare_configs(comm.mpi, cfg, cfg.run.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
@@ -342,6 +380,18 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                                check_input(args, cfg, comm)))
         if not getattr(args, "iso_given", True):    # the configuration's default is for Gray-Scott's U, not this field
             raise ConfigError(missing_iso(args, cfg, comm))
+        # the input read (a volume) or its steps probed (a BP file) before the folder is claimed: an iso value
+        # outside the field's range, a variable in none of the steps, refused before anything is written
+        if args.command == "run":
+            with comm.phase("read input"):
+                source = volume_source(args, cfg, comm.rank, comm.size)
+            volume = next(iter(source))
+            check_iso_range(volume.block, cfg, comm, Path(args.input).name)
+        elif args.command == "replay":
+            from insitu.input.sources import open_source
+
+            source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
+            check_steps_iso(source, cfg, args.input)
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
@@ -359,12 +409,10 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
-            with comm.phase("read input"):
-                source = volume_source(args, cfg, comm.rank, comm.size)
             say(comm, plan_text(args, cfg, comm, source.array.shape))
             try:
-                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped,
-                                kept=kept)
+                n = train_steps([volume], cfg, comm, writer, out, done=frozenset(done), failed=failed,
+                                skipped=skipped, kept=kept)
             finally:
                 if comm.rank == 0 and skipped:
                     writer.record_all("skipped", skipped)
@@ -374,7 +422,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             from insitu.input.sources import open_source
 
             say(comm, plan_text(args, cfg, comm))
-            with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
+            if source is None:                  # a stream: opened once the folder is claimed (it waits for the writer)
+                source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
+            with source:
                 try:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
                                     skipped=skipped, kept=kept)
@@ -432,6 +482,8 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             comm.mpi.Abort(1)
         return 1
     finally:
+        if source is not None:
+            source.close()
         _finish(writer, lock)
         shutdown(comm)
 
