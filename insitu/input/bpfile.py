@@ -273,7 +273,14 @@ ad = adios2.Adios()
 io = ad.declare_io("insitu-probe")
 io.set_engine(engine)
 records, fields, names, error = [], [], set(), None
-with adios2.Stream(io, path, "r") as s:
+try:
+    s = adios2.Stream(io, path, "r")
+except Exception as e:              # (BP4 reads every step's metadata here)
+    if "already defined" not in str(e):
+        raise
+    print(json.dumps({"records": [], "fields": [], "variables": [], "error": str(e)}))
+    sys.exit(0)
+with s:
     try:
         while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
             meta = StepMeta.of(s)
@@ -363,12 +370,12 @@ def probe_bp(path: str | Path, timeout_s: float = 60.0, *, var: str | None = Non
     if answer.get("error"):
         text = adios_message(RuntimeError(answer["error"]))
         changed = re.search(r"variable (\S+) already defined", text)
-        where = f"after step {numbers[-1]} (at ADIOS step index {len(numbers)})" if numbers else "at its first step"
+        where = f" after step {numbers[-1]} (at ADIOS step index {len(numbers)})" if numbers else ""
         if changed:
-            raise SourceInputError(f"{path}: variable {changed.group(1)!r} changes its type {where}, which ADIOS2 "
-                                   "cannot read; write it with one type in every step (or the new type under another "
-                                   "name)")
-        raise SourceInputError(f"{path}: truncated or corrupt BP file: ADIOS2 cannot begin the step {where} ({text})")
+            raise SourceInputError(f"{path}: variable {changed.group(1)!r} changes its type between steps{where}, "
+                                   "which ADIOS2 cannot read; write it with one type in every step (or the new type "
+                                   "under another name)")
+        raise SourceInputError(f"{path}: truncated or corrupt BP file: ADIOS2 cannot begin the step{where} ({text})")
     return Probe(numbers, answer["fields"], answer["variables"])
 
 

@@ -131,7 +131,7 @@ def step_whole(folder: Path) -> str | None:
     try:
         metrics = json.loads((folder / "metrics.json").read_text())
     except (OSError, ValueError) as e:
-        return f"its metrics.json cannot be read ({e})"
+        return f"its metrics.json cannot be read: {e}"
     if not isinstance(metrics, dict):
         return "its metrics.json holds no record"
     files = metrics.get(FILES)

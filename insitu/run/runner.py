@@ -212,9 +212,13 @@ def check_iso_range(block, cfg: Config, comm, what: str) -> None:
     folder is claimed; ``what`` names the input. Collective (the range over every rank's block)."""
     from mpi4py import MPI
 
-    finite = np.isfinite(block.data) if cfg.input.nonfinite == "outside" else True
-    lo = comm.mpi.allreduce(float(np.min(block.data, where=finite, initial=np.inf)), op=MPI.MIN)
-    hi = comm.mpi.allreduce(float(np.max(block.data, where=finite, initial=-np.inf)), op=MPI.MAX)
+    data = block.data
+    if data.dtype.kind == "f" and cfg.input.nonfinite == "outside":      # NaN/Inf let through: the finite range
+        finite = np.isfinite(data)
+        here = (float(np.min(data, where=finite, initial=np.inf)), float(np.max(data, where=finite, initial=-np.inf)))
+    else:
+        here = (float(data.min()), float(data.max()))
+    lo, hi = comm.mpi.allreduce(here[0], op=MPI.MIN), comm.mpi.allreduce(here[1], op=MPI.MAX)
     for v in cfg.input.iso:
         if lo <= hi and not lo < v <= hi:
             raise InputError(f"{what}: iso value {v:.10g} is outside the field's range ({lo:.10g}, {hi:.10g}]: no "
