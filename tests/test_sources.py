@@ -383,6 +383,38 @@ def test_sst_no_step_in_time(tmp_path):
     assert lines[-1]["message"] == "slow: no step arrived within 2 s after step 0"
 
 
+def test_a_stream_that_waits_for_its_next_step_leaves_the_other_threads_running(tmp_path, monkeypatch):
+    """adios2's begin_step holds the GIL as long as it waits: the step writer's thread (the step just trained) and
+    the signal handlers (Ctrl-C, SIGTERM) would wait with it. The source asks without waiting, and sleeps between."""
+    import threading
+
+    writer = popen([sys.executable, "-c", SLOW_WRITER], tmp_path)
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        source = iter(SSTSource("slow", "U", timeout_s=3))
+        assert next(source).step == 0
+        thread = threading.Thread(target=tick)
+        thread.start()
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match="slow: no step arrived within 3 s after step 0"):
+            next(source)
+        waited = time.monotonic() - t0
+        stop.set()
+        thread.join()
+    finally:
+        writer.kill()
+        finish(writer)
+    assert waited >= 3 and len(ticks) > 0.2 * waited / 0.01, (waited, len(ticks))   # the thread ran all along
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.0
+
+
 @pytest.mark.mpi
 def test_sst_two_reader_ranks_each_their_own_cohort(gs_bp, tmp_path):
     writer = popen([sys.executable, SIM, *GS_ARGS, "--engine", "SST", "--output", "two", "--sst-readers", "2"],
