@@ -14,13 +14,14 @@ ranks; the next step then starts as it would have in the uninterrupted run, bit 
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
 
 import torch
 
-from insitu.output.files import atomic_path, plain
+from insitu.output.files import atomic_write, plain
 from insitu.output.folder import CHAIN_DIR, step_name
 from insitu.surface.gaussians import Gaussians
 from insitu.volume import Frame
@@ -35,7 +36,8 @@ def state_path(out: str | Path, step: int, rank: int, size: int) -> Path:
 
 def save_state(out: str | Path, result, rank: int, size: int) -> Path:
     """Save this rank's part of a trained step's ``result`` (a :class:`insitu.step.pipeline.StepResult`) as the warm
-    chain's state (atomically), and remove this rank's states of steps before the last :data:`KEEP`."""
+    chain's state (atomically; an OSError names the file), and remove this rank's states of steps before the last
+    :data:`KEEP`."""
     path = state_path(out, result.step, rank, size)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"step": int(result.step), "time": float(result.time), "sh_degree": int(result.sh_degree),
@@ -44,8 +46,9 @@ def save_state(out: str | Path, result, rank: int, size: int) -> Path:
              "offsets": None if result.offsets is None else result.offsets.detach().to("cpu"),
              "tails": [[bool(k), plain(v)] for k, v in result.tails.items()], "warm_chain": int(result.warm_chain),
              "metrics": plain(result.metrics)}
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    data = io.BytesIO()                      # (torch.save's own file errors are RuntimeErrors that name nothing)
+    torch.save(state, data)
+    atomic_write(path, data.getbuffer())
     mine = re.compile(rf"^step_(\d{{6,}})\.rank{rank}of{size}\.pt$")
     steps = sorted((int(m.group(1)), p) for p in path.parent.iterdir() if (m := mine.match(p.name)))
     for _, old in steps[:-KEEP]:

@@ -19,6 +19,7 @@ step trains on a finite field.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ class StepDriver:
         self.previous: Any = None           # the last trained step's result, the next one's warm start
         self.kept_step: int | None = None   # a step kept from an earlier run just before (--resume): see resume()
         self.restart: int | None = None     # the kept step's warm_chain, where its state could not be restored
+        self.unsaved = False                # a step's state could not be saved (said once)
 
     def train(self, block, *, step: int, time: float) -> Any:
         """Train one step (collective); returns the process's result (give it to :meth:`trained`
@@ -79,7 +81,13 @@ class StepDriver:
         if self.chain:
             from insitu.step.chain import save_state
 
-            save_state(self.writer.out_root, result, self.comm.rank, self.comm.size)
+            try:
+                save_state(self.writer.out_root, result, self.comm.rank, self.comm.size)
+            except OSError as e:            # (a full disk: the step's own files say it, as the run's error)
+                if not self.unsaved:
+                    print(f"insitu: warning: {e}: a run resumed after step {result.step} starts the next step cold",
+                          file=sys.stderr, flush=True)
+                self.unsaved = True
 
     def forget(self) -> None:
         """The next step starts cold (the previous one failed)."""
