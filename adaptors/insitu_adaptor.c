@@ -11,10 +11,12 @@
 #include "insitu_adaptor.h"
 
 #include <mpi4py/mpi4py.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef INSITU_DEFAULT_PYTHON
 #define INSITU_DEFAULT_PYTHON ""
@@ -24,6 +26,8 @@
 #endif
 
 static PyObject *g_adaptor = NULL;       /* insitu.run.adaptor.Adaptor instance */
+static char g_python[4096] = "";         /* the interpreter started, and what chose it (errors name both) */
+static const char *g_chosen_by = NULL;   /* NULL: the host's own running Python */
 static PyThreadState *g_main_thread = NULL;
 static double g_origin[3] = {0.0, 0.0, 0.0};
 static double g_spacing[3] = {1.0, 1.0, 1.0};
@@ -64,6 +68,21 @@ static int python_error(const char *where)
     return INSITU_ERROR;
 }
 
+/* python_error() for a failed import: the message also names the interpreter started and what chose it
+ * (a stale VIRTUAL_ENV, an INSITU_PYTHON that is no Python or another one than the environment's). GIL held. */
+static int import_error(const char *where)
+{
+    int rc = python_error(where);
+    if (g_chosen_by) {
+        size_t used = strlen(g_error);
+        snprintf(g_error + used, sizeof g_error - used,
+                 " (in Python started as %s, chosen by %s: is it the python of the environment that holds "
+                 "insitu-gs and mpi4py, of Python %d.%d? set INSITU_PYTHON to it, see adaptors/README.md)",
+                 *g_python ? g_python : "the default", g_chosen_by, PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    }
+    return rc;
+}
+
 /* Prepend the ':'-separated entries of `paths` to sys.path. GIL held. */
 static int add_sys_path(const char *paths)
 {
@@ -95,17 +114,27 @@ static int start_python(void)
 {
     if (Py_IsInitialized())
         return INSITU_OK;
-    char venv_python[4096];
-    const char *python = getenv("INSITU_PYTHON");
-    if (!python || !*python) {
-        const char *venv = getenv("VIRTUAL_ENV");
-        if (venv && *venv) {
-            snprintf(venv_python, sizeof venv_python, "%s/bin/python", venv);
-            python = venv_python;
-        }
+    static char chosen_by[4200];
+    const char *python = getenv("INSITU_PYTHON"), *venv = getenv("VIRTUAL_ENV");
+    if (python && *python) {
+        snprintf(chosen_by, sizeof chosen_by, "INSITU_PYTHON=%s", python);
+        snprintf(g_python, sizeof g_python, "%s", python);
+    } else if (venv && *venv) {
+        snprintf(chosen_by, sizeof chosen_by, "VIRTUAL_ENV=%s", venv);
+        snprintf(g_python, sizeof g_python, "%s/bin/python", venv);
+    } else {
+        snprintf(chosen_by, sizeof chosen_by, "the build's default (CMake's INSITU_PYTHON; no INSITU_PYTHON or "
+                 "VIRTUAL_ENV set)");
+        snprintf(g_python, sizeof g_python, "%s", INSITU_DEFAULT_PYTHON);
     }
-    if (!python || !*python)
-        python = INSITU_DEFAULT_PYTHON;
+    g_chosen_by = chosen_by;
+    python = g_python;
+    if (*python && access(python, X_OK) != 0) { /* else Python would start from its build's paths regardless */
+        set_error("insitu_initialize: the Python interpreter %s, chosen by %s, %s; expected the python of the "
+                  "environment that holds insitu-gs and mpi4py (set INSITU_PYTHON to it, see adaptors/README.md)",
+                  python, chosen_by, errno == ENOENT ? "does not exist" : strerror(errno));
+        return INSITU_ERROR_PYTHON;
+    }
 
     PyConfig config;
     PyConfig_InitPythonConfig(&config);
@@ -118,8 +147,8 @@ static int start_python(void)
         status = Py_InitializeFromConfig(&config);
     PyConfig_Clear(&config);
     if (PyStatus_Exception(status)) {
-        set_error("insitu_initialize: could not start Python (interpreter %s): %s",
-                  *python ? python : "default", status.err_msg ? status.err_msg : "unknown error");
+        set_error("insitu_initialize: could not start Python (interpreter %s, chosen by %s): %s",
+                  *python ? python : "default", g_chosen_by, status.err_msg ? status.err_msg : "unknown error");
         return INSITU_ERROR_PYTHON;
     }
     int rc = INSITU_OK;
@@ -142,7 +171,7 @@ static int check_same_mpi(void)
     const char *py_version = v ? PyUnicode_AsUTF8(v) : NULL;
     int rc = INSITU_OK;
     if (!py_version) {
-        rc = python_error("insitu_initialize: mpi4py.MPI.Get_library_version");
+        rc = import_error("insitu_initialize: mpi4py.MPI.Get_library_version");
     } else if (strncmp(c_version, py_version, 64) != 0) {
         set_error("insitu_initialize: mpi4py uses another MPI library than the simulation:\n  C:      %.200s\n"
                   "  mpi4py: %.200s\nbuild mpi4py against this MPI (pip install --no-binary mpi4py mpi4py) "
@@ -166,7 +195,7 @@ static int initialize(MPI_Comm comm, const char *config_path)
     PyGILState_STATE gil = PyGILState_Ensure();
     PyObject *module = NULL, *cls = NULL, *pycomm = NULL, *path = NULL;
     if (import_mpi4py() < 0) {
-        rc = python_error("insitu_initialize: import mpi4py");
+        rc = import_error("insitu_initialize: import mpi4py");
         if (rc == INSITU_ERROR)
             rc = INSITU_ERROR_PYTHON;
         goto done;
@@ -177,7 +206,7 @@ static int initialize(MPI_Comm comm, const char *config_path)
     }
     module = PyImport_ImportModule("insitu.run.adaptor");
     if (!module) {
-        python_error("insitu_initialize: import insitu.run.adaptor (set INSITU_PYTHONPATH or VIRTUAL_ENV?)");
+        import_error("insitu_initialize: import insitu.run.adaptor (set INSITU_PYTHONPATH?)");
         rc = INSITU_ERROR_PYTHON;
         goto done;
     }
@@ -266,17 +295,24 @@ int insitu_execute_fields(int step, double time, int nfields, const insitu_field
     PyObject *result = NULL;
     if (!list || !gd || !st || !ct)
         goto fail;
-    /* invalid arguments are passed on as None / empty / unknown so that Python rejects them
-     * collectively: an error on one rank is reported on every rank */
-    Py_ssize_t n = 1;
+    /* invalid arguments are passed on as None / empty / bytes / unknown so that Python rejects them
+     * collectively: an error on one rank is reported on every rank, and no rank returns before the
+     * others (a negative count, or one whose bytes overflow, gets an empty view: Python names the count) */
+    Py_ssize_t n = 1; /* samples, 0 when a count is < 1 or their number overflows */
     for (int a = 0; a < 3 && count; a++)
-        n = count[a] > 0 ? n * (Py_ssize_t)count[a] : 0;
+        n = count[a] <= 0 || n == 0 || count[a] > PY_SSIZE_T_MAX / n ? 0 : n * (Py_ssize_t)count[a];
     for (int i = 0; i < nfields && fields; i++) {
         const insitu_field *f = &fields[i];
         size_t size = dtype_size(f->dtype);
         PyObject *name = f->name ? PyUnicode_FromString(f->name) : (Py_INCREF(Py_None), Py_None);
+        if (!name && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear(); /* not UTF-8: its bytes, which Python refuses naming them */
+            name = PyBytes_FromString(f->name);
+        }
         PyObject *view = f->data && size
-                             ? PyMemoryView_FromMemory((char *)f->data, n * (Py_ssize_t)size, PyBUF_READ)
+                             ? PyMemoryView_FromMemory((char *)f->data,
+                                                       n > PY_SSIZE_T_MAX / (Py_ssize_t)size ? 0 : n * (Py_ssize_t)size,
+                                                       PyBUF_READ)
                              : (Py_INCREF(Py_None), Py_None);
         PyObject *item = (name && view) ? Py_BuildValue("(OOi)", name, view, f->dtype) : NULL;
         Py_XDECREF(name);

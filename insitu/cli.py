@@ -10,9 +10,10 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
 
 from insitu import __version__
-from insitu.config import Config, config_file_values, field_choices, load_config, parse_override
+from insitu.config import Config, config_file_values, field_choices, load_config, parse_override, same_value
 from insitu.errors import ConfigError, InputError, Terminated
 
 EPILOG = """examples:
@@ -25,11 +26,13 @@ EPILOG = """examples:
 
 
 CONFIG_DEST = "config:"                  # a flag whose dest starts so sets the config key that follows
+FLAG_NAMES: dict[str, dict[Any, str]] = {}  # config key -> {the flag's constant (None: takes a value): the flag}
 
 
 def _config_flag(group, flag: str, key: str, **kwargs) -> None:
     """Add ``flag`` as an override of the config key ``key`` (``section.name``); its choices are the
     ones the config declares for the key."""
+    FLAG_NAMES.setdefault(key, {})[kwargs.get("const")] = flag
     if kwargs.get("action") is None:           # a flag that takes a value
         choices = field_choices(key)
         if choices:
@@ -146,33 +149,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag_text(key: str, value: Any) -> str:
+    """How the command line gave ``key`` the ``value`` by a flag: ``--iterations 10``, ``--quiet``."""
+    names = FLAG_NAMES.get(key, {})
+    for const, flag in names.items():           # a flag that stores a constant (--quiet, --resume)
+        if const is not None and type(const) is type(value) and const == value:
+            return flag
+    shown = " ".join(map(str, value)) if isinstance(value, list) else value
+    return f"{names.get(None, '--set ' + key)} {shown}"
+
+
+def command_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration keys the command line sets, by flags and ``--set``; a ConfigError when a flag and ``--set``
+    set one key to different values (``--iterations 10 --set train.iterations=20``), which would keep the flag's
+    whatever their order. Of two ``--set`` of one key the later wins, as of two flags (scripts add to a base)."""
+    given: dict[str, tuple[str, Any]] = {}      # key -> (how it was given, value)
+    for text in args.set:
+        key, value = parse_override(text)
+        given[key] = (f"--set {text}", value)
+    for dest, value in vars(args).items():
+        if not dest.startswith(CONFIG_DEST) or value is None:
+            continue
+        key = dest[len(CONFIG_DEST):]
+        flag = _flag_text(key, value)
+        if key in given and not same_value(key, given[key][1], value):
+            raise ConfigError(f"{key}: set twice, by {flag} and by {given[key][0]}; give one of them")
+        given[key] = (flag, value)
+    return {key: value for key, (_, value) in given.items()}
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
-    overrides = dict(parse_override(s) for s in args.set)
-    flags = {dest[len(CONFIG_DEST):]: value for dest, value in vars(args).items()
-             if dest.startswith(CONFIG_DEST) and value is not None}
     defaults = None
     if args.command == "demo":
         from insitu.run.demo import check_demo_args, demo_defaults  # the demo's modules only for the demo
 
         check_demo_args(args)
         defaults = demo_defaults(gpu=False)
-    # a flag never hides an invalid value for its key: the --set values checked over the flags' others
+    # a flag never hides an invalid value for its key: the --set values checked first, over the flags' others
     # (checks across keys, such as train.min_scale_px against views.resolution, see the flags' values)
-    load_config(args.config, {**flags, **overrides}, defaults)
-    overrides.update(flags)
-    if args.command == "demo" and load_config(args.config, overrides, defaults).run.device != "cpu":
+    flags = {dest[len(CONFIG_DEST):]: value for dest, value in vars(args).items()
+             if dest.startswith(CONFIG_DEST) and value is not None}
+    load_config(args.config, {**flags, **dict(parse_override(s) for s in args.set)}, defaults, keep_null=True)
+    overrides = command_overrides(args)         # ... then two values for one key refused
+    if args.command == "demo" and load_config(args.config, overrides, defaults, keep_null=True).run.device != "cpu":
         import torch                            # seconds to import: only to size the demo
 
         if torch.cuda.is_available():                   # the demo's sizes for a GPU
             defaults = demo_defaults(gpu=True)
-    return load_config(args.config, overrides, defaults)
+    return load_config(args.config, overrides, defaults, keep_null=True)
 
 
 def iso_given(args: argparse.Namespace) -> bool:
     """Whether ``input.iso`` comes from the command line (``--iso``, ``--set input.iso=...``) or the config file,
     rather than the configuration's default (meant for the Gray-Scott demo's field, meaningless for another)."""
-    overrides = dict(parse_override(s) for s in args.set)
-    if overrides.get("input.iso") is not None or getattr(args, CONFIG_DEST + "input.iso", None) is not None:
+    if command_overrides(args).get("input.iso") is not None:
         return True
     section = config_file_values(args.config).get("input")
     return isinstance(section, dict) and section.get("iso") is not None

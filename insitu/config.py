@@ -455,6 +455,14 @@ MOVED = {
 MOVED_SECTIONS = {"parallel": "run", "insitu": "run and series"}  # sections that are no more: where their keys went
 
 
+INT_MAX = 2**63 - 1                     # an integer key's largest value: what numpy and torch hold
+
+
+def _got(value: Any) -> str:
+    """What came, in an error message: ``null`` for None, else the type and the value."""
+    return "null" if value is None else f"{type(value).__name__} {value!r}"
+
+
 def _check_type(name: str, value: Any, hint: Any) -> Any:
     """Return ``value`` converted to ``hint`` where that is lossless, else raise ConfigError."""
     origin = typing.get_origin(hint)
@@ -475,18 +483,23 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
         if isinstance(value, (int, float, str)) and not isinstance(value, bool) and args[0] is not str:
             value = [value]                     # a single iso value for a list of them
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{name}: expected a list, got {_got(value)}")
         return [_check_type(f"{name}[{i}]", v, args[0]) for i, v in enumerate(value)]
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{name}: expected true or false, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name}: expected true or false, got {_got(value)}")
     if hint is int:
+        out = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+            out = value
+        elif isinstance(value, float) and value.is_integer():
+            out = int(value)
+        if out is None:
+            raise ConfigError(f"{name}: expected an integer, got {_got(value)}")
+        if not -INT_MAX - 1 <= out <= INT_MAX:
+            raise ConfigError(f"{name}: expected an integer of 64 bits (at most 2**63 - 1 = {INT_MAX}), got {value!r}")
+        return out
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -495,19 +508,29 @@ def _check_type(name: str, value: Any, hint: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name}: expected a number, got {_got(value)}")
     if hint is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{name}: expected a string, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name}: expected a string, got {_got(value)}")
     if dataclasses.is_dataclass(hint):          # a nested section (train.densify)
         return _section(name, hint, value)
     raise ConfigError(f"{name}: unsupported type {hint}")  # pragma: no cover
 
 
+def same_value(key: str, a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same value of the dotted key ``key`` once typed as it holds them (``1`` and
+    ``[1.0]`` for a list of numbers); values that the key cannot take are compared as they are."""
+    hint = config_keys().get(key, (None, None))[1]
+    try:
+        return hint is not None and _check_type(key, a, hint) == _check_type(key, b, hint)
+    except ConfigError:
+        return a == b
+
+
 def _section(name: str, cls: type, values: Any) -> Any:
     if not isinstance(values, dict):
-        raise ConfigError(f"{name}: expected a mapping of keys, got {type(values).__name__} {values!r}")
+        raise ConfigError(f"{name}: expected a mapping of keys, got {_got(values)}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
@@ -691,12 +714,13 @@ def upgraded(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not (k in MOVED_SECTIONS and v == {})}
 
 
-def merge(base: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], dotted: dict[str, Any], *, keep_null: bool = False) -> dict[str, Any]:
     """Return ``base`` with ``{"train.iterations": 10}``-style overrides applied (``"train.densify.start"``
-    one level further down)."""
+    one level further down). A value None is skipped (not given), or with ``keep_null`` set as null
+    (``--set input.color_var=null``: validation then refuses it for a key that must have a value)."""
     out = _merged({}, base)
     for key, value in dotted.items():
-        if value is None:
+        if value is None and not keep_null:
             continue
         *path, name = key.split(".")
         if not path or not all(path) or not name:
@@ -723,13 +747,14 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                defaults: dict[str, Any] | None = None) -> Config:
+                defaults: dict[str, Any] | None = None, *, keep_null: bool = False) -> Config:
     """Read a YAML file (optional), apply dotted overrides, validate.
 
     Precedence: ``overrides`` > the file > ``defaults`` (dotted, e.g. a command's own) > built-in defaults.
+    An override None is skipped, or with ``keep_null`` sets its key to null (see :func:`merge`).
     """
     base = _merged(merge({}, defaults or {}), config_file_values(path))
-    return from_dict(merge(base, overrides or {}))
+    return from_dict(merge(base, overrides or {}, keep_null=keep_null))
 
 
 def config_file_values(path: str | Path | None) -> dict[str, Any]:
@@ -810,8 +835,33 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _yaml(text: str, where: str) -> Any:
-    """``yaml.safe_load(text)`` with every failure (syntax, tags, binary, nesting, aliases) as a ConfigError."""
+def _check_repeated_keys(node: yaml.Node, where: str, path: str = "") -> None:
+    """ConfigError when a mapping of the YAML document ``node`` (composed, not yet constructed) holds a key
+    twice: YAML keeps the last one without a word, so a second ``train:`` section would drop the first."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_repeated_keys(item, where, path)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[tuple[str, str], int] = {}
+    for key, value in node.value:
+        line = key.start_mark.line + 1
+        if isinstance(key, yaml.ScalarNode):
+            name = (key.tag, key.value)
+            if name in seen:
+                what, fix = (f"key {path}{key.value}", "give it once") if path else (f"section {key.value}",
+                                                                                   "merge them into one")
+                raise ConfigError(f"{where}: {what} appears twice (lines {seen[name]} and {line}); YAML would keep "
+                                  f"only the second: {fix}")
+            seen[name] = line
+            _check_repeated_keys(value, where, f"{path}{key.value}.")
+        else:
+            _check_repeated_keys(value, where, path)
+
+
+def _yaml(text: str, where: str, path: str = "") -> Any:
+    """``yaml.safe_load(text)`` with every failure (syntax, tags, binary, nesting, aliases, a key given twice) as a
+    ConfigError; ``path``: the dotted key the text is the value of (``"train.densify."``), empty for a file."""
     if "\0" in text:
         raise ConfigError(f"{where}: not a text file (it holds NUL bytes); expected YAML")
     depth = level = 0                           # flow nesting, counted before the parser recurses into it
@@ -820,8 +870,12 @@ def _yaml(text: str, where: str) -> Any:
         depth = max(depth, level)
     if depth > NESTING_MAX:
         raise ConfigError(f"{where}: nested {depth} levels deep, expected at most {NESTING_MAX}")
+    loader = _NoAliasLoader(text)
     try:
-        value = yaml.load(text, Loader=_NoAliasLoader)
+        node = loader.get_single_node()
+        if node is not None:
+            _check_repeated_keys(node, where, path)
+        value = loader.construct_document(node) if node is not None else None
     except _AliasFound as e:
         raise ConfigError(f"{where}: YAML aliases are not accepted in a configuration (found {e}); write the "
                           "values out") from None
@@ -829,6 +883,8 @@ def _yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply (expected at most {NESTING_MAX} levels)") from None
+    finally:
+        loader.dispose()
     if _depth(value) > NESTING_MAX:
         raise ConfigError(f"{where}: nested {_depth(value)} levels deep, expected at most {NESTING_MAX}")
     return value
@@ -921,7 +977,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or "." not in key:
         raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.iterations=500")
-    value = _yaml(raw, f"--set {text!r}")
+    value = _yaml(raw, f"--set {text!r}", f"{key.strip()}.")
     if isinstance(value, str):                  # YAML 1.1 reads "1e-4" as a string
         try:
             value = float(value)

@@ -292,6 +292,81 @@ def run(case: str, out: Path) -> None:
         record["errors"] = errors
         record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
         record["out"] = str(out / "out")
+    elif case == "two_threads":
+        # while the main thread's execute(0) trains (sync), a second thread calls execute(1): refused at once on
+        # each rank, nothing queued; then the main thread's execute(1) trains it
+        training, refused = threading.Event(), threading.Event()
+        inner = make_process({}, log=log)
+
+        def process(block, cfg, comm_, **kw):
+            training.set()
+            refused.wait(30)
+            return inner(block, cfg, comm_, **kw)
+
+        ad = Adaptor(comm, config(mode="sync"), process=process)
+        errors = []
+
+        def second():
+            training.wait(30)
+            t = time.monotonic()
+            u, start = local(1, rank, size)
+            try:
+                ad.execute(1, 0.1, {"U": u}, GLOBAL, start)
+            except InputError as e:
+                errors.append({"step": 1, "type": "InputError", "message": str(e), "after_s": time.monotonic() - t,
+                               "status": sorted(ad.status)})
+            refused.set()
+
+        thread = threading.Thread(target=second, name="second-sim-thread")
+        thread.start()
+        for step in (0, 1):
+            u, start = local(step, rank, size)
+            ad.execute(step, 0.1 * step, {"U": u}, GLOBAL, start)
+        thread.join()
+        ad.finalize()
+        record["errors"] = errors
+    elif case == "disk_full":
+        # rank 0 cannot write step 1's files (ENOSPC, in the export phase as the pipeline's writer): one line on
+        # each rank's stderr, step 1 failed, training stops (no step after it trains), every later call says so
+        import errno
+        import io
+
+        from insitu.output.files import named_error
+
+        inner = make_process({}, log=log)
+
+        def process(block, cfg, comm_, *, step, **kw):
+            result = inner(block, cfg, comm_, step=step, **kw)
+            with comm_.phase("export"):
+                if step == 1 and comm_.rank == 0:
+                    raise named_error(OSError(errno.ENOSPC, "No space left on device"), out / "out" / "model.ply")
+            return result
+
+        ad = Adaptor(comm, config(policy="block", queue=1), process=process)
+        stderr, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            record["errors"] = simulate(ad, 5, rank, size, pause=0.3)
+            try:
+                ad.finalize()
+            except InsituError as e:
+                record["errors"].append({"step": "finalize", "type": "InsituError", "message": str(e)})
+        finally:
+            stderr, sys.stderr = sys.stderr.getvalue(), stderr
+        record["stderr"] = stderr
+        record["status"] = {s: [v.status, v.reason] for s, v in ad.status.items()}
+    elif case == "no_finalize":
+        # the simulation ends without finalize() while steps wait in the queue (run alone: the process then exits)
+        inner = make_process({0: 0.3, 1: 0.3}, log=log)
+
+        def process(block, cfg, comm_, *, step, writer, **kw):     # each trained step leaves its folder
+            result = inner(block, cfg, comm_, step=step, writer=writer, **kw)
+            if comm_.rank == 0:
+                writer.write(step, None, [], {"psnr": 20.0}, cfg)
+            return result
+
+        ad = Adaptor(comm, config(policy="block", queue=4), process=process)
+        record["errors"] = simulate(ad, 4, rank, size)
+        record["queued"] = sorted(s for s, v in ad.status.items() if v.status == "queued")
     elif case == "config_differs":
         cfg = config()
         cfg["views"] = {"count": 8 + rank}

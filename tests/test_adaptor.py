@@ -400,3 +400,107 @@ def test_invalid_step_time_or_start_is_refused_before_anything_is_queued(tmp_pat
     assert [(s, v.status) for s, v in ad.status.items()] == [(0, "trained"), (1, "trained")]
     metrics = json.loads((tmp_path / "step_000001" / "metrics.json").read_text())
     assert metrics["time"] == 0.25 and metrics["step"] == 1
+
+
+@pytest.fixture(scope="module")
+def fault_cases(tmp_path_factory):
+    return run_cases("two_threads,disk_full", tmp_path_factory.mktemp("faults"))
+
+
+@pytest.mark.mpi
+def test_a_call_from_a_second_thread_is_refused_at_once_and_queues_nothing(fault_cases):
+    """execute() from a second thread while the first's execute() trains: an InputError on each rank at once,
+    naming both threads, before any collective; the steps then train in order, on both ranks alike."""
+    for r in fault_cases["two_threads"]:
+        [e] = r["errors"]
+        assert e["type"] == "InputError" and e["after_s"] < 1.0 and e["status"] == [0], e
+        assert e["message"] == ("execute(step 1): called on thread 'second-sim-thread' while execute(step 0) runs on "
+                                "thread 'MainThread'; the Adaptor is not thread-safe (its calls are collective: every "
+                                "rank must make them in the same order, which two threads cannot promise): make every "
+                                "call from one thread")
+        assert r["trained"] == [0, 1] and [e["thread"] for e in r["log"]] == ["MainThread"] * 2
+
+
+@pytest.mark.mpi
+def test_a_step_that_cannot_be_written_is_one_line_and_training_stops(fault_cases):
+    """Rank 0's disk is full at step 1: each rank prints one line, step 1 is failed and no later step trains;
+    every later call raises saying why, naming the file and the error code."""
+    for rank, r in enumerate(fault_cases["disk_full"]):
+        assert r["stderr"].splitlines() == [f"[insitu rank {rank}] step 1: RankFailure: phase 'export' failed on rank "
+                                            f"0: OSError: [Errno 28] No space left on device (ENOSPC): "
+                                            f"'{r['status']['1'][1].split(chr(39))[-2]}'"], r["stderr"]
+        assert "Traceback" not in r["stderr"] and r["trained"] == [0] and [e["step"] for e in r["log"]] == [0, 1]
+        assert r["status"]["1"][0] == "failed" and "(ENOSPC): " in r["status"]["1"][1]
+        for s in ("2", "3", "4"):
+            assert r["status"][s][0] == "skipped", r["status"]
+            assert r["status"][s][1].startswith("not trained: step 1's files could not be written (OSError: [Errno "
+                                                "28] No space left on device (ENOSPC): ")
+            assert r["status"][s][1].endswith("), nor can later steps' be: free space or make output.dir writable")
+        assert [e["step"] for e in r["errors"]] == [2, 3, 4] and all(e["type"] == "InsituError" for e in r["errors"])
+        assert all("training has stopped (step 1's files could not be written" in e["message"] for e in r["errors"])
+
+
+@pytest.mark.mpi
+def test_a_program_that_ends_without_finalize_trains_what_is_queued_and_releases_the_folder(tmp_path):
+    from insitu.output.files import read_csv
+
+    proc = launch([sys.executable, HERE / "adaptor_cases.py", "no_finalize", tmp_path], ranks=2, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r0 = json.loads((tmp_path / "no_finalize" / "rank0.json").read_text())
+    assert r0["queued"], "the worker is slow: steps were still waiting when the program ended"
+    assert proc.stderr.count("insitu: warning: the program is ending without Adaptor.finalize() (") == 1, proc.stderr
+    out = tmp_path / "no_finalize" / "out"
+    assert [(row["step"], row["status"]) for row in read_csv(out / "metrics.csv")] == [(str(s), "trained")
+                                                                                     for s in range(4)]
+    assert not (out / ".insitu.lock").exists()
+
+
+def test_one_rank_whose_output_is_read_only_stops_training_after_one_line(tmp_path, capsys, monkeypatch):
+    """The step's files cannot be written (EROFS, as a read-only folder gives): one line, no traceback, training
+    stops; the statuses stay readable although metrics.csv cannot be written either."""
+    import errno
+
+    from insitu.errors import InsituError
+    from insitu.output.export import StepWriter
+    from insitu.output.files import named_error
+    from insitu.run.adaptor import Adaptor
+
+    def process(block, cfg, comm, *, step, time, writer, warm, iterations):
+        writer.write(step, None, [], {"psnr": 20.0}, cfg)
+        return type("R", (), {"gaussians": None, "metrics": {}})()
+
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(tmp_path / "out")}}
+    u = np.zeros((4, 5, 6), np.float32)
+    with Adaptor(None, cfg, process=process) as ad:
+        ad.execute(0, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+        monkeypatch.setattr(StepWriter, "write", lambda self, step, *a, **k: (_ for _ in ()).throw(named_error(
+            OSError(errno.EROFS, "Read-only file system"), tmp_path / "out" / f"step_{step:06d}")))
+        for step in (1, 2):
+            with pytest.raises(InsituError, match=r"training has stopped \(step 1's files could not be written "
+                                                  r"\(OSError: \[Errno 30\] Read-only file system \(EROFS\): "):
+                ad.execute(step, 0.0, {"U": u}, (6, 5, 4), (0, 0, 0))
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"[insitu rank 0] step 1: OSError: [Errno 30] Read-only file system (EROFS): "
+                                f"'{tmp_path / 'out' / 'step_000001'}'"], err
+    assert [(s, v.status) for s, v in ad.status.items()] == [(0, "trained"), (1, "failed"), (2, "skipped")]
+    assert not (tmp_path / "out" / ".insitu.lock").exists()
+
+
+def test_execute_buffers_names_a_count_under_1_and_a_buffer_of_another_size(tmp_path):
+    from insitu.errors import InputError
+    from insitu.run.adaptor import Adaptor
+
+    seen = []
+    cfg = {"run": {"mode": "sync", "device": "cpu"}, "output": {"dir": str(tmp_path / "o")}}
+    u = np.zeros(4 * 5 * 6, np.float32)
+    with Adaptor(None, cfg, process=lambda block, cfg, comm, *, step, **k: seen.append(step) or
+                 type("R", (), {"gaussians": None, "metrics": {}})()) as ad:
+        for count, words in (((6, 0, 4), r"count \(6, 0, 4\) \(x, y, z\): expected at least 1 sample this rank "
+                                         r"holds along each axis, got count\[1\] = 0"),
+                             ((6, 5, 5), r"field U: 480 bytes given, expected 600 \(count \(6, 5, 5\) of float32\)")):
+            with pytest.raises(InputError, match=words):
+                ad.execute_buffers(1, 0.0, [("U", memoryview(u), 9)], (6, 5, 5), (0, 0, 0), count)
+        with pytest.raises(InputError, match=r"field name b'U\\xff': not UTF-8 text"):
+            ad.execute_buffers(1, 0.0, [(b"U\xff", memoryview(u), 9)], (6, 5, 4), (0, 0, 0), (6, 5, 4))
+        ad.execute_buffers(1, 0.0, [("U", memoryview(u), 9)], (6, 5, 4), (0, 0, 0), (6, 5, 4))
+    assert seen == [1]

@@ -272,6 +272,9 @@ def test_a_Step_variable_numbers_the_steps_and_step_var_time_var_name_others(tmp
     with pytest.raises(SourceInputError, match=r"input.step_var='nope': no variable or attribute of that name at "
                                                 r"ADIOS step index 0"):
         BPSource(path, "U", step_var="nope")
+    with pytest.raises(SourceInputError, match=r"input.time_var='U' is an array of shape \(10, 10, 10\) at step 0; "
+                                                r"expected a single value \(the step's time\)"):
+        read_all(path, time_var="U")
 
 
 # ---- array layouts ----------------------------------------------------------------------------

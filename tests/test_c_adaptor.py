@@ -116,6 +116,46 @@ def test_c_gray_scott_matches_the_python_one_for_any_split(gray_scott_c, tmp_pat
         assert expected in proc.stdout, (n, proc.stdout)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("env, words", [
+    ({"INSITU_PYTHON": "/nonexistent/python"},
+     "the Python interpreter /nonexistent/python, chosen by INSITU_PYTHON=/nonexistent/python, does not exist"),
+    ({"VIRTUAL_ENV": "/nonexistent/venv"},           # a stale VIRTUAL_ENV: the venv was removed
+     "the Python interpreter /nonexistent/venv/bin/python, chosen by VIRTUAL_ENV=/nonexistent/venv, does not exist"),
+    ({"INSITU_PYTHON": "/bin/true"},                 # runs, but is no Python: Python starts from its build's paths
+     "No module named 'mpi4py' (in Python started as /bin/true, chosen by INSITU_PYTHON=/bin/true: is it the python "
+     "of the environment that holds insitu-gs and mpi4py"),
+])
+def test_c_a_wrong_interpreter_is_named_with_the_variable_that_chose_it(gray_scott_c, tmp_path, env, words):
+    proc = launch([gray_scott_c, "--L", "8", "--steps", "2", "--plotgap", "1", "--config",
+                   str(config_file(tmp_path))], ranks=1, cwd=tmp_path, env={**sim_env(), **env}, timeout=120)
+    assert proc.returncode != 0
+    assert "gray_scott: rank 0: insitu_initialize failed: insitu_initialize: " in proc.stderr, proc.stderr
+    assert words in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.mpi
+def test_c_a_negative_or_huge_count_and_a_name_not_utf8_are_named_on_every_rank(gray_scott_c, tmp_path):
+    """Through ctypes: rank 1 alone passes each bad argument; both ranks return the error from that call."""
+    library = gray_scott_c.parents[1] / "install" / "lib" / "libinsitu_adaptor.so"
+    config = config_file(tmp_path, var="U", color_var=None)
+    proc = launch([sys.executable, ROOT / "tests" / "mpi" / "c_execute_worker.py", library, config], ranks=2,
+                  cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    expected = {"negative count": "rank 1: count (4, 4, -5) (x, y, z): expected at least 1 sample this rank holds "
+                                  "along each axis, got count[2] = -5",
+                "huge count": "rank 1: count (2097152, 2097152, 2097152) (x, y, z): 9.22e+18 samples of field U "
+                              "(float32) are 3.69e+19 bytes, more than a process can address",
+                "non-UTF-8 name": "rank 1: field name b'U\\xff': not UTF-8 text; expected a name in UTF-8"}
+    assert sorted((r["case"], r["rank"]) for r in seen) == sorted((c, r) for c in expected for r in (0, 1))
+    for r in seen:
+        assert r["rc"] != 0 and r["error"].startswith("insitu_execute: InputError: step "), r
+        assert expected[r["case"]] in r["error"], r
+    assert not list((tmp_path / "out").glob("step_*"))
+
+
 FORTRAN_COMPILERS = ("gfortran", "flang", "flang-new", "ifx", "ifort", "nvfortran")
 
 

@@ -41,6 +41,18 @@ def test_defaults_sit_under_the_file(tmp_path):
     ("views:\n  march_step: 2\n", "views.march_step: expected a step in (0, 1] cells"),
     ("seeds:\n  fill: true\n", "seeds.fill: true starts at seeds.budget (2000000) whatever the surface's size, and "
      "seeds.density=4 asks for that many Gaussians per pixel of it: set seeds.density=0 with seeds.fill=true"),
+    # YAML would read these silently: keys given twice, null for a key that needs a value, beyond 64 bits
+    ("train: {iterations: 5, iterations: 7}\n",
+     "key train.iterations appears twice (lines 1 and 1); YAML would keep only the second: give it once"),
+    ("train:\n  iterations: 5\nviews:\n  count: 9\ntrain:\n  batch: 2\n",
+     "section train appears twice (lines 1 and 5); YAML would keep only the second: merge them into one"),
+    ("train:\n  densify:\n    start: 1\n    every: 2\n    start: 3\n",
+     "key train.densify.start appears twice (lines 3 and 5)"),
+    ("input:\n  var: null\n", "input.var: expected a string, got null"),
+    ("train:\n  iterations: 99999999999999999999999999\n",
+     "train.iterations: expected an integer of 64 bits (at most 2**63 - 1 = 9223372036854775807), got "
+     "99999999999999999999999999"),
+    ("seeds:\n  budget: -100000000000000000000000000000\n", "seeds.budget: expected an integer of 64 bits"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, message):
     f = tmp_path / "c.yaml"
@@ -226,3 +238,38 @@ def test_a_step_config_written_before_the_keys_moved_reads_as_the_same_configura
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     assert kept_differences(tmp_path, cfg, None) == []
     assert kept_differences(tmp_path, Config(), None) == ["train.densify.start (501 kept vs 500 now)"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--iterations", "10", "--set", "train.iterations=20"],
+     "train.iterations: set twice, by --iterations 10 and by --set train.iterations=20; give one of them"),
+    (["--quiet", "--set", "run.progress=true"], "run.progress: set twice, by --quiet and by --set run.progress=true"),
+    (["--resume", "--set", "output.existing=overwrite"],
+     "output.existing: set twice, by --resume and by --set output.existing=overwrite"),
+    (["--iso", "1", "2", "--set", "input.iso=[1, 3]"], "input.iso: set twice, by --iso 1.0 2.0 and by --set"),
+    (["--set", "input.var=null"], "input.var: expected a string, got null"),
+    (["--iterations", "99999999999999999999999999"], "train.iterations: expected an integer of 64 bits"),
+    (["--set", "train.densify={start: 1, start: 2}"], "key train.densify.start appears twice (lines 1 and 1)"),
+])
+def test_two_values_for_one_key_on_the_command_line_are_refused(args, message):
+    """A flag and --set that give one key different values: refused naming both, not the flag's taken without a
+    word whatever their order; --set KEY=null sets null, which a key that needs a value refuses."""
+    from insitu.cli import build_parser, config_from_args
+
+    with pytest.raises(ConfigError) as e:
+        config_from_args(build_parser().parse_args(["replay", "x.bp", *args]))
+    assert message in str(e.value)
+
+
+def test_the_same_value_twice_and_null_for_an_optional_key_are_taken(tmp_path):
+    from insitu.cli import build_parser, config_from_args
+
+    f = tmp_path / "c.yaml"
+    f.write_text("input:\n  color_var: U\n")
+    args = ["--config", str(f), "--iso", "1", "--set", "input.iso=1", "--iterations", "5",
+            "--set", "train.iterations=5.0", "--set", "input.color_var=null", "--set", "train.batch=3",
+            "--set", "train.batch=2"]                # of two --set, the later wins (a script adds to a base)
+    cfg = config_from_args(build_parser().parse_args(["replay", "x.bp", *args]))
+    assert cfg.input.iso == [1.0] and cfg.train.iterations == 5 and cfg.input.color_var is None
+    assert cfg.train.batch == 2
+    assert load_config(None, {"train.iterations": 2**63 - 1}).train.iterations == 2**63 - 1   # the bound passes

@@ -163,6 +163,20 @@ def test_spz_version_2_rotations_take_the_nearest_byte_triple(tmp_path):
     assert np.all(degrees(r) <= degrees(naive) + 1e-9)
 
 
+@pytest.mark.parametrize("damage, words", [
+    (lambda data: data[:100], "EOFError"),                                     # truncated
+    (lambda data: b"PLY" + data[3:], "BadGzipFile"),                           # not gzip
+    (lambda data: data[:20] + bytes(200) + data[220:], "error: "),            # corrupt deflate data
+])
+def test_a_damaged_spz_is_a_value_error_naming_the_file(tmp_path, damage, words):
+    path = write_spz(tmp_path / "m.spz", random_gaussians(300, 1), version=3)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError) as e:
+        read_spz(path)
+    text = str(e.value)
+    assert text.startswith(f"{path}: not a readable spz file (a gzip stream): ") and words in text, text
+
+
 def test_output_settings_choose_the_model_files_and_their_steps(tmp_path):
     """output.ply / spz / lit say which model files a step writes, output.every for which steps, output.sh_degree
     at which degree; metrics.json records each file's bytes and the step folder's."""

@@ -255,3 +255,16 @@ def test_the_consumers_take_the_bounds_the_config_accepts():
     assert not math.isfinite(torch.logit(torch.tensor(2 * 0.5)).item())        # the bound refused
     timedelta(seconds=3 * TIMEOUT_S_MAX)
     assert 3 * TIMEOUT_S_MAX * 1000 <= 2**31 - 1
+
+
+def test_a_key_set_twice_or_given_twice_in_the_file_is_one_line_before_any_output(tmp_path):
+    np.save(tmp_path / "ball.npy", np.zeros((8, 8, 8), np.float32))
+    line = one_error(insitu("run", "ball.npy", "--iso", "0.5", "--iterations", "10", "--set", "train.iterations=20",
+                            "--out", "out", cwd=tmp_path))
+    assert line == ("insitu: error: train.iterations: set twice, by --iterations 10 and by --set train.iterations=20; "
+                    "give one of them"), line
+    (tmp_path / "c.yaml").write_text("train:\n  iterations: 5\ntrain:\n  batch: 2\n")
+    line = one_error(insitu("run", "ball.npy", "--iso", "0.5", "--config", "c.yaml", "--out", "out", cwd=tmp_path))
+    assert line == ("insitu: error: config file c.yaml: section train appears twice (lines 1 and 3); YAML would keep "
+                    "only the second: merge them into one"), line
+    assert not (tmp_path / "out").exists()

@@ -203,6 +203,15 @@ def test_insitu_run_names_the_raw_type_and_takes_dims_and_dtype_over_the_name(tm
     assert list(RawSource(tmp_path / "odd_12x12x12_uint7.raw", dtype="uint8"))[0].block.data.shape == (12, 12, 12)
 
 
+def test_insitu_run_of_an_npz_archive_names_its_arrays_not_raw_file_rules(tmp_path):
+    np.savez(tmp_path / "x.npz", density=sphere_field(8), mask=np.ones(3))
+    line = one_error(insitu("run", "x.npz", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path))
+    assert line == ("insitu: error: x.npz: a NumPy .npz archive (holding density, mask); insitu run reads one array "
+                    "from a .npy file or a raw file: save the field with numpy.save('density.npy', "
+                    "numpy.load('x.npz')['density'])"), line
+    assert "raw" not in line.split(";")[0] and not (tmp_path / "out").exists()
+
+
 # ---- a variable whose type changes between steps --------------------------------------------------
 
 RETYPED = """

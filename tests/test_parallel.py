@@ -165,3 +165,42 @@ def test_threads_sets_torchs_cpu_threads_in_the_process():
     out = launch([sys.executable, "-c", code], env=subprocess_env(threads=2))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "1", "1"]          # set to 1; 0 (the default) leaves it
+
+
+@pytest.mark.parametrize("environ, single_node, words", [
+    ({"INSITU_MASTER_ADDR": "no.such.host.invalid"}, True,
+     "INSITU_MASTER_ADDR=no.such.host.invalid: the name does not resolve ("),
+    ({"INSITU_MASTER_ADDR": "192.0.2.1"}, False,           # (TEST-NET-1: never an address of this host)
+     "INSITU_MASTER_ADDR=192.0.2.1: resolves to 192.0.2.1, not an address of this node; expected a name or address "
+     "of rank 0's node"),
+])
+def test_a_store_host_that_cannot_work_is_named_at_once(environ, single_node, words):
+    from insitu.parallel.comm import store_host
+
+    host, error = store_host(single_node=single_node, environ=environ)
+    assert host == environ["INSITU_MASTER_ADDR"] and words in error and "docs/cluster.md" in error
+
+
+def test_the_store_host_is_the_loopback_on_one_node_and_the_variable_when_set():
+    from insitu.parallel.comm import store_host
+
+    assert store_host(single_node=True, environ={}) == ("127.0.0.1", "")
+    assert store_host(single_node=False, environ={"INSITU_MASTER_ADDR": " 127.0.0.1 "}) == ("127.0.0.1", "")
+
+
+@pytest.mark.mpi
+def test_a_bad_master_addr_is_one_line_exit_2_before_any_wait(tmp_path):
+    """A name that does not resolve: refused on every rank at start-up, not after run.timeout_s (300 s here)."""
+    import time
+
+    import numpy as np
+    from conftest import TINY, insitu, one_error
+
+    np.save(tmp_path / "ball.npy", np.zeros((8, 8, 8), np.float32))
+    t = time.monotonic()
+    r = insitu("run", "ball.npy", "--iso", "0.5", *TINY, "--out", "out", cwd=tmp_path, ranks=2, timeout=60,
+               env={"INSITU_MASTER_ADDR": "no.such.host.invalid"})
+    assert time.monotonic() - t < 40
+    line = one_error(r)
+    assert "INSITU_MASTER_ADDR=no.such.host.invalid: the name does not resolve" in line, line
+    assert not (tmp_path / "out").exists()

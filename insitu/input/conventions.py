@@ -223,9 +223,14 @@ def step_time(meta: StepMeta, name: str, number: int, where: str, time_var: str 
     openPMD iteration's ``time`` attribute, the step number)."""
     if time_var is not None:
         kind, *rest = _named_value(meta, time_var)
-        if kind in ("missing", "array"):
+        if kind == "missing":
             raise SourceInputError(f"{where}: input.time_var={time_var!r}: no single-value variable or attribute of "
                                    f"that name at step {number}")
+        if kind == "array":
+            shape = meta.variables[time_var].get("Shape", "")
+            raise SourceInputError(f"{where}: input.time_var={time_var!r} is an array"
+                                   f"{f' of shape ({shape})' if shape else ''} at step {number}; expected a single "
+                                   "value (the step's time): name a single-value variable or attribute")
         return _real(rest[1], f"{where}: {kind} {time_var!r} at step {number}")
     for conventional in TIME_NAMES:
         value = meta.scalar(conventional)

@@ -41,6 +41,7 @@ import gzip
 import itertools
 import math
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +181,11 @@ def spz_antialiased(path: str | Path) -> bool:
 
 
 def _spz_bytes(path: Path) -> bytes:
-    raw = gzip.decompress(path.read_bytes())
+    """The decompressed bytes of the ``.spz`` file ``path``; ValueError naming it when they cannot be read."""
+    try:
+        raw = gzip.decompress(path.read_bytes())
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:    # truncated, not gzip, corrupt
+        raise ValueError(f"{path}: not a readable spz file (a gzip stream): {type(e).__name__}: {e}") from None
     if len(raw) < 16:
         raise ValueError(f"{path}: too short for an spz header ({len(raw)} bytes)")
     return raw

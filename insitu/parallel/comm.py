@@ -357,7 +357,8 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     If ``torch.distributed`` is already initialised, its default group is reused when it
     spans exactly these processes in the same order with the right backend; otherwise
     a new group over these processes is created. The TCP store host is 127.0.0.1 when
-    all ranks share a node, else rank 0's host name; ``INSITU_MASTER_ADDR`` overrides it.
+    all ranks share a node, else rank 0's host name; ``INSITU_MASTER_ADDR`` overrides it. A name that
+    does not resolve to an address of rank 0's node is a ConfigError on every rank (:func:`store_host`).
     """
     from mpi4py import MPI
 
@@ -377,6 +378,11 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     dev, error = _pick_device(device, local_rank)
     if not error and dev.type == "cuda" and local_size > 1:
         error = _shared_gpu(local, dev)
+    error = f"run.{error}" if error else ""
+    host = None
+    if size > 1 and rank == 0:                  # where the others will look for the TCP store, checked at once
+        host, host_error = store_host(single_node=local_size == size)
+        error = "; ".join(filter(None, [error, host_error]))
     local.Free()
     comm = Comm(mpi, rank, size, local_rank, dev if dev is not None else torch.device("cpu"), None,
                 timeout_s=float(timeout_s),
@@ -387,14 +393,14 @@ def init_comm(mpi_comm=None, *, device: str | torch.device = "auto", timeout_s: 
     except RankFailure as e:
         mpi.Free()
         text = "; ".join(dict.fromkeys(e.messages))
-        raise ConfigError(f"run.{text}" + (f" (on rank(s) {', '.join(map(str, e.ranks))} of {size})"
+        raise ConfigError(text + (f" (on rank(s) {', '.join(map(str, e.ranks))} of {size})"
                                             if len(e.ranks) < size else "")) from None
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         if size > 1:
             with comm.phase("init_comm: torch.distributed"):
-                _init_group(comm, single_node=local_size == size)
+                _init_group(comm, host=host)
     except RankFailure:
         mpi.Free()
         raise
@@ -415,7 +421,40 @@ def _install_abort_hook(comm: Comm) -> None:
     comm._hooks = (abort_on_exception, previous)
 
 
-def _init_group(comm: Comm, *, single_node: bool) -> None:
+MASTER_ADDR = "INSITU_MASTER_ADDR"       # the variable that names rank 0's host for the TCP store (docs/cluster.md)
+
+
+def store_host(*, single_node: bool, environ=None) -> tuple[str, str]:
+    """The host that rank 0 opens the ``torch.distributed`` TCP store on, and why it cannot ("" when it can):
+    ``INSITU_MASTER_ADDR`` (from ``environ``, default ``os.environ``), else 127.0.0.1 when every rank runs on this
+    node, else this host's name. The name must resolve to an address of this host (rank 0 listens there, the
+    others connect to it); checked now, since torch would wait ``run.timeout_s`` for a name that does not resolve
+    and then fail in a hundred lines."""
+    environ = os.environ if environ is None else environ
+    given = environ.get(MASTER_ADDR, "").strip()
+    here = socket.gethostname()
+    host = given or ("127.0.0.1" if single_node else here)
+    what = f"{MASTER_ADDR}={given}" if given else f"this host's name {host} (the default without {MASTER_ADDR})"
+    expected = (f"expected a name or address of rank 0's node ({here}) that the other ranks can reach; set "
+                f"{MASTER_ADDR} to one (docs/cluster.md)")
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        return host, f"{what}: the name does not resolve ({reason}); {expected}"
+    addresses = list(dict.fromkeys(address[0] for *_, address in found))
+    for family, *_, address in found:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address[0], 0))     # only an address of this host can be bound
+            except OSError:
+                continue
+        return host, ""
+    return host, f"{what}: resolves to {', '.join(addresses)}, not an address of this node; {expected}"
+
+
+def _init_group(comm: Comm, *, host: str | None) -> None:
+    """The torch.distributed group over ``comm``'s ranks; ``host``: the TCP store's (rank 0's :func:`store_host`)."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -450,7 +489,6 @@ def _init_group(comm: Comm, *, single_node: bool) -> None:
     # rank 0 always broadcasts, an address or why it has none, so no rank waits in vain
     store, address = None, None
     if comm.rank == 0:
-        host = os.environ.get("INSITU_MASTER_ADDR") or ("127.0.0.1" if single_node else socket.gethostname())
         try:
             store = dist.TCPStore(host, 0, comm.size, True, timeout=timeout, wait_for_workers=False)
             address = (host, store.port, "")

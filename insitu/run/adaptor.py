@@ -51,10 +51,23 @@ device's memory, a rasterizer the device lacks and an output folder that cannot 
 results (a file, unwritable, written by another run, holding an earlier run's results unless
 ``output.existing`` is resume or overwrite, or, with resume, steps made from another input or
 configuration) are ConfigErrors too. Rank 0 holds the output folder's lock until ``finalize()``.
+
+A step whose files cannot be written (a full disk, a read-only folder: an OSError on any rank) is recorded as
+failed with one line on each rank's stderr, and training stops there: later steps are recorded as skipped and
+every later ``execute()`` raises InsituError saying why, while the simulation goes on.
+
+The Adaptor is not thread-safe: every call is collective, and every rank must make the calls in the same order,
+which calls from two threads of a rank cannot promise (serialising them would still pair different steps across
+ranks). A call made while another thread is inside one raises InputError at once, on that rank, before any
+collective; make every call from one thread. A program that ends without ``finalize()`` is finalized when the
+interpreter exits (a warning on rank 0's stderr; the queued steps are trained, the folder released); if it has
+ended MPI first, those steps are recorded as skipped instead.
 """
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import math
 import numbers
 import sys
@@ -64,12 +77,12 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from insitu.config import Config, RunConfig, check_backend, check_memory, from_dict, load_config, validate
-from insitu.errors import AgreementTimeout, ConfigError, InputError, InsituError
+from insitu.errors import AgreementTimeout, ConfigError, InputError, InsituError, RankFailure
 from insitu.input.decomposition import block_from_local
 from insitu.output.export import StepWriter, claim_output
 from insitu.parallel.agreement import agree_errors, compare_configs
@@ -235,6 +248,9 @@ class Adaptor:
              the kept steps' when ``output.existing`` is resume (default ``{"command": "adaptor"}``).
 
     status:  step -> :class:`StepStatus` (queued, trained, failed or skipped, and why), on every rank.
+
+    Not thread-safe: call it from one thread (a call while another thread is inside one is an InputError).
+    Without ``finalize()`` (or ``with``), the interpreter's exit finalizes it, with a warning.
     """
 
     def __init__(self, comm=None, config: Config | dict | str | Path | None = None, *,
@@ -249,6 +265,8 @@ class Adaptor:
         self._work = self._base = self._notice = self._lock = None
         self._thread: threading.Thread | None = None
         self._freed = False
+        self._calling = threading.Lock()    # held by the thread inside a call (execute, finalize): one at a time
+        self._caller: tuple[str, str] | None = None     # ... that call and its thread's name
         self._provenance = dict(provenance) if provenance is not None else {"command": "adaptor"}
         try:
             error, cfg = None, None
@@ -312,6 +330,7 @@ class Adaptor:
         self._failures: list[tuple[int, str]] = []   # agreed failures of trained steps, in order
         self._reported: set[int] = set()             # ... of which these were raised already
         self._halted: str | None = None      # training stopped for good, and why (_halt)
+        self._unwritable = False             # a step's files could not be written (training stopped)
         self._sent: list[Any] = []           # halt notices sent (requests)
         # queue state, guarded by self._cond
         self._cond = threading.Condition()
@@ -322,6 +341,7 @@ class Adaptor:
         if self.mode == "background":
             self._thread = threading.Thread(target=self._worker, name=f"insitu-worker-{self.rank}", daemon=True)
             self._thread.start()
+        atexit.register(self._at_exit)       # a program that ends without finalize() loses no queued step
 
     # ------------------------------------------------------------------ public API
     def execute(self, step: int, time: float, fields: dict[str, np.ndarray], global_shape, start, *,
@@ -339,23 +359,33 @@ class Adaptor:
 
         Returns once the data is copied (background) or the step is trained (sync).
         Raises InsituError if an earlier step failed on any rank or training has stopped,
-        InputError if the fields are unusable on any rank or the step number was given before.
+        InputError if the fields are unusable on any rank or the step number was given before, or, at
+        once and on this rank alone, if another thread is inside a call of this Adaptor.
         """
-        self._execute(step, time, fields, global_shape, start, origin, spacing, None)
+        with self._one_caller(f"execute(step {step!r})"):
+            self._execute(step, time, fields, global_shape, start, origin, spacing, None)
 
     def execute_buffers(self, step: int, time: float, buffers: list[tuple[str | None, Any, int]],
                         global_shape, start, count, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0)) -> None:
         """``execute()`` for the C API: fields as raw buffers, viewed without a copy.
 
         buffers: (name, buffer or None, dtype code of ``C_DTYPES``) per field; each buffer
-                 holds ``count[0] * count[1] * count[2]`` values, x fastest.
+                 holds ``count[0] * count[1] * count[2]`` values, x fastest. A name that is not UTF-8
+                 comes as bytes (refused, naming it).
         count:   (nx, ny, nz) samples this rank holds.
         """
         error = None
         fields: dict[str, np.ndarray] = {}
         try:
             count = _integers("count", count)
+            low = [a for a in range(3) if count[a] < 1]
+            if low:
+                raise InputError(f"count {count} (x, y, z): expected at least 1 sample this rank holds along each "
+                                 f"axis, got count[{low[0]}] = {count[low[0]]}")
+            samples = math.prod(count)
             for name, buf, code in buffers:
+                if isinstance(name, bytes):
+                    raise InputError(f"field name {name!r}: not UTF-8 text; expected a name in UTF-8, such as 'V'")
                 if not name:
                     raise InputError("field name: expected a non-empty string, got NULL or ''")
                 if code not in C_DTYPES:
@@ -363,27 +393,38 @@ class Adaptor:
                                      + ", ".join(f"{k} ({v})" for k, v in C_DTYPES.items()))
                 if buf is None:
                     raise InputError(f"field {name}: data is a NULL pointer")
+                nbytes = samples * C_DTYPES[code].itemsize
+                if nbytes > sys.maxsize:
+                    raise InputError(f"count {count} (x, y, z): {samples:.3g} samples of field {name} "
+                                     f"({C_DTYPES[code]}) are {nbytes:.3g} bytes, more than a process can address; "
+                                     "expected the samples this rank holds")
+                if memoryview(buf).nbytes != nbytes:
+                    raise InputError(f"field {name}: {memoryview(buf).nbytes} bytes given, expected {nbytes} "
+                                     f"(count {count} of {C_DTYPES[code]})")
                 fields[name] = np.frombuffer(buf, dtype=C_DTYPES[code]).reshape(count[::-1])
         except (InputError, ValueError, TypeError) as e:
             error = str(e)
-        self._execute(step, time, fields, global_shape, start, origin, spacing, error)
+        with self._one_caller(f"execute(step {step!r})"):
+            self._execute(step, time, fields, global_shape, start, origin, spacing, error)
 
     def finalize(self, drain: bool = True) -> None:
         """Train the steps still waiting (``drain=False``: drop them), stop the worker, free the
         communicators, release the output folder. Collective. Raises InsituError for failed steps
         not reported yet. A rank that calls finalize() while others call execute() ends the analysis
-        on every rank (all of them raise InputError, after the same clean end)."""
-        if self._closed:
-            return
-        try:
-            if self._broken is not None:     # the ranks no longer agree: leave without collectives
-                self._closed = True
-                self._stop_worker(wait_s=1.0)
+        on every rank (all of them raise InputError, after the same clean end). InputError at once if another
+        thread is inside a call of this Adaptor."""
+        with self._one_caller("finalize()"):
+            if self._closed:
                 return
-            self._same_call(("finalize()", None), drain=drain)
-            self._raise_failures(self._close(drain))
-        finally:
-            self._free()
+            try:
+                if self._broken is not None:     # the ranks no longer agree: leave without collectives
+                    self._closed = True
+                    self._stop_worker(wait_s=1.0)
+                    return
+                self._same_call(("finalize()", None), drain=drain)
+                self._raise_failures(self._close(drain))
+            finally:
+                self._free()
 
     def __enter__(self) -> "Adaptor":
         return self
@@ -401,6 +442,57 @@ class Adaptor:
                   f"{' '.join(str(e).split())}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ internals
+    @contextlib.contextmanager
+    def _one_caller(self, call: str) -> Iterator[None]:
+        """Hold the Adaptor for ``call`` on this thread; an InputError, at once and before any collective, when
+        another thread is inside a call: the calls are collective, every rank must make them in the same order,
+        and calls from two threads would pair different steps across ranks (or fork the warm chain on one)."""
+        if not self._calling.acquire(blocking=False):
+            other, thread = self._caller or ("another call", "another thread")
+            raise InputError(f"{call}: called on thread {threading.current_thread().name!r} while {other} runs on "
+                             f"thread {thread!r}; the Adaptor is not thread-safe (its calls are collective: every "
+                             "rank must make them in the same order, which two threads cannot promise): make every "
+                             "call from one thread")
+        self._caller = (call, threading.current_thread().name)
+        try:
+            yield
+        finally:
+            self._caller = None
+            self._calling.release()
+
+    def _at_exit(self) -> None:
+        """At the interpreter's exit without :meth:`finalize` (registered by ``_setup``): say so on stderr, then
+        finalize (the steps still queued are trained, the output folder released); once MPI has ended, record
+        them as not trained instead and release the folder. Collective as finalize() is, with the ranks that
+        finalize() or exit."""
+        if self._freed or self._closed:
+            return
+        queued = sorted(s for s, st in self.status.items() if st.status == "queued")
+        steps = f" ({len(queued)} step(s) queued: {', '.join(map(str, queued))})" if queued else ""
+        if self._MPI.Is_finalized():
+            reason = "not trained: MPI ended before Adaptor.finalize() was called"
+            print(f"insitu: warning: rank {self.rank}: the program ended MPI without Adaptor.finalize(){steps}; "
+                  "those steps are not trained: call finalize() (or use `with Adaptor(...)`) before MPI ends",
+                  file=sys.stderr, flush=True)
+            self._closed = self._freed = True
+            with self._cond:
+                self._queue.clear()
+                self._stop = True
+                self._cond.notify_all()
+            self._skipped(queued, reason)
+            if self._lock is not None:
+                self._lock.release()
+            return
+        if self.rank == 0:
+            print(f"insitu: warning: the program is ending without Adaptor.finalize(){steps}; finalizing now"
+                  f"{', training them' if queued else ''} (call finalize(), or use `with Adaptor(...)`)",
+                  file=sys.stderr, flush=True)
+        try:
+            self.finalize()
+        except (InsituError, InputError) as e:
+            print(f"[insitu rank {self.rank}] finalize() at exit: {' '.join(str(e).split())}", file=sys.stderr,
+                  flush=True)
+
     def _gather(self, what: str, obj: Any) -> list[Any]:
         """Allgather on the simulation communicator within ``run.timeout_s``; past that the
         adaptor is unusable (InsituError now and from every later call), the simulation goes on."""
@@ -480,6 +572,7 @@ class Adaptor:
         if self._freed:
             return
         self._freed = True
+        atexit.unregister(self._at_exit)
         if self._lock is not None:
             self._lock.release()
         if getattr(self, "_halted", None) is None:
@@ -523,6 +616,8 @@ class Adaptor:
             self._write_status(step, "failed", report)
 
     def _write_status(self, step: int, status: str, reason: str) -> None:
+        if self._unwritable:                # a step's files could not be written: nor can metrics.csv be
+            return
         try:
             self._writer.record(step, status, reason)
         except OSError as e:                # the status stays readable in self.status
@@ -695,24 +790,37 @@ class Adaptor:
         t0 = _time.perf_counter()
         message = None
         result = None
+        unwritable = None                   # a write that failed here (a full disk, a read-only folder): its error
         try:
             result = self._driver.train(block, step=step, time=time)
         except Exception as e:           # noqa: BLE001 - every failure is reported, none is lost
             message = f"step {step}: {type(e).__name__}: {e}"
-            detail = message + "\n" if isinstance(e, InputError) else traceback.format_exc()   # bad input: one line
+            cause = e if isinstance(e, OSError) else e.__cause__ if isinstance(e.__cause__, OSError) else None
+            unwritable = cause and f"{type(cause).__name__}: {' '.join(str(cause).split())}"
+            agreed = isinstance(e, RankFailure) and e.__cause__ is None   # another rank's failure, told here
+            one_line = isinstance(e, InputError) or cause is not None or agreed   # a traceback tells no more
+            detail = " ".join(message.split()) + "\n" if one_line else traceback.format_exc()
             print(f"[insitu rank {self.rank}] {detail}", end="", file=sys.stderr, flush=True)
         self._poll_notices()
         if self._halted is not None:        # the other ranks gave up on this step: nothing more to agree on
             return
         try:
-            gathered = agree_errors(self._base, message, seconds=self._settle_s, what=f"agreeing on training step {step}")
+            gathered = agree_errors(self._base, message and (message, unwritable), seconds=self._settle_s,
+                                    what=f"agreeing on training step {step}")
         except AgreementTimeout as e:
             self._failed(step, f"training step {step} failed: {e}" + (f"; rank {self.rank}: {message}" if message else ""))
             self._halt(f"the ranks did not agree on training step {step} within {self._settle_s:g} s "
                        "(3 x run.timeout_s): a rank's training hangs or died")
             return
         if any(gathered):                   # reported once, recorded; the next steps train as usual
-            self._failed(step, _report(f"training step {step} failed", gathered))
+            written = next((w for _, w in filter(None, gathered) if w), None)
+            if written is not None:         # ... unless no step can be written: training stops, on every rank
+                self._unwritable = True     # (metrics.csv neither: the statuses stay in self.status)
+            self._failed(step, _report(f"training step {step} failed", [g and g[0] for g in gathered]))
+            if written is not None:
+                self._halt(f"step {step}'s files could not be written ({written}), nor can later steps' be: "
+                           "free space or make output.dir writable", tell=False)
+                return
             self._rebuild(step)
             return
         self._driver.trained(result)

@@ -109,6 +109,20 @@ def load_npy(path: Path) -> np.ndarray:
         raise InputError(f"{path}: not a readable .npy file of shape {shape} {dtype} ({e})") from None
 
 
+def npz_text(path: Path) -> str:
+    """The error of ``insitu run`` given a NumPy ``.npz`` archive: it reads one array, so name the arrays inside
+    and how to save one of them (a raw file's naming rules would only mislead)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            names = list(archive.files)
+    except (OSError, ValueError, EOFError):     # damaged or not a zip: its arrays are not listed
+        names = []
+    first = names[0] if names else "NAME"
+    held = f" (holding {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})" if names else ""
+    return (f"{path}: a NumPy .npz archive{held}; insitu run reads one array from a .npy file or a raw file: "
+            f"save the field with numpy.save('{first}.npy', numpy.load('{path.name}')['{first}'])")
+
+
 def volume_source(args: argparse.Namespace, cfg: Config, rank: int, size: int):
     """The single-step source of ``insitu run``: a raw file or a .npy array, cut for this rank."""
     from insitu.input.sources import ArraySource, RawSource  # as StepDriver above: torch on first use
@@ -306,6 +320,8 @@ def check_input(args: argparse.Namespace, cfg: Config, comm) -> None:
 
         check_demo(args, cfg, comm.size, comm.device.type, device_memory(torch.device("cpu")))
     if args.command == "run":
+        if Path(args.input).suffix.lower() == ".npz" and Path(args.input).is_file():
+            raise InputError(npz_text(Path(args.input)))
         check_geometry(cfg.input.origin, args.spacing, names=("input.origin", "--spacing"), error=ConfigError)
         if cfg.input.color_var is not None:
             raise ConfigError(f"input.color_var {cfg.input.color_var!r}: a {Path(args.input).suffix or 'raw'} file "
