@@ -114,7 +114,8 @@ class StepDriver:
         state = load_state(self.writer.out_root, step, comm.rank, comm.size, comm.device)
         mine = state if isinstance(state, str) else (len(state.gaussians), state.metrics.get("gaussians"))
         answers = comm.mpi.allgather(mine) if comm.size > 1 else [mine]
-        why = next((f"rank {r}: {a}" if comm.size > 1 else a for r, a in enumerate(answers) if isinstance(a, str)), None)
+        why = next((f"rank {r}: {a}" if comm.size > 1 else a for r, a in enumerate(answers) if isinstance(a, str)),
+                   None)
         if why is None and sum(n for n, _ in answers) != answers[0][1]:      # (rank 0's record: the same verdict)
             why = f"its ranks' saved parts hold {sum(n for n, _ in answers)} Gaussians, the step {answers[0][1]}"
         if why is None:
