@@ -531,9 +531,10 @@ def _interrupted(e: KeyboardInterrupt, comm, writer, lock, out: Path) -> int:
     if comm.rank == 0:
         _finish(writer, lock)
         kept = writer.trained if writer is not None else []
-        text = (f"{len(kept)} step(s) complete in {out} ({_steps_text(kept)}): give --resume to train the others"
-                if kept else f"no step complete in {out}")
-        print(f"insitu: interrupted ({name}); {text}", file=sys.stderr, flush=True)
+        text = ("" if writer is None else           # (before the folder was claimed: nothing of this run's in it)
+                f"; {len(kept)} step(s) complete in {out} ({_steps_text(kept)}): give --resume to train the others"
+                if kept else f"; no step complete in {out}")
+        print(f"insitu: interrupted ({name}){text}", file=sys.stderr, flush=True)
         if comm.size > 1:
             sys.stdout.flush()
             comm.mpi.Abort(code)
