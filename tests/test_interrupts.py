@@ -79,6 +79,7 @@ def test_a_step_is_written_while_the_next_is_awaited_and_a_signal_keeps_it(tmp_p
     assert "Traceback" not in stderr and stderr.splitlines()[-1] == (
         f"insitu: interrupted ({name}); 1 step(s) complete in out (0): give --resume to train the others"), stderr
     assert "step 0: surface PSNR" in stdout
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".") or p.name.startswith("step_")) == \
-        ["step_000000"]                     # no lock, no temporary folder
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith((".", "step_"))) == \
+        [".warm_start", "step_000000"]      # no lock, no temporary folder (the series' warm chain, and step 0)
+    assert not list((out / ".warm_start").glob(".*.tmp"))
     assert {"metrics.json", "model.ply", "model.lit.spz"} <= {p.name for p in (out / "step_000000").iterdir()}

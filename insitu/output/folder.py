@@ -2,7 +2,7 @@
 
 Names: ``step_XXXXXX`` (a complete step), ``.step_XXXXXX.*.tmp`` (a step being written, renamed
 into place when complete), ``.NAME.<12 hex digits>.tmp`` (a file being written atomically,
-:func:`insitu.output.files.atomic_path`) and ``.warm_start/`` (a series' warm chain, :mod:`insitu.step.chain`).
+:func:`insitu.output.files.atomic_path`) and ``.warm_start/`` (a series' warm chain, :mod:`insitu.run.chain`).
 Both kinds of temporary name are the run's own: left behind, they are what a killed run was writing, and the
 next run that holds the lock removes them.
 
@@ -34,7 +34,7 @@ STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STEP_TEMPORARY = re.compile(r"^\.step_\d{6,}\..*\.(tmp|old)$")
 FILE_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 LOCK_NAME = ".insitu.lock"
-CHAIN_DIR = ".warm_start"                   # a series' warm chain (insitu.step.chain)
+CHAIN_DIR = ".warm_start"                   # a series' warm chain (insitu.run.chain)
 
 
 def step_name(step: int) -> str:

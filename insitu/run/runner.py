@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ def say(comm, text: str) -> None:
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
                 failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None,
-                kept: dict[int, str | None] | None = None) -> int:
+                kept: dict[int, str | None] | None = None, chain=None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
     done:    steps already complete in the output folder (``--resume``): not trained again.
@@ -37,13 +38,16 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
     skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
     kept:    the field hashes the kept steps (``done``) record (None: none recorded); a kept step whose
              field's hash (:func:`field_hash`) differs now is a ConfigError, on every rank.
+    chain:   a series' warm chain in the output folder (:class:`insitu.run.chain.Chain`): each trained step's state
+             saved, and the last kept step's restored before the next step trains.
     Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it). With the writer's
     ``overlap``, a step's files are written while the next step seeds and casts its ground truth; the last
     step's before this returns.
     """
     from insitu.step.driver import StepDriver  # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
-    driver, trained = StepDriver(cfg, comm, writer, chain=writer is not None), 0
+    driver, trained = StepDriver(cfg, comm, writer), 0
+    kept_before = None                          # the kept step just before (--resume)
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -62,11 +66,12 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
                                   f"its field than the input holds now (field hash {recorded} kept vs {digest} now); "
                                   "give the input it was made from, --overwrite, or another --out")
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
-            driver.kept(item.step)
+            driver.forget()
+            kept_before = item.step
             continue
-        restored = driver.resume()              # after kept steps: the warm chain as it was (collective)
-        if restored is not None:
-            say(comm, restored)
+        if kept_before is not None and chain is not None:   # the warm chain as it was (collective)
+            say(comm, chain.resume(driver, comm, kept_before))
+        kept_before = None
         if writer is not None:
             writer.field_hashes[item.step] = digest
         try:
@@ -79,6 +84,8 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
             driver.forget()
             continue
         driver.trained(result)
+        if chain is not None:
+            chain.save(result)                  # what a resumed run goes on from
         trained += 1
         say(comm, summary(result.metrics, out))
     if writer is not None:
@@ -220,10 +227,9 @@ def missing_iso(args: argparse.Namespace, cfg: Config, comm) -> str:
                if otsu is not None else ""))
 
 
-def check_iso_range(block, cfg: Config, comm, what: str) -> None:
-    """InputError, on every rank, when an iso value is outside the field's finite range ``(min, max]`` (no surface:
-    a sample equal to an iso value counts as above it), so that a volume without one is refused before the output
-    folder is claimed; ``what`` names the input. Collective (the range over every rank's block)."""
+def field_range(block, cfg: Config, comm) -> tuple[float, float]:
+    """The field's range over every rank's block (its finite samples' with ``input.nonfinite: outside``; NaN where
+    a sample is NaN otherwise); collective."""
     from mpi4py import MPI
 
     data = block.data
@@ -232,31 +238,54 @@ def check_iso_range(block, cfg: Config, comm, what: str) -> None:
         here = (float(np.min(data, where=finite, initial=np.inf)), float(np.max(data, where=finite, initial=-np.inf)))
     else:
         here = (float(data.min()), float(data.max()))
-    lo, hi = comm.mpi.allreduce(here[0], op=MPI.MIN), comm.mpi.allreduce(here[1], op=MPI.MAX)
+    return comm.mpi.allreduce(here[0], op=MPI.MIN), comm.mpi.allreduce(here[1], op=MPI.MAX)
+
+
+def check_iso_range(block, cfg: Config, comm, what: str) -> None:
+    """InputError, on every rank, when an iso value is outside the field's range ``(min, max]`` (no surface: a
+    sample equal to an iso value counts as above it), so that a volume without one is refused before the output
+    folder is claimed; ``what`` names the input. Collective (the range over every rank's block)."""
+    lo, hi = field_range(block, cfg, comm)
     for v in cfg.input.iso:
         if lo <= hi and not lo < v <= hi:
             raise InputError(f"{what}: iso value {v:.10g} is outside the field's range ({lo:.10g}, {hi:.10g}]: no "
                              "surface to extract (a sample equal to the iso value counts as above it)")
 
 
-def check_steps_iso(source, cfg: Config, what: str) -> None:
+def check_steps_iso(source, args: argparse.Namespace, cfg: Config, comm) -> None:
     """InputError when no step of a BP file that holds the field (of those asked for) has a surface at every iso
     value, from the field's ranges ADIOS2's statistics record (``source.ranges``, the same on every rank; nothing
-    is refused where a step's range is not recorded, or lies within rounding of the value)."""
+    is refused where a step's range is not recorded, or lies within rounding of the value). NaN samples make
+    those statistics wrong, so before refusing, the first of the steps is read: its range must be the one its
+    statistics record. Collective."""
     ranges = getattr(source, "ranges", None)
     if not ranges or any(r is None for r in ranges.values()):
         return
 
-    def outside(v: float, lo: float, hi: float) -> bool:     # the statistics keep 7 digits
-        tol = 1e-6 * max(abs(lo), abs(hi))
-        return v <= lo - tol or v > hi + tol
+    def near(a: float, b: float, lo: float, hi: float) -> bool:    # the statistics keep 7 digits
+        return abs(a - b) <= 1e-6 * max(abs(lo), abs(hi))
 
-    if all(any(outside(v, *r) for v in cfg.input.iso) for r in ranges.values()):
-        shown = ", ".join(f"[{lo:.6g}, {hi:.6g}] at step {n}" for n, (lo, hi) in list(ranges.items())[:3])
-        more = f", ... ({len(ranges)} steps)" if len(ranges) > 3 else ""
-        iso = ", ".join(f"{v:g}" for v in cfg.input.iso)
-        raise InputError(f"{what}: no step has a surface at iso {iso}: {cfg.input.var} ranges over {shown}{more}; "
-                         "an iso value must lie within a step's (min, max] (--iso)")
+    def outside(v: float, lo: float, hi: float) -> bool:
+        return (v <= lo and not near(v, lo, lo, hi)) or (v > hi and not near(v, hi, lo, hi))
+
+    if not all(any(outside(v, *r) for v in cfg.input.iso) for r in ranges.values()):
+        return
+    from insitu.input.sources import open_source
+
+    first = next(iter(ranges))
+    one = replace(cfg, input=replace(cfg.input, steps=[first], every=1))
+    with open_source(args.command, args.input, one, comm.rank, comm.size, comm=comm.mpi) as steps:
+        item = next(iter(steps), None)
+    if item is None:
+        return
+    lo, hi = field_range(item.block, cfg, comm)
+    if not (near(lo, ranges[first][0], lo, hi) and near(hi, ranges[first][1], lo, hi)):
+        return                                  # (NaN samples: each step says what is wrong with it)
+    shown = ", ".join(f"[{lo:.6g}, {hi:.6g}] at step {n}" for n, (lo, hi) in list(ranges.items())[:3])
+    more = f", ... ({len(ranges)} steps)" if len(ranges) > 3 else ""
+    iso = ", ".join(f"{v:g}" for v in cfg.input.iso)
+    raise InputError(f"{args.input}: no step has a surface at iso {iso}: {cfg.input.var} ranges over {shown}{more}; "
+                     "an iso value must lie within a step's (min, max] (--iso)")
 
 
 def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...] | None = None) -> str:
@@ -376,6 +405,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     # torch and MPI on first use (see train_steps)
     from insitu.output.export import StepWriter, claim_output
     from insitu.parallel.agreement import compare_configs
+    from insitu.run.chain import Chain
     from insitu.parallel.comm import device_memory, init_comm, shutdown
     from insitu.render.rendering import gsplat_import_error
     from insitu.step.compilation import compile_ahead
@@ -411,7 +441,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             from insitu.input.sources import open_source
 
             source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
-            check_steps_iso(source, cfg, args.input)
+            check_steps_iso(source, args, cfg, comm)
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
@@ -444,10 +474,11 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             say(comm, plan_text(args, cfg, comm))
             if source is None:                  # a stream: opened once the folder is claimed (it waits for the writer)
                 source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
+            chain = Chain(out, comm.rank, comm.size) if cfg.series.warm_start else None
             with source:
                 try:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
-                                    skipped=skipped, kept=kept)
+                                    skipped=skipped, kept=kept, chain=chain)
                 finally:
                     skipped = sorted(skipped + [s for s in getattr(source, "skipped", []) if s[0] not in done])
                     if comm.rank == 0 and skipped:

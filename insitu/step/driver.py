@@ -19,7 +19,6 @@ step trains on a finite field.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -38,20 +37,14 @@ class StepDriver:
     writer:  the :class:`insitu.output.export.StepWriter` that writes each step (or None).
     process: the function that trains one step, ``process(block, cfg, comm, *, step, time, writer,
              warm, iterations) -> result``; defaults to :func:`insitu.step.pipeline.run_step`.
-    chain:   save each trained step's warm start in the writer's folder (:func:`insitu.step.chain.save_state`), and
-             restore a kept one (:meth:`resume`): the commands' ``--resume`` goes on with the warm chain.
     """
 
-    def __init__(self, cfg: Config, comm: Any, writer: Any = None, *, process: Callable[..., Any] | None = None,
-                 chain: bool = False):
+    def __init__(self, cfg: Config, comm: Any, writer: Any = None, *, process: Callable[..., Any] | None = None):
         if process is None:
             from insitu.step.pipeline import run_step as process
         self.cfg, self.comm, self.writer, self.process = cfg, comm, writer, process
-        self.chain = chain and cfg.series.warm_start and writer is not None
         self.previous: Any = None           # the last trained step's result, the next one's warm start
-        self.kept_step: int | None = None   # a step kept from an earlier run just before (--resume): see resume()
-        self.restart: int | None = None     # the kept step's warm_chain, where its state could not be restored
-        self.unsaved = False                # a step's state could not be saved (said once)
+        self.restart: int | None = None     # a kept step's warm_chain, where its state was not restored (resume)
 
     def train(self, block, *, step: int, time: float) -> Any:
         """Train one step (collective); returns the process's result (give it to :meth:`trained`
@@ -70,64 +63,22 @@ class StepDriver:
             raise
 
     def trained(self, result: Any) -> None:
-        """``result`` (of :meth:`train`) succeeded on every rank: the next step starts from it. In a series with an
-        output folder, each rank saves its part of it there (:func:`insitu.step.chain.save_state`), from which a
-        resumed run goes on (:meth:`resume`)."""
-        self.previous, self.kept_step = result, None
-        chain, self.restart = self.restart, None
+        """``result`` (of :meth:`train`) succeeded on every rank: the next step starts from it."""
+        chain, self.previous, self.restart = self.restart, result, None
         every = self.cfg.series.cold_every
         if chain is not None and result.warm_chain == 0 and 0 < every and chain + 1 < every:
             result.warm_chain = chain + 1   # a restart after kept steps counts on as the uninterrupted chain (resume)
-        if self.chain:
-            from insitu.step.chain import save_state
-
-            try:
-                save_state(self.writer.out_root, result, self.comm.rank, self.comm.size)
-            except OSError as e:            # (a full disk: the step's own files say it, as the run's error)
-                if not self.unsaved:
-                    print(f"insitu: warning: {e}: a run resumed after step {result.step} starts the next step cold",
-                          file=sys.stderr, flush=True)
-                self.unsaved = True
 
     def forget(self) -> None:
-        """The next step starts cold (the previous one failed)."""
-        self.previous, self.kept_step, self.restart = None, None, None
+        """The next step starts cold (the previous one was kept from an earlier run, or failed)."""
+        self.previous, self.restart = None, None
 
-    def kept(self, step: int) -> None:
-        """Step ``step`` is kept from an earlier run (``--resume``): the next step starts from its saved state
-        (:meth:`resume`)."""
-        self.previous, self.kept_step = None, int(step)
-
-    def resume(self) -> str | None:
-        """Before the first step trained after kept ones: restore the last kept step's saved state as the warm
-        start (:func:`insitu.step.chain.load_state`), on every rank or none; returns what to say (None when no
-        step was kept just before, or without ``chain``). Collective. Where it cannot be restored
-        the step starts cold; the restarted chain counts on from the kept step's ``warm_chain`` (its
-        metrics.json), so that the series' cold steps (``series.cold_every``) stay where they are in the
-        uninterrupted run, from which it differs only until the next of them."""
-        step, self.kept_step = self.kept_step, None
-        if step is None or not self.chain:
-            return None
-        from insitu.step.chain import kept_chain, load_state
-
-        comm = self.comm
-        state = load_state(self.writer.out_root, step, comm.rank, comm.size, comm.device)
-        mine = state if isinstance(state, str) else (len(state.gaussians), state.metrics.get("gaussians"))
-        answers = comm.mpi.allgather(mine) if comm.size > 1 else [mine]
-        why = next((f"rank {r}: {a}" if comm.size > 1 else a for r, a in enumerate(answers) if isinstance(a, str)),
-                   None)
-        if why is None and sum(n for n, _ in answers) != answers[0][1]:      # (rank 0's record: the same verdict)
-            why = f"its ranks' saved parts hold {sum(n for n, _ in answers)} Gaussians, the step {answers[0][1]}"
-        if why is None:
-            self.previous = state
-            return f"step {step} (kept, --resume): its model restored as the next step's warm start"
-        chain = kept_chain(self.writer.out_root, step) if comm.rank == 0 else None
-        chain = comm.mpi.bcast(chain, root=0) if comm.size > 1 else chain
-        self.restart = chain
-        differ = ("the steps up to the series' next cold one differ" if self.cfg.series.cold_every > 0 else
-                  "the later steps differ (series.cold_every 0: no cold step to meet it again)")
-        return (f"insitu: warning: step {step} (kept, --resume): its model cannot be restored as the next step's warm "
-                f"start ({why}): the next step starts cold, and {differ} from an uninterrupted run's")
+    def resume(self, state: Any = None, chain: int = 0) -> None:
+        """Go on after a step kept from an earlier run (``--resume``): from ``state``, that step's result restored
+        (:func:`insitu.run.chain.load_state`), as the uninterrupted run would have; without it, cold, the chain
+        counting on from the kept step's ``chain`` (its ``warm_chain``), so that the series' cold steps
+        (``series.cold_every``) stay where they are in the uninterrupted run, which the steps equal from there."""
+        self.previous, self.restart = state, (None if state is not None else int(chain))
 
 
 def warm_iterations(cfg: Config) -> int:

@@ -1,5 +1,5 @@
 """A series' warm chain on disk: what the next step starts from, kept beside the steps so that ``--resume`` goes
-on as the uninterrupted run would have.
+on as the uninterrupted run would have (:class:`Chain`, for the commands).
 
 After each trained step of a series (``series.warm_start``) every rank saves its part of the step's result, what
 the next step is warm-started from (:class:`insitu.step.pipeline.StepResult`: its shard of the trained Gaussians
@@ -10,13 +10,16 @@ The model files cannot serve: ``model.lit.spz`` is quantised, ``model.ply`` is t
 
 A resumed run restores the last kept step's state when every rank finds its part, written by the run that wrote
 that step folder (rank 0's records the step's ``train_seconds``, which its metrics.json records too) on as many
-ranks; the next step then starts as it would have in the uninterrupted run, bit for bit.
+ranks; the next step then starts as it would have in the uninterrupted run, bit for bit. Otherwise it starts cold
+and the chain counts on from the kept step's ``warm_chain`` (:meth:`insitu.step.driver.StepDriver.resume`).
 """
 from __future__ import annotations
 
 import io
 import json
 import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -95,3 +98,47 @@ def kept_chain(out: str | Path, step: int) -> int:
     except (OSError, ValueError, AttributeError):
         return 0
     return chain if isinstance(chain, int) and not isinstance(chain, bool) and chain >= 0 else 0
+
+
+@dataclass
+class Chain:
+    """A command's warm chain in its output folder ``out``, this rank's part (``rank`` of ``size``).
+
+    unsaved: a step's state could not be saved (said once; a full disk: the step's own files end the run).
+    """
+
+    out: Path
+    rank: int
+    size: int
+    unsaved: bool = False
+
+    def save(self, result) -> None:
+        """Save a trained step's ``result`` (:func:`save_state`); an OSError is a warning, once."""
+        try:
+            save_state(self.out, result, self.rank, self.size)
+        except OSError as e:
+            if not self.unsaved:
+                print(f"insitu: warning: {e}: a run resumed after step {result.step} starts the next step cold",
+                      file=sys.stderr, flush=True)
+            self.unsaved = True
+
+    def resume(self, driver, comm, step: int) -> str:
+        """Before the first step trained after kept ones, the last kept one ``step``: its state restored as
+        ``driver``'s warm start on every rank, or on none (then the next step starts cold, the chain counting on:
+        :meth:`insitu.step.driver.StepDriver.resume`); returns what to say. Collective over ``comm``."""
+        state = load_state(self.out, step, self.rank, self.size, comm.device)
+        mine = state if isinstance(state, str) else (len(state.gaussians), state.metrics.get("gaussians"))
+        answers = comm.mpi.allgather(mine) if comm.size > 1 else [mine]
+        why = next((f"rank {r}: {a}" if comm.size > 1 else a for r, a in enumerate(answers) if isinstance(a, str)),
+                   None)
+        if why is None and sum(n for n, _ in answers) != answers[0][1]:      # (rank 0's record: the same verdict)
+            why = f"its ranks' saved parts hold {sum(n for n, _ in answers)} Gaussians, the step {answers[0][1]}"
+        if why is None:
+            driver.resume(state)
+            return f"step {step} (kept, --resume): its model restored as the next step's warm start"
+        chain = kept_chain(self.out, step) if comm.rank == 0 else None
+        driver.resume(None, comm.mpi.bcast(chain, root=0) if comm.size > 1 else chain)
+        differ = ("the steps up to the series' next cold one differ" if driver.cfg.series.cold_every > 0 else
+                  "the later steps differ (series.cold_every 0: no cold step to meet it again)")
+        return (f"insitu: warning: step {step} (kept, --resume): its model cannot be restored as the next step's warm "
+                f"start ({why}): the next step starts cold, and {differ} from an uninterrupted run's")
