@@ -10,6 +10,7 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from insitu.progress import summary
 from insitu.run.demo import check_demo, run_demo
 from insitu.volume import check_geometry
 
+if TYPE_CHECKING:
+    from insitu.run.chain import Chain
+
 
 def say(comm, text: str) -> None:
     if comm is None or comm.rank == 0:
@@ -28,7 +32,7 @@ def say(comm, text: str) -> None:
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
                 failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None,
-                kept: dict[int, str | None] | None = None, chain=None) -> int:
+                kept: dict[int, str | None] | None = None, chain: Chain | None = None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
     done:    steps already complete in the output folder (``--resume``): not trained again.
@@ -405,9 +409,9 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     # torch and MPI on first use (see train_steps)
     from insitu.output.export import StepWriter, claim_output
     from insitu.parallel.agreement import compare_configs
-    from insitu.run.chain import Chain
     from insitu.parallel.comm import device_memory, init_comm, shutdown
     from insitu.render.rendering import gsplat_import_error
+    from insitu.run.chain import Chain
     from insitu.step.compilation import compile_ahead
 
     try:
