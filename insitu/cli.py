@@ -7,12 +7,14 @@ the common flags below, ``--out DIR`` and ``--help``. Run under ``mpiexec -n P``
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import Any
 
 from insitu import __version__
 from insitu.config import Config, config_file_values, field_choices, load_config, parse_override, same_value
-from insitu.errors import ConfigError, InputError
+from insitu.errors import ConfigError, InputError, Terminated
 
 EPILOG = """examples:
   insitu demo --out demo_out
@@ -206,9 +208,15 @@ def iso_given(args: argparse.Namespace) -> bool:
     return isinstance(section, dict) and section.get("iso") is not None
 
 
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)     # SIGTERM (a job's time limit) ends a run as Ctrl-C does
     if args.command == "view":
         from insitu.output.report import serve  # the report server needs no analysis modules
 
@@ -222,9 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InputError) as e:
         print(f"insitu: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("insitu: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:              # (a run's own is answered by run_command, saying what it kept)
+        terminated = isinstance(e, Terminated)
+        print(f"insitu: interrupted ({'SIGTERM' if terminated else 'SIGINT'})", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
   (on bad input only, for the latter); ``AgreementTimeout``: the other ranks did not join a
   cross-rank decision in time.
 - ``InsituError``: an in situ step failed on at least one rank (raised by the Adaptor on every rank).
+- ``Terminated``: SIGTERM, raised as Ctrl-C's ``KeyboardInterrupt`` (a subclass of it).
 """
 from __future__ import annotations
 
@@ -70,3 +71,9 @@ class AgreementTimeout(RuntimeError):
 
 class InsituError(RuntimeError):
     """A step failed on at least one rank; raised with the same message on every rank."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (a batch job's time limit, ``scancel``, ``kill``): raised in the main thread as Ctrl-C raises
+    ``KeyboardInterrupt`` (:func:`insitu.cli.main` installs the handler), so that both end a run alike: the step
+    being written is finished, nothing half-written stays, the output folder's lock is released (exit 143)."""

@@ -143,11 +143,12 @@ def test_a_step_without_the_variable_is_skipped_and_the_replay_goes_on(tmp_path)
     assert rows["1"]["reason"] == "no variable 'U' at step 1; variables present: W, step"
 
 
-def test_a_file_whose_steps_all_lack_the_variable_ends_with_one_error_listing_the_variables(tmp_path):
+def test_a_file_whose_steps_all_lack_the_variable_is_refused_listing_the_variables_before_anything_is_written(
+        tmp_path):
     path = write_bp(tmp_path / "s.bp", [{"W": sphere_field(12), "step": n} for n in (0, 1)])
     r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
-    assert "no step could be trained: 2 step(s) skipped (step 0: no variable 'U' at step 0; variables present: W, " \
-           "step" in one_error(r)
+    assert one_error(r) == f"insitu: error: {path}: no variable 'U' in any of its 2 step(s); variables present: W, step"
+    assert not (tmp_path / "out").exists() and "insitu replay:" not in r.stdout
 
 
 def test_every_counts_the_steps_that_hold_the_variable(tmp_path):

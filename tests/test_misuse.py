@@ -254,14 +254,14 @@ def test_reusing_an_output_folder_is_refused_then_resumed_or_overwritten(files, 
     assert "stale.png" not in (tmp_path / "out" / "report.html").read_text()
 
 
-def test_resume_trains_the_steps_a_killed_run_left_unfinished(files, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--resume"]], ids=["no flag", "--resume"])
+def test_a_run_trains_the_steps_a_killed_run_left_unfinished(files, tmp_path, flags):
+    # a folder without a finished step holds no results: the run needs no flag to take it
     out = tmp_path / "out"
     (out / ".step_000000.abc.tmp").mkdir(parents=True)        # a step killed while being written
     (out / ".step_000000.abc.tmp" / "model.ply").write_bytes(b"partial")
     (out / "metrics.csv").write_text("step,status\n0,failed\n")
-    refused = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, cwd=tmp_path)
-    assert "holds the results of an earlier run; give --resume" in one_error(refused)
-    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, "--resume", cwd=tmp_path)
+    r = insitu("run", files / "ball.npy", "--iso", "3", *TINY, "--out", out, *flags, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "report.json", "step_000000",
                                                      "viewer"]

@@ -210,3 +210,70 @@ def test_insitu_run_of_an_npz_archive_names_its_arrays_not_raw_file_rules(tmp_pa
                     "from a .npy file or a raw file: save the field with numpy.save('density.npy', "
                     "numpy.load('x.npz')['density'])"), line
     assert "raw" not in line.split(";")[0] and not (tmp_path / "out").exists()
+
+
+# ---- a variable whose type changes between steps --------------------------------------------------
+
+RETYPED = """
+import sys
+sys.modules["torch"] = None
+import numpy as np, adios2
+from conftest import sphere_field
+engine, types = sys.argv[2], sys.argv[3].split(",")
+io = adios2.Adios().declare_io("w")
+io.set_engine(engine)
+with adios2.Stream(io, sys.argv[1], "w") as s:
+    for i, t in enumerate(types):
+        if i and t != types[i - 1]:
+            s.io.remove_variable("U")       # and defined again, of the new type, by write
+        s.begin_step()
+        s.write("U", sphere_field(20).astype(t), [20] * 3, [0] * 3, [20] * 3)
+        s.end_step()
+"""
+
+
+def retyped(path: Path, types: str, engine: str = "BP5") -> Path:
+    """A BP file whose variable U (20^3) is of the given types (``f8,f4``: float64 at step 0, float32 at step 1)."""
+    r = launch([sys.executable, "-c", RETYPED, path, engine, types], cwd=Path(__file__).parent)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+@pytest.mark.parametrize("types, declared, holds", [
+    ("f8,f4", "double, 8 bytes a sample", "4 bytes a sample"),           # the last step: ADIOS2 would hang
+    ("f8,f4,f4", "double, 8 bytes a sample", "4 bytes a sample"),        # a step before another
+    ("f4,f8", "float, 4 bytes a sample", "8 bytes a sample"),            # ADIOS2 would read half of each value
+    ("u1,f4,u1", "uint8_t, 1 byte a sample", "4 bytes a sample"),
+])
+def test_a_bp5_variable_whose_type_changes_is_named_at_its_step_after_the_steps_before(tmp_path, types, declared,
+                                                                                       holds):
+    # a BP5 file keeps the type a variable was first written with: only its data's size tells
+    path = retyped(tmp_path / "t.bp", types)
+    got = []
+    with pytest.raises(SourceInputError) as info:
+        for step in BPSource(path, "U"):
+            got.append(step.step)
+    assert got == [0]
+    assert str(info.value).startswith(f"{path}: step 1: variable 'U' is declared {declared} (the type it was first "
+                                      f"written with: a BP5 file keeps that one), but the step's data holds {holds} "
+                                      "for its 8000 samples: its type changed between steps ("), info.value
+    assert str(info.value).endswith("write it with one type in every step (or the new type under another name)")
+
+
+def test_a_bp4_variable_whose_type_changes_is_refused_before_any_step(tmp_path):
+    path = retyped(tmp_path / "t4.bp", "f8,f4", engine="BP4")
+    # (ADIOS2 reads a BP4 file's metadata when it opens it: it fails there)
+    with pytest.raises(SourceInputError, match=r"t4.bp: variable 'U' changes its type between steps, which ADIOS2 "
+                                               r"cannot read; write it with one type in every step"):
+        BPSource(path, "U")
+
+
+def test_replay_of_a_type_change_ends_in_one_line_and_keeps_the_steps_before(tmp_path):
+    path = retyped(tmp_path / "dt.bp", "f8,f4")
+    r = insitu("replay", path, "--var", "U", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path, timeout=120)
+    line = one_error(r)
+    assert "dt.bp: step 1: variable 'U' is declared double" in line and "its type changed between steps" in line
+    assert "step 0: surface PSNR" in r.stdout
+    out = tmp_path / "out"
+    assert (out / "step_000000" / "metrics.json").is_file() and not list(out.glob(".step_*"))
+    assert not (out / ".insitu.lock").exists()

@@ -133,6 +133,39 @@ def test_an_iso_value_is_given_by_a_flag_a_set_or_the_config_file(tmp_path, args
     assert iso_given(build_parser().parse_args(["run", "x.npy", *args])) is given
 
 
+# ------------------------------------------------------------------------------------------ nothing to train
+
+def earlier_results(out: Path) -> Path:
+    """An output folder holding an earlier run's step 0 (metrics.json, config.yaml), without training one."""
+    from insitu.config import Config
+    from insitu.output.export import StepWriter
+
+    return StepWriter(out).write(0, None, [], {"psnr": 30.0, "gaussians": 7}, Config())
+
+
+def test_a_mistyped_var_or_an_iso_outside_every_step_is_refused_before_anything_is_written(tmp_path):
+    path = bp_with_steps(tmp_path / "two.bp", [0, 10])          # U: [0.866, 9.53] at both steps
+    replay = ("replay", path, *TINY, "--out", "out")
+    line = one_error(insitu(*replay, "--var", "V", "--iso", "3", cwd=tmp_path))
+    assert line == f"insitu: error: {path}: no variable 'V' in any of its 2 step(s); variables present: U, step"
+    line = one_error(insitu(*replay, "--var", "U", "--color-var", "C", "--iso", "3", cwd=tmp_path))
+    assert line.endswith("two.bp: no colour variable 'C' in any of its 2 step(s); variables present: U, step")
+    line = one_error(insitu(*replay, "--var", "U", "--iso", "20", cwd=tmp_path))
+    assert line == (f"insitu: error: {path}: no step has a surface at iso 20: U ranges over [0.866025, 9.52628] at "
+                    "step 0, [0.866025, 9.52628] at step 10; an iso value must lie within a step's (min, max] (--iso)")
+    assert not (tmp_path / "out").exists()
+    np.save(tmp_path / "ball.npy", sphere_field(12))
+    line = one_error(insitu("run", "ball.npy", "--iso", "0.5", *TINY, "--out", "out", cwd=tmp_path))
+    assert line == ("insitu: error: ball.npy: iso value 0.5 is outside the field's range (0.8660253882, 9.526279449]: "
+                    "no surface to extract (a sample equal to the iso value counts as above it)")
+    assert not (tmp_path / "out").exists()
+    # nothing lost: --overwrite of an earlier run's folder is refused before it deletes
+    step = earlier_results(tmp_path / "kept")
+    for args in (("--var", "V", "--iso", "3"), ("--var", "U", "--iso", "20")):
+        one_error(insitu(*replay[:-1], "kept", *args, "--overwrite", cwd=tmp_path))
+        assert (step / "metrics.json").is_file()
+
+
 # ------------------------------------------------------------------------------------------ a surface too small
 
 def test_a_surface_too_small_to_train_is_skipped_and_the_run_exits_2(tmp_path):
@@ -147,6 +180,11 @@ def test_a_surface_too_small_to_train_is_skipped_and_the_run_exits_2(tmp_path):
     assert rows == [{"step": "0", "status": "skipped", "reason": reason[1]}], rows
     assert not list((tmp_path / "out").glob("step_*")) and "surface PSNR" not in r.stdout
     assert "nan" not in (r.stdout + r.stderr).lower()
+    # a folder that holds no step holds no result: the run with another iso value takes it as it is
+    np.save(tmp_path / "ball.npy", sphere_field(12))
+    r = insitu("run", tmp_path / "ball.npy", "--iso", "3", *TINY, "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [row["step"] for row in read_csv(tmp_path / "out" / "metrics.csv")] == ["0"]
 
 
 # ------------------------------------------------------------------------------------------ never nan

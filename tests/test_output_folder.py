@@ -185,6 +185,133 @@ def test_resume_rebuilds_metrics_and_report_from_the_steps_and_removes_what_a_ki
     assert not any(p.exists() for p in orphans)
 
 
+# ------------------------------------------------------------------------------------------ whole steps only
+
+def written(out: Path, step: int) -> Path:
+    """A step as the writer writes it (metrics.json recording its files, config.yaml, a held-out image), untrained."""
+    from insitu.config import Config
+    from insitu.output.export import StepWriter
+
+    image = np.full((4, 4, 3), 0.5, np.float32)
+    return StepWriter(out).write(step, None, [("test_000", image, image)], {"psnr": 30.0, "gaussians": 7}, Config())
+
+
+def test_resume_keeps_only_steps_whose_files_are_whole_and_says_which_are_trained_again(tmp_path, capsys):
+    from insitu.output.export import prepare_output
+
+    out = tmp_path / "out"
+    folders = [written(out, s) for s in range(4)]
+    recorded = json.loads((folders[0] / "metrics.json").read_text())["files"]
+    assert recorded == {p.relative_to(folders[0]).as_posix(): p.stat().st_size
+                        for p in folders[0].rglob("*") if p.is_file() and p.name != "metrics.json"}
+    assert set(recorded) == {"config.yaml", "views/test_000.png"}
+    (folders[1] / "views" / "test_000.png").unlink()
+    os.truncate(folders[2] / "config.yaml", 100)
+    (folders[3] / "metrics.json").write_text('{"step": 3, "psnr": 3')         # cut short
+    capsys.readouterr()
+    assert prepare_output(out, "resume") == [0]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"insitu: warning: output.dir {out}: step 1 is not whole (views/test_000.png is missing): it is "
+                   "trained again",
+                   f"insitu: warning: output.dir {out}: step 2 is not whole (config.yaml has 100 bytes, its "
+                   f"metrics.json records {recorded['config.yaml']}): it is trained again",
+                   f"insitu: warning: output.dir {out}: step 3 is not whole (its metrics.json cannot be read: "
+                   "Expecting ',' delimiter: line 1 column 22 (char 21)): it is trained again"], err
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_000000"]
+
+
+def test_resume_of_a_replay_whose_model_files_were_cut_trains_those_steps_again(inputs, tmp_path):
+    out = tmp_path / "out"
+    replay = ("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--steps", "0", "10", "20", "--out", out)
+    assert insitu(*replay, cwd=tmp_path).returncode == 0
+    (out / "step_000010" / "model.lit.spz").unlink()
+    os.truncate(out / "step_000020" / "model.ply", 100)
+    r = insitu(*replay, "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "step 10 is not whole (model.lit.spz is missing): it is trained again" in r.stderr
+    assert re.search(r"step 20 is not whole \(model\.ply has 100 bytes, its metrics\.json records \d+\)", r.stderr)
+    assert all(text in r.stdout for text in ("step 0: complete in", "step 10: surface PSNR", "step 20: surface PSNR"))
+    assert "done: 2 step(s) trained, 1 kept from the earlier run (--resume)" in r.stdout
+    from insitu.output.export import step_whole
+    assert all(step_whole(out / f"step_{s:06d}") is None for s in (0, 10, 20))
+
+
+# ------------------------------------------------------------------------------------------ only what insitu wrote
+
+@pytest.mark.parametrize("existing", ["overwrite", "resume"])
+def test_overwrite_and_resume_delete_only_step_folders_insitu_wrote_and_name_the_others(tmp_path, existing):
+    from insitu.config import ConfigError
+    from insitu.output.export import prepare_output
+
+    out = tmp_path / "out"
+    written(out, 0)
+    mine = out / "step_000777" / "mine.txt"
+    mine.parent.mkdir()
+    mine.write_text("a user's")
+    with pytest.raises(ConfigError, match=rf"^output.dir {out}: step_000777 is not a step folder insitu wrote \(it has "
+                                          rf"no metrics.json\), and --{existing} deletes only what insitu wrote; move "
+                                          "it away, or give another --out$"):
+        prepare_output(out, existing)
+    assert mine.is_file() and (out / "step_000000" / "metrics.json").is_file()
+    mine.unlink()
+    mine.parent.rmdir()
+    step = written(out, 1)                                      # a step insitu wrote, with a user's file added
+    (step / "notes.txt").write_text("mine")
+    (step / "views" / "mine.jpg").write_text("mine")
+    os.truncate(step / "config.yaml", 10)                        # (not whole: resume would delete it too)
+    with pytest.raises(ConfigError, match=r"step_000001 is not a step folder insitu wrote \(it holds notes.txt, "
+                                          r"views/mine.jpg, which insitu does not write\)"):
+        prepare_output(out, existing)
+    assert (step / "notes.txt").is_file()
+    (step / "notes.txt").unlink()
+    (step / "views" / "mine.jpg").unlink()
+    (out / ".warm_start").mkdir()
+    assert prepare_output(out, existing) == ([] if existing == "overwrite" else [0])
+    assert (out / ".warm_start").exists() == (existing == "resume")
+
+
+def test_overwrite_on_the_command_line_leaves_a_users_step_folder(inputs, tmp_path):
+    mine = tmp_path / "out" / "step_000777" / "mine.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("a user's")
+    line = one_error(insitu(*run_args(inputs, "out", "--overwrite"), cwd=tmp_path))
+    assert "output.dir out: step_000777 is not a step folder insitu wrote (it has no metrics.json)" in line
+    assert mine.read_text() == "a user's" and sorted(os.listdir(tmp_path / "out")) == ["step_000777"]
+
+
+# ------------------------------------------------------------------------------------------ the warm chain resumed
+
+def test_a_resumed_series_equals_the_uninterrupted_one(inputs, tmp_path):
+    """A replay stopped after two steps (as a killed job's) and resumed goes on from the kept step's model, saved at
+    full precision: every later step as the uninterrupted run's, bit for bit. Without that state (an earlier
+    insitu's steps) the next step starts cold, said, and the series' cold steps stay where they were."""
+    series = ("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--set", "series.cold_every=3")
+    steps = ("--steps", "0", "10", "20", "30")
+    assert insitu(*series, *steps, "--out", "whole", cwd=tmp_path).returncode == 0
+    assert insitu(*series, "--steps", "0", "10", "--out", "cut", cwd=tmp_path).returncode == 0
+    assert sorted(os.listdir(tmp_path / "cut" / ".warm_start")) == ["step_000000.rank0of1.pt",
+                                                                     "step_000010.rank0of1.pt"]
+    shutil.copytree(tmp_path / "cut", tmp_path / "old")
+    shutil.rmtree(tmp_path / "old" / ".warm_start")
+    r = insitu(*series, *steps, "--resume", "--out", "cut", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "step 10 (kept, --resume): its model restored as the next step's warm start" in r.stdout
+    old = insitu(*series, *steps, "--resume", "--out", "old", cwd=tmp_path)
+    assert old.returncode == 0, old.stderr
+    assert ("insitu: warning: step 10 (kept, --resume): its model cannot be restored as the next step's warm start "
+            "(no state of it is saved in .warm_start (written by an earlier insitu, or removed)): the next step starts "
+            "cold, and the steps up to the series' next cold one differ from an uninterrupted run's") in old.stdout
+
+    def figures(out: str, step: int) -> tuple:
+        m = json.loads((tmp_path / out / f"step_{step:06d}" / "metrics.json").read_text())
+        return m["warm_chain"], m["gaussians"], m["psnr_foreground"], m["files"]["model.ply"]
+
+    for step in (20, 30):
+        assert figures("cut", step) == figures("whole", step), step
+    assert [figures(out, 20)[0] for out in ("whole", "old")] == [2, 0]          # cold instead of warm
+    assert figures("old", 30) == figures("whole", 30)                            # the cold step where it was
+
+
 # ------------------------------------------------------------------------------------------ disk full
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.mpi)])

@@ -157,10 +157,17 @@ def test_bp_origin_and_spacing_come_from_attributes(tmp_path):
 
 
 def test_bp_missing_variable_skips_the_step_listing_the_variables_present(gs_bp):
-    src = BPSource(gs_bp, "W")
+    # probed: a variable in none of the steps is refused before any is read (a mistyped name)
+    with pytest.raises(SourceInputError, match=r"gs.bp: no variable 'W' in any of its 6 step\(s\); variables present: "
+                                               "U, V, step, time$"):
+        BPSource(gs_bp, "W")
+    with pytest.raises(SourceInputError, match=r"no colour variable 'C' in any of the 1 step\(s\) asked for "
+                                               r"\(--steps\); variables present: U, V, step, time$"):
+        BPSource(gs_bp, "U", color_var="C", steps=[10])
+    src = BPSource(gs_bp, "W", probe=False)          # each step without it is skipped, saying why
     assert list(src) == [] and len(src.skipped) == 6
     assert src.skipped[0] == (10, "no variable 'W' at step 10; variables present: U, V, step, time")
-    src = BPSource(gs_bp, "U", color_var="C", steps=[10])
+    src = BPSource(gs_bp, "U", color_var="C", steps=[10], probe=False)
     assert list(src) == [] and src.skipped == [(10, "no colour variable 'C' at step 10; variables present: U, V, "
                                                     "step, time")]
 
@@ -374,6 +381,38 @@ def test_sst_no_step_in_time(tmp_path):
     lines = reader_lines(out)
     assert [x["step"] for x in lines if "step" in x] == [0], (out, err)
     assert lines[-1]["message"] == "slow: no step arrived within 2 s after step 0"
+
+
+def test_a_stream_that_waits_for_its_next_step_leaves_the_other_threads_running(tmp_path, monkeypatch):
+    """adios2's begin_step holds the GIL as long as it waits: the step writer's thread (the step just trained) and
+    the signal handlers (Ctrl-C, SIGTERM) would wait with it. The source asks without waiting, and sleeps between."""
+    import threading
+
+    writer = popen([sys.executable, "-c", SLOW_WRITER], tmp_path)
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        source = iter(SSTSource("slow", "U", timeout_s=3))
+        assert next(source).step == 0
+        thread = threading.Thread(target=tick)
+        thread.start()
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match="slow: no step arrived within 3 s after step 0"):
+            next(source)
+        waited = time.monotonic() - t0
+        stop.set()
+        thread.join()
+    finally:
+        writer.kill()
+        finish(writer)
+    assert waited >= 3 and len(ticks) > 0.2 * waited / 0.01, (waited, len(ticks))   # the thread ran all along
+    assert max(b - a for a, b in zip(ticks, ticks[1:])) < 1.0
 
 
 @pytest.mark.mpi

@@ -38,6 +38,25 @@ class BP5Index:
     subfile: list[int]                        # subfile index of each writer
     version: int = 5
     engine: str = "BP5"
+    flushed: list[bool] = field(default_factory=list)   # per step: its writers flushed data before its end
+    active: bool = False                      # the writer had not closed the file (it may still append)
+
+    def data_region(self, path: str | Path, i: int, writer: int) -> tuple[Path, int, int | None, int]:
+        """Where ``writer``'s data of ADIOS step index ``i`` lies: its subfile, its first byte, the byte where the
+        next data of that subfile starts (another step's or writer's; the subfile's end for the last data of a
+        closed file; None for the last of a file still written, which may grow there) and how many bytes of
+        padding may lie between its data and that end (the next start's alignment, whose largest power of two
+        bounds the padding before it, or none at a closed file's end)."""
+        sub = self.subfile[writer]
+        file = Path(path) / f"data.{sub}"
+        start = self.steps[i][2][writer]
+        later = [d[w] for _, _, d in self.steps for w in range(len(d)) if self.subfile[w] == sub and d[w] > start]
+        if later:
+            end = min(later)
+            return file, start, end, end & -end
+        if self.active or not file.is_file():
+            return file, start, None, 0
+        return file, start, file.stat().st_size, 0
 
 
 @dataclass
@@ -109,7 +128,7 @@ def check_bp(path: str | Path) -> BP5Index | BP4Index:
 def _check_bp5(path: Path, raw: bytes) -> BP5Index:
     """The BP5 index ``raw`` (``md.idx``) checked against ``md.0``, ``mmd.0`` and the data subfiles."""
     corrupt = f"{path}: truncated or corrupt BP5 file"
-    pos, nwriters, subfile, steps = 64, 0, [], []
+    pos, nwriters, subfile, steps, flushed = 64, 0, [], [], []
     while pos < len(raw):
         if pos + 9 > len(raw):
             raise SourceInputError(f"{corrupt} (md.idx ends inside a record header at byte {pos})")
@@ -137,6 +156,7 @@ def _check_bp5(path: Path, raw: bytes) -> BP5Index:
                 flush_ranges += [(w, chunk[2 * f], chunk[2 * f + 1]) for f in range(flushes)]
                 data.append(chunk[-1])
             steps.append((md_pos, md_size, data))
+            flushed.append(flushes > 0)
             for w, p, n in flush_ranges:
                 need_bytes(path / f"data.{subfile[w]}", p + n, corrupt, f"ADIOS step index {len(steps) - 1}")
         else:
@@ -150,7 +170,7 @@ def _check_bp5(path: Path, raw: bytes) -> BP5Index:
         for w, p in enumerate(data):
             # the data of step i-1 ends where step i's starts: the file must reach that far
             need_bytes(path / f"data.{subfile[w]}", p, corrupt, f"ADIOS step index {max(i - 1, 0)}")
-    return BP5Index(steps, subfile)
+    return BP5Index(steps, subfile, flushed=flushed, active=raw[39] != 0)
 
 
 def _check_bp4(path: Path, raw: bytes) -> BP4Index:
@@ -231,32 +251,74 @@ sys.modules["cupy"] = None
 import json
 import adios2
 from insitu.input.conventions import StepMeta, field_variable, number_record
-path, engine, var, step_var = sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4] or None
+path, engine, var, step_var, color_var = (sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4] or None,
+                                          sys.argv[5] or None)
+
+
+def find(meta, name):
+    try:
+        return field_variable(meta, name) if name else None
+    except ValueError:
+        return None                 # several openPMD iterations in one step: the reader says so
+
+
+def value_range(info):
+    try:
+        return [float(info["Min"]), float(info["Max"])]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 ad = adios2.Adios()
 io = ad.declare_io("insitu-probe")
 io.set_engine(engine)
-records = []
-with adios2.Stream(io, path, "r") as s:
-    while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
-        meta = StepMeta.of(s)
-        try:
-            name = field_variable(meta, var) if var else None
-        except ValueError:
-            name = None             # several openPMD iterations in one step: the reader says so
-        records.append(number_record(meta, name, step_var))
-        # what the reader asks of the step, asked here first: ADIOS2 can crash on a corrupt block index
-        # (an exception instead is left to the reader, which says it in its own words)
-        for v, info in meta.variables.items():
-            try:
-                if info.get("SingleValue") != "true":
-                    s.engine.blocks_info(v, s.current_step())
-                if v == name and len(s.inquire_variable(v).shape()) == 3:
-                    s.read(v, [0, 0, 0], [1, 1, 1])
-            except Exception:
-                pass
-        s.end_step()
-print(json.dumps(records))
+records, fields, names, error = [], [], set(), None
+try:
+    s = adios2.Stream(io, path, "r")
+except Exception as e:              # (BP4 reads every step's metadata here)
+    if "already defined" not in str(e):
+        raise
+    print(json.dumps({"records": [], "fields": [], "variables": [], "error": str(e)}))
+    sys.exit(0)
+with s:
+    try:
+        while s.begin_step(timeout=0.1) == adios2.bindings.StepStatus.OK:
+            meta = StepMeta.of(s)
+            name, colour = find(meta, var), find(meta, color_var)
+            records.append(number_record(meta, name, step_var))
+            names.update(meta.variables)
+            fields.append({"var": name is not None, "color": colour is not None,
+                           "range": value_range(meta.variables[name]) if name is not None else None})
+            # what the reader asks of the step, asked here first: ADIOS2 can crash on a corrupt block index
+            # (an exception instead is left to the reader, which says it in its own words)
+            for v, info in meta.variables.items():
+                try:
+                    if info.get("SingleValue") != "true":
+                        s.engine.blocks_info(v, s.current_step())
+                    if v == name and len(s.inquire_variable(v).shape()) == 3:
+                        s.read(v, [0, 0, 0], [1, 1, 1])
+                except Exception:
+                    pass
+            s.end_step()
+    except Exception as e:          # a step ADIOS2 cannot begin: the steps before it are listed
+        error = str(e)
+print(json.dumps({"records": records, "fields": fields, "variables": sorted(names), "error": error}))
 """
+
+
+@dataclass
+class Probe:
+    """What :func:`probe_bp` read of a BP file's steps, in ADIOS step order.
+
+    numbers:   every step's number.
+    fields:    per step: ``var`` (the field is in it), ``color`` (the colour field is), ``range`` (the field's
+               [min, max] from ADIOS2's statistics, None where the file has none).
+    variables: the names of every variable of every step.
+    """
+
+    numbers: list[int]
+    fields: list[dict]
+    variables: list[str]
 
 
 def unique_step(number: int, index: int, first: dict[int, int], name: str) -> None:
@@ -268,19 +330,22 @@ def unique_step(number: int, index: int, first: dict[int, int], name: str) -> No
 
 
 def probe_bp(path: str | Path, timeout_s: float = 60.0, *, var: str | None = None, step_var: str | None = None,
-             engine: str = "BP5") -> list[int]:
-    """Read every step's metadata of a BP file in a child process; returns the step numbers.
+             engine: str = "BP5", color_var: str | None = None) -> Probe:
+    """Read every step's metadata of a BP file in a child process: its step numbers, and per step whether it
+    holds the field ``var`` (and the colour field ``color_var``) and the field's range (:class:`Probe`).
 
     ADIOS2 can crash (segmentation fault) or hang on corrupt metadata; a child process
     turns either into a SourceInputError here instead of taking the reader down. The step
     numbers (:func:`insitu.input.conventions.step_number`: ``step_var``, a ``step`` variable, the
-    openPMD iteration of field ``var``, else the ADIOS step index) must be unique integers >= 0.
+    openPMD iteration of field ``var``, else the ADIOS step index) must be unique integers >= 0. A BP4 file
+    whose variable changes its type between steps (ADIOS2 cannot read on) is a SourceInputError naming it.
     """
     env = dict(os.environ)          # the child imports this package from where this process did
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]),
                                                     env.get("PYTHONPATH")) if p)
     try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, str(path), engine, var or "", step_var or ""],
+        r = subprocess.run([sys.executable, "-c", _PROBE, str(path), engine, var or "", step_var or "",
+                            color_var or ""],
                            capture_output=True, text=True, errors="replace", timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise SourceInputError(f"{path}: ADIOS2 does not finish reading the metadata within {timeout_s:g} s "
@@ -293,15 +358,25 @@ def probe_bp(path: str | Path, timeout_s: float = 60.0, *, var: str | None = Non
         raise SourceInputError(f"{path}: truncated or corrupt BP file "
                                f"({adios_message(RuntimeError(lines[-1])) if lines else 'exit ' + str(r.returncode)})")
     try:
-        records = json.loads(r.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
+        answer = json.loads(r.stdout.strip().splitlines()[-1])
+        records = answer["records"]
+    except (IndexError, ValueError, KeyError, TypeError):
         raise SourceInputError(f"{path}: ADIOS2 read its metadata but listed no steps") from None
     numbers, first = [], {}
     for i, rec in enumerate(records):
         n, _ = step_number(rec, i, str(path), step_var)
         unique_step(n, i, first, str(path))
         numbers.append(n)
-    return numbers
+    if answer.get("error"):
+        text = adios_message(RuntimeError(answer["error"]))
+        changed = re.search(r"variable (\S+) already defined", text)
+        where = f" after step {numbers[-1]} (at ADIOS step index {len(numbers)})" if numbers else ""
+        if changed:
+            raise SourceInputError(f"{path}: variable {changed.group(1)!r} changes its type between steps{where}, "
+                                   "which ADIOS2 cannot read; write it with one type in every step (or the new type "
+                                   "under another name)")
+        raise SourceInputError(f"{path}: truncated or corrupt BP file: ADIOS2 cannot begin the step{where} ({text})")
+    return Probe(numbers, answer["fields"], answer["variables"])
 
 
 def need_bytes(file: Path, size: int, corrupt: str, what: str) -> None:

@@ -48,7 +48,7 @@ import numpy as np
 
 from insitu.config import Config
 from insitu.errors import SourceError, SourceInputError
-from insitu.input.bpfile import adios_message, check_bp, need_bytes, probe_bp, unique_step
+from insitu.input.bpfile import Probe, adios_message, check_bp, need_bytes, probe_bp, unique_step
 from insitu.input.conventions import StepMeta, field_variable, geometry, number_record, step_number, step_time
 from insitu.input.decomposition import block_extent, coords_rank, cut_block, split_dims
 from insitu.parallel.agreement import agree_errors, first_error
@@ -292,12 +292,26 @@ class _AdiosSource(_Source):
         self._said.add(text)
 
     # -- one step ------------------------------------------------------------------------------
+    def _next_status(self):
+        """ADIOS2's ``begin_step``, waiting up to ``timeout_s`` for the next step without holding the GIL: the
+        adios2 binding holds it for as long as ``begin_step`` waits, which would stop the step writer's thread
+        (the step just trained stays a ``.step_*.tmp`` folder) and every signal handler (Ctrl-C, SIGTERM) for that
+        long. So it asks without waiting (timeout 0: a BP file that is still written, or an SST stream, answers
+        at once) and sleeps ``POLL_S`` between asks, in Python."""
+        not_ready = _adios2().bindings.StepStatus.NotReady
+        deadline = _time.monotonic() + self.timeout_s
+        while True:
+            status = self._stream.begin_step(timeout=0.0)
+            if status != not_ready or _time.monotonic() >= deadline:
+                return status
+            _time.sleep(min(POLL_S, max(deadline - _time.monotonic(), 0.0)))
+
     def _begin(self) -> tuple[str, int | None]:
         """Begin the next step: ("ok", step number) | ("end", None); raises SourceError."""
         adios2 = _adios2()
         s = self._stream
         try:
-            status = s.begin_step(timeout=self.timeout_s)
+            status = self._next_status()
         except Exception as e:
             raise self._step_error(e) from None
         if status == adios2.bindings.StepStatus.EndOfStream:
@@ -608,6 +622,7 @@ class _AdiosSource(_Source):
 
 
 NONFINITE = ("error", "outside")
+POLL_S = 0.05                   # seconds between asks for the next step of a stream (_AdiosSource._next_status)
 _NUMERIC = ("int8_t", "char", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t", "uint64_t",
             "float", "double", "long double")
 _OPERATORS: dict[str, bool] = {}
@@ -757,25 +772,28 @@ class BPSource(_AdiosSource):
                  probe: bool = True, **conventions: Any):
         self._index = None
         self.numbers: list[int] | None = None    # every step number in the file (from the probe)
+        self.ranges: dict[int, tuple[float, float] | None] | None = None  # the field's, per step asked for
         error = None
         try:
             self._index = check_bp(path)
             self.engine = self._index.engine
             if probe and (comm is None or comm.Get_rank() == 0):
-                self.numbers = probe_bp(path, timeout_s, var=var, step_var=conventions.get("step_var"),
-                                        engine=self.engine)
+                found = probe_bp(path, timeout_s, var=var, step_var=conventions.get("step_var"),
+                                 engine=self.engine, color_var=color_var)
+                self.numbers = found.numbers
                 if steps is not None and not set(steps) & set(self.numbers):
                     raise SourceInputError(
                         f"{path}: none of the steps asked for ({', '.join(map(str, sorted(set(steps))))}) is in "
                         f"the file; its steps: {', '.join(map(str, self.numbers[:20]))}"
                         f"{', ...' if len(self.numbers) > 20 else ''}")
+                self.ranges = probed_fields(path, found, var, color_var, steps)
         except SourceError as e:
             error = e
         if comm is not None and comm.Get_size() > 1:
             bad = first_error(agree_errors(comm, None if error is None else str(error)))
             if error is None and bad is not None:
                 raise SourceInputError(bad[1])
-            self.numbers = comm.bcast(self.numbers, root=0)
+            self.numbers, self.ranges = comm.bcast((self.numbers, self.ranges), root=0)
         if error is not None:
             raise error
         super().__init__(path, var, rank=rank, size=size, color_var=color_var, steps=steps, every=every,
@@ -792,8 +810,12 @@ class BPSource(_AdiosSource):
                                 f"{self._after()} ({adios_message(e)})")
 
     def _check_step_data(self, stream) -> None:
-        """The step's data must be in the file (a truncated last step would hang ADIOS2). BP4: every
-        step's data is checked by check_bp; BP5: the last step's, from its blocks' sizes."""
+        """The step's data must be in the file and of its variables' declared types, before anything is read: a
+        truncated step hangs ADIOS2, and so can a variable whose type changed between steps, which a BP5 file does
+        not record (its metadata keeps the type the variable was first written with, so the step's data holds
+        fewer or more bytes than that type needs). BP4: every step's data is checked by check_bp. BP5: each
+        writer's data of the step, from its blocks' sizes, against the bytes between its start and the next
+        data in its subfile (padding aside); SourceInputError naming the step and the type change."""
         if self._index is None:
             return
         i = int(stream.current_step())
@@ -801,23 +823,53 @@ class BPSource(_AdiosSource):
             self._index = check_bp(self.name)
             if i >= len(self._index.steps):
                 return
-        if self._index.version == 4 or i + 1 < len(self._index.steps):
-            return                                    # check_bp saw step i+1 start inside the file
+        if self._index.version == 4:
+            return
         need: dict[int | None, int] = {}
+        arrays: dict[int | None, list[tuple[str, str, int, int]]] = {}  # writer -> (variable, type, samples, size)
+        exact = not self._index.flushed[i]            # every byte of the step accounted for
         for var, info in stream.available_variables().items():
-            if info.get("SingleValue") == "true" or stream.inquire_variable(var).operations():
+            if info.get("SingleValue") == "true":
                 continue
-            itemsize = np.dtype(_adios_dtype(info.get("Type", ""))).itemsize
+            if stream.inquire_variable(var).operations():
+                exact = False                         # compressed: its bytes are not its samples'
+                continue
+            kind = info.get("Type", "")
+            exact = exact and kind in _ADIOS_TYPES
+            itemsize = np.dtype(_adios_dtype(kind)).itemsize
             for b in self._blocks(var):
-                need[b["writer"]] = need.get(b["writer"], 0) + int(np.prod(b["count"])) * itemsize
+                samples = int(np.prod(b["count"]))
+                need[b["writer"]] = need.get(b["writer"], 0) + samples * itemsize
+                arrays.setdefault(b["writer"], []).append((var, kind, samples, itemsize))
         corrupt = f"{self.name}: truncated or corrupt BP5 file"
-        what = f"step {self.seen[-1] if self.seen else i} (ADIOS step index {i})"
-        files = [Path(self.name) / f"data.{n}" for n in self._index.subfile]
-        starts = self._index.steps[i][2]
+        number = self.seen[-1] if self.seen else i
+        what = f"step {number} (ADIOS step index {i})"
+        last = i + 1 == len(self._index.steps)
         for w, nbytes in need.items():
-            if w is not None and w < len(files):
-                need_bytes(files[w], starts[w] + nbytes, corrupt, what)
-        if None in need:          # blocks whose writer ADIOS2 does not name: the subfiles together must hold them
+            if w is None or w >= len(self._index.subfile):
+                continue
+            file, start, end, padding = self._index.data_region(self.name, i, w)
+            slack = padding + 64 * len(arrays[w])     # (and each block's own alignment)
+            have = end - start if end is not None else None
+            short = have is not None and nbytes > have
+            if short or (exact and have is not None and have - nbytes > slack):
+                changed = _type_changed(arrays[w], have, slack)
+                if changed is not None:
+                    raise SourceInputError(f"{self.name}: step {number}: {changed} ({have} bytes in {file.name} from "
+                                           f"byte {start}); write it with one type in every step (or the new type "
+                                           "under another name)")
+                if not short:
+                    raise SourceInputError(
+                        f"{corrupt} ({what}: its data in {file.name} holds {have} bytes, more than its variables "
+                        f"need at their declared types: {nbytes} ({_arrays_text(arrays[w])}); a variable's type "
+                        "changed between steps?)")
+            if last or short:
+                need_bytes(file, start + nbytes, corrupt, what + (
+                    "" if last else f" (its data ends at byte {end}, where the next data starts: or a variable's "
+                                    "type changed between steps)"))
+        if None in need and last:  # blocks whose writer ADIOS2 does not name: the subfiles together must hold them
+            files = [Path(self.name) / f"data.{n}" for n in self._index.subfile]
+            starts = self._index.steps[i][2]
             room = sum(max(0, f.stat().st_size - min(p for p, g in zip(starts, files) if g == f))
                        for f in set(files) if f.is_file())
             total = sum(need.values())
@@ -826,12 +878,58 @@ class BPSource(_AdiosSource):
                                        f"which needs at least {total})")
 
 
+def _type_changed(arrays: list[tuple[str, str, int, int]], have: int | None, slack: int) -> str | None:
+    """What a writer's data of a step (``have`` bytes, ``slack`` of them padding at most) says of its one variable's
+    type when it holds another whole number of bytes a sample than the declared type's (``arrays``: its blocks'
+    variable, type, samples and sample size); None when it holds several variables, or no such number."""
+    if have is None or len({name for name, *_ in arrays}) != 1:
+        return None
+    name, kind, _, itemsize = arrays[0]
+    samples = sum(n for _, _, n, _ in arrays)
+    fits = [k for k in (1, 2, 4, 8, 16) if samples * k <= have <= samples * k + slack]   # (padding only adds)
+    if not fits or max(fits) == itemsize:
+        return None
+    return (f"variable {name!r} is declared {kind}, {_bytes_each(itemsize)} (the type it was first written with: a "
+            f"BP5 file keeps that one), but the step's data holds {_bytes_each(max(fits))} for its {samples} "
+            "samples: its type changed between steps")
+
+
+def _bytes_each(k: int) -> str:
+    return f"{k} byte{'s' if k > 1 else ''} a sample"
+
+
+def _arrays_text(arrays: list[tuple[str, str, int, int]]) -> str:
+    """``U: 8000 double, V: 27 float`` of a writer's blocks (variable, type, samples, sample size)."""
+    total: dict[tuple[str, str], int] = {}
+    for name, kind, n, _ in arrays:
+        total[name, kind] = total.get((name, kind), 0) + n
+    return ", ".join(f"{name}: {n} {kind}" for (name, kind), n in total.items())
+
+
+_ADIOS_TYPES = {"int8_t": np.int8, "char": np.int8, "uint8_t": np.uint8, "int16_t": np.int16,
+                "uint16_t": np.uint16, "int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64,
+                "uint64_t": np.uint64, "float": np.float32, "double": np.float64, "long double": np.longdouble,
+                "float complex": np.complex64, "complex": np.complex64, "double complex": np.complex128}
+
+
+def probed_fields(path: str | Path, found: Probe, var: str, color_var: str | None,
+                  steps: Sequence[int] | None) -> dict[int, tuple[float, float] | None]:
+    """The field's range in each step asked for (``steps``, None: all) that holds it, from the probe of the file
+    (:func:`insitu.input.bpfile.probe_bp`; None where the file records none); SourceInputError when no step asked
+    for holds the field ``var``, or the colour field ``color_var`` (a mistyped name: every step would be skipped),
+    naming the variables the file holds."""
+    asked = [(n, f) for n, f in zip(found.numbers, found.fields) if steps is None or n in steps]
+    names = ", ".join(found.variables[:40]) + (", ..." if len(found.variables) > 40 else "")
+    which = f"the {len(asked)} step(s) asked for (--steps)" if steps is not None else f"its {len(asked)} step(s)"
+    for key, name, what in (("var", var, "variable"), ("color", color_var, "colour variable")):
+        if name is not None and asked and not any(f[key] for _, f in asked):
+            raise SourceInputError(f"{path}: no {what} {name!r} in any of {which}; variables present: "
+                                   f"{names or 'none'}")
+    return {n: (tuple(f["range"]) if f["range"] is not None else None) for n, f in asked if f["var"]}
+
+
 def _adios_dtype(name: str):
-    table = {"int8_t": np.int8, "char": np.int8, "uint8_t": np.uint8, "int16_t": np.int16,
-             "uint16_t": np.uint16, "int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64,
-             "uint64_t": np.uint64, "float": np.float32, "double": np.float64, "long double": np.longdouble,
-             "float complex": np.complex64, "complex": np.complex64, "double complex": np.complex128}
-    return table.get(name, np.uint8)
+    return _ADIOS_TYPES.get(name, np.uint8)
 
 
 class SSTSource(_AdiosSource):

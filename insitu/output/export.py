@@ -26,12 +26,14 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,10 +46,10 @@ from insitu.config import (RUN_KEYS, Config, OutputConfig, config_differences, c
                            from_dict, upgraded)
 from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
-from insitu.output.folder import (LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output, remove_orphans,
-                                  step_dir, step_name)
+from insitu.output.folder import (CHAIN_DIR, LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output,
+                                  remove_orphans, step_dir, step_name)
 from insitu.output.ply import write_ply
-from insitu.output.report import cameras_json, write_report
+from insitu.output.report import STEP_FILES, cameras_json, write_report
 from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
 from insitu.surface.gaussians import Gaussians, drop_bands, gather_gaussians
 from insitu.training.appearance import spz_blur
@@ -61,18 +63,87 @@ __all__ = ["STEP_DIR", "StepWriter", "claim_output", "prepare_output", "step_dir
 RESULT_FILES = ("metrics.csv", "report.html", "report.json")     # the run's own files at the top level
 
 
-def _results(out: Path) -> tuple[list[int], list[Path]]:
-    """(complete steps, every result file and folder) in an output folder."""
-    done, found = [], []
+@dataclass
+class Held:
+    """What an output folder holds of a run's results (:func:`held`).
+
+    done:    complete steps whose files are whole (:func:`step_whole`), in order.
+    broken:  step -> why it is not whole (a file missing or of another size than its metrics.json records).
+    foreign: step folders insitu did not write -> why (no metrics.json, or files insitu does not write).
+    found:   every result: step folders, steps in the making (``.step_*.tmp``), metrics.csv, report.html.
+    """
+
+    done: list[int] = field(default_factory=list)
+    broken: dict[int, str] = field(default_factory=dict)
+    foreign: dict[Path, str] = field(default_factory=dict)
+    found: list[Path] = field(default_factory=list)
+
+    @property
+    def steps(self) -> bool:
+        """Whether the folder holds a step folder: only then does it hold results (a run that trained no step
+        leaves metrics.csv and the report, which the next run writes again)."""
+        return any(STEP_DIR.match(p.name) for p in self.found)
+
+
+def held(out: Path) -> Held:
+    """What the output folder ``out`` holds of a run's results."""
+    h = Held()
     for p in out.iterdir():
         m = STEP_DIR.match(p.name)
         if m and p.is_dir():
-            found.append(p)
-            if (p / "metrics.json").is_file():
-                done.append(int(m.group(1)))
+            h.found.append(p)
+            strange = foreign_files(p)
+            if strange is not None:
+                h.foreign[p] = strange
+                continue
+            broken = step_whole(p)
+            if broken is None:
+                h.done.append(int(m.group(1)))
+            else:
+                h.broken[int(m.group(1))] = broken
         elif p.name in ("metrics.csv", "report.html") or STEP_TEMPORARY.match(p.name):
-            found.append(p)
-    return sorted(done), found
+            h.found.append(p)
+    h.done.sort()
+    return h
+
+
+def foreign_files(folder: Path) -> str | None:
+    """Why a step folder is not one insitu wrote (it has no metrics.json, or holds files insitu does not write
+    in a step folder: :data:`insitu.output.report.STEP_FILES` and ``views/*.png``), or None."""
+    if not (folder / "metrics.json").is_file():
+        return "it has no metrics.json"
+    strange = []
+    for p in sorted(folder.rglob("*")):
+        name = p.relative_to(folder).as_posix()
+        ours = (name in STEP_FILES and p.is_file() and not p.is_symlink()) or (name == "views" and p.is_dir()) or (
+            p.parent.name == "views" and p.parent.parent == folder and p.suffix == ".png" and p.is_file())
+        if not ours:
+            strange.append(name)
+    if not strange:
+        return None
+    return f"it holds {', '.join(strange[:3])}{', ...' if len(strange) > 3 else ''}, which insitu does not write"
+
+
+def step_whole(folder: Path) -> str | None:
+    """Why a complete step folder's files are not whole (its metrics.json unreadable; a file it records,
+    ``files``: name -> bytes, missing or of another size), or None. Steps written before ``files`` was recorded
+    are checked by the model files' sizes they record (``model_bytes``, ``web_model_bytes``, ``lit_model_bytes``)."""
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"its metrics.json cannot be read: {e}"
+    if not isinstance(metrics, dict):
+        return "its metrics.json holds no record"
+    files = metrics.get(FILES)
+    if not isinstance(files, dict):
+        files = {name: metrics[key] for key, name in MODEL_FILES if key in metrics}
+    for name, size in files.items():
+        p = folder / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} has {p.stat().st_size} bytes, its metrics.json records {size}"
+    return None
 
 
 def check_output_path(out_root: str | Path) -> None:
@@ -143,23 +214,39 @@ def prepare_output(out_root: str | Path, existing: str = "refuse", *, config: Co
     check_output_path(out)
     if not out.is_dir():
         return []
-    done, found = _results(out)
-    if not found:
+    h = held(out)
+    if not h.steps:                         # no step: no result (the run writes metrics.csv and the report again)
+        for p in h.found:
+            if STEP_TEMPORARY.match(p.name):    # what a killed run was writing
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
         return []
     if existing == "refuse":
+        done = h.done
         listed = ", ".join(map(str, done[:10])) + (", ..." if len(done) > 10 else "")
         raise ConfigError(f"output.dir {out}: holds the results of an earlier run"
                           + (f" (steps {listed})" if done else "")
                           + "; give --resume to keep its complete steps and train the others, --overwrite "
                             "to delete them, or another --out (in a config: output.existing)")
     if existing == "resume" and config is not None:
-        _check_kept(out, done, config, provenance)
-    for p in found:
-        m = STEP_DIR.match(p.name)
-        keep = existing == "resume" and (int(m.group(1)) in done if m else not p.name.startswith("."))
-        if not keep:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return [] if existing == "overwrite" else done
+        _check_kept(out, h.done, config, provenance)
+    removed = [p for p in h.found
+               if not (existing == "resume" and (int(STEP_DIR.match(p.name).group(1)) in h.done
+                                                 if STEP_DIR.match(p.name) else not p.name.startswith(".")))]
+    strange = [(p, h.foreign[p]) for p in removed if p in h.foreign]
+    if strange:
+        (p, why), more = strange[0], len(strange) - 1
+        raise ConfigError(f"output.dir {out}: {p.name} is not a step folder insitu wrote ({why}"
+                          f"{f'; and {more} more such folder(s)' if more else ''}), and --{existing} deletes only "
+                          "what insitu wrote; move it away, or give another --out")
+    for step, why in sorted(h.broken.items()):
+        if existing == "resume":
+            print(f"insitu: warning: output.dir {out}: step {step} is not whole ({why}): it is trained again",
+                  file=sys.stderr, flush=True)
+    for p in removed:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if existing == "overwrite":             # the earlier run's warm chain
+        shutil.rmtree(out / CHAIN_DIR, ignore_errors=True)
+    return [] if existing == "overwrite" else h.done
 
 
 def claim_output(out_root: str | Path, existing: str = "refuse", *, config: Config | None = None,
@@ -243,6 +330,8 @@ def _file_text(record: Any) -> str:
 
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 FIELD_HASH = "field_hash"               # metrics.json: the step's field hash (StepWriter.field_hashes)
+FILES = "files"                         # metrics.json: the bytes of each file of the step folder (but itself)
+MODEL_FILES = (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"), ("lit_model_bytes", "model.lit.spz"))
 
 
 class StepWriter:
@@ -300,7 +389,7 @@ class StepWriter:
             return {}
         if not isinstance(metrics, dict):
             return {}
-        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance", FIELD_HASH)})
+        return flatten_metrics({k: v for k, v in metrics.items() if k not in ("step", "provenance", FIELD_HASH, FILES)})
 
     def kept_field_hash(self, step: int) -> str | None:
         """The ``field_hash`` a complete step folder's ``metrics.json`` records, or None (none recorded)."""
@@ -382,6 +471,23 @@ class StepWriter:
         writing, self._writing = self._writing, None
         return None if writing is None else writing.result()
 
+    def close(self) -> BaseException | None:
+        """End the writer, however the run ends (an error, Ctrl-C, SIGTERM): the step that :meth:`later` writes is
+        written to its end (a step reported as written is kept), then the folders of steps in the making that no
+        job will complete are removed, and the thread ends. Returns the written step's error, if any, instead of
+        raising it (the caller may be handling another). For the process that writes the folder (rank 0)."""
+        error = None
+        try:
+            self.wait()
+        except Exception as e:                  # (a second Ctrl-C while it waits is raised)
+            error = e
+        for step in list(self._pending):
+            shutil.rmtree(self._pending.pop(step), ignore_errors=True)
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        return error
+
     def _folder(self, step: int) -> Path:
         """The step's temporary folder (made on first use; :meth:`write` renames it into place)."""
         if int(step) not in self._pending:
@@ -426,7 +532,8 @@ class StepWriter:
         Gaussians :meth:`write_model` was given as ``spz``, or, without :meth:`write_model`, ``gaussians`` not
         refit as standard viewers draw them. ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
         written), ``bytes_written`` (every file of the step folder but metrics.json) and ``export_seconds``
-        (writing the models, images and cameras) join the metrics.
+        (writing the models, images and cameras) join the metrics; metrics.json also records each of those files'
+        bytes (``files``: relative name -> bytes), which ``--resume`` checks (:func:`step_whole`).
         """
         for name, _, _ in views:
             if not isinstance(name, str) or not _VIEW_NAME.match(name):
@@ -446,10 +553,11 @@ class StepWriter:
             if config is not None:
                 cfg = config.to_dict() if hasattr(config, "to_dict") else config
                 atomic_write(d / "config.yaml", yaml.safe_dump(plain(cfg), sort_keys=False))
-            metrics["bytes_written"] = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+            files = {p.relative_to(d).as_posix(): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+            metrics["bytes_written"] = sum(files.values())
             metrics["export_seconds"] = round(time.perf_counter() - t0, 3)
             hashed = {FIELD_HASH: self.field_hashes[int(step)]} if int(step) in self.field_hashes else {}
-            write_json(d / "metrics.json", {"step": int(step), **plain(metrics), **hashed,
+            write_json(d / "metrics.json", {"step": int(step), **plain(metrics), **hashed, FILES: files,
                                             **({"provenance": self.provenance} if self.provenance is not None else {})})
             d.chmod(0o755)
             if final.exists():                      # the same step again (overwrite): the old one goes
@@ -492,8 +600,7 @@ class StepWriter:
             jobs.append(partial(write_spz, d / "model.lit.spz", gaussians,
                                 antialiased=bool(metrics.get("antialiased", False))))
         run_side_by_side(jobs)
-        for key, name in (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"),
-                          ("lit_model_bytes", "model.lit.spz")):
+        for key, name in MODEL_FILES:
             if (d / name).is_file():
                 metrics[key] = (d / name).stat().st_size
 

@@ -1,9 +1,10 @@
 """An output folder: the names a run writes there, and the lock that keeps it to one run at a time.
 
 Names: ``step_XXXXXX`` (a complete step), ``.step_XXXXXX.*.tmp`` (a step being written, renamed
-into place when complete) and ``.NAME.<12 hex digits>.tmp`` (a file being written atomically,
-:func:`insitu.output.files.atomic_path`). Both kinds of temporary name are the run's own: left behind,
-they are what a killed run was writing, and the next run that holds the lock removes them.
+into place when complete), ``.NAME.<12 hex digits>.tmp`` (a file being written atomically,
+:func:`insitu.output.files.atomic_path`) and ``.warm_start/`` (a series' warm chain, :mod:`insitu.run.chain`).
+Both kinds of temporary name are the run's own: left behind, they are what a killed run was writing, and the
+next run that holds the lock removes them.
 
 The lock, ``OUT/.insitu.lock``, is held (``fcntl.flock``) by the process that writes the folder
 (rank 0 of a parallel run) from before it looks at the folder's results to the end of the run;
@@ -33,6 +34,7 @@ STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STEP_TEMPORARY = re.compile(r"^\.step_\d{6,}\..*\.(tmp|old)$")
 FILE_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 LOCK_NAME = ".insitu.lock"
+CHAIN_DIR = ".warm_start"                   # a series' warm chain (insitu.run.chain)
 
 
 def step_name(step: int) -> str:
@@ -50,10 +52,10 @@ def step_dir(out_root: str | Path, step: int) -> Path:
 
 
 def remove_orphans(out: Path) -> list[Path]:
-    """Remove the temporary files a killed run left in ``out`` and in ``out/viewer`` (``FILE_TEMPORARY``
-    names); returns them. Only for the holder of the folder's lock: nobody else writes there."""
+    """Remove the temporary files a killed run left in ``out``, ``out/viewer`` and ``out/.warm_start``
+    (``FILE_TEMPORARY`` names); returns them. Only for the holder of the folder's lock: nobody else writes there."""
     removed = []
-    for folder in (out, out / "viewer"):
+    for folder in (out, out / "viewer", out / CHAIN_DIR):
         if not folder.is_dir():
             continue
         paths = folder.rglob(".*.tmp") if folder.name == "viewer" else folder.glob(".*.tmp")

@@ -8,16 +8,21 @@ import os
 import stat
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from insitu.config import FILE_KINDS, Config, check_backend, check_memory
-from insitu.errors import ConfigError, InputError, RankFailure, SurfaceTooSmall
+from insitu.errors import ConfigError, InputError, RankFailure, SurfaceTooSmall, Terminated
 from insitu.parallel.agreement import agree_errors, first_error
 from insitu.progress import summary
 from insitu.run.demo import check_demo, run_demo
 from insitu.volume import check_geometry
+
+if TYPE_CHECKING:
+    from insitu.run.chain import Chain
 
 
 def say(comm, text: str) -> None:
@@ -27,7 +32,7 @@ def say(comm, text: str) -> None:
 
 def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[int] = frozenset(),
                 failed: list[tuple[int, str]] | None = None, skipped: list[tuple[int, str]] | None = None,
-                kept: dict[int, str | None] | None = None) -> int:
+                kept: dict[int, str | None] | None = None, chain: Chain | None = None) -> int:
     """Train every step a source yields (warm-starting from the previous one when configured).
 
     done:    steps already complete in the output folder (``--resume``): not trained again.
@@ -37,6 +42,8 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
     skipped: likewise, a step whose surface is too small to train (:class:`insitu.errors.SurfaceTooSmall`).
     kept:    the field hashes the kept steps (``done``) record (None: none recorded); a kept step whose
              field's hash (:func:`field_hash`) differs now is a ConfigError, on every rank.
+    chain:   a series' warm chain in the output folder (:class:`insitu.run.chain.Chain`): each trained step's state
+             saved, and the last kept step's restored before the next step trains.
     Every step's field hash goes to ``writer.field_hashes`` (its metrics.json records it). With the writer's
     ``overlap``, a step's files are written while the next step seeds and casts its ground truth; the last
     step's before this returns.
@@ -44,6 +51,7 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
     from insitu.step.driver import StepDriver  # torch and the analysis: imported when a command trains,
                                                 # so that `--help` and refused input answer at once
     driver, trained = StepDriver(cfg, comm, writer), 0
+    kept_before = None                          # the kept step just before (--resume)
     items = iter(steps)
     while True:
         with comm.phase("read step"):          # a failed read on one rank ends every rank
@@ -63,7 +71,11 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
                                   "give the input it was made from, --overwrite, or another --out")
             say(comm, f"step {item.step}: complete in {out}, kept (--resume)")
             driver.forget()
+            kept_before = item.step
             continue
+        if kept_before is not None and chain is not None:   # the warm chain as it was (collective)
+            say(comm, chain.resume(driver, comm, kept_before))
+        kept_before = None
         if writer is not None:
             writer.field_hashes[item.step] = digest
         try:
@@ -76,6 +88,8 @@ def train_steps(steps, cfg: Config, comm, writer, out: Path, *, done: frozenset[
             driver.forget()
             continue
         driver.trained(result)
+        if chain is not None:
+            chain.save(result)                  # what a resumed run goes on from
         trained += 1
         say(comm, summary(result.metrics, out))
     if writer is not None:
@@ -217,6 +231,67 @@ def missing_iso(args: argparse.Namespace, cfg: Config, comm) -> str:
                if otsu is not None else ""))
 
 
+def field_range(block, cfg: Config, comm) -> tuple[float, float]:
+    """The field's range over every rank's block (its finite samples' with ``input.nonfinite: outside``; NaN where
+    a sample is NaN otherwise); collective."""
+    from mpi4py import MPI
+
+    data = block.data
+    if data.dtype.kind == "f" and cfg.input.nonfinite == "outside":      # NaN/Inf let through: the finite range
+        finite = np.isfinite(data)
+        here = (float(np.min(data, where=finite, initial=np.inf)), float(np.max(data, where=finite, initial=-np.inf)))
+    else:
+        here = (float(data.min()), float(data.max()))
+    return comm.mpi.allreduce(here[0], op=MPI.MIN), comm.mpi.allreduce(here[1], op=MPI.MAX)
+
+
+def check_iso_range(block, cfg: Config, comm, what: str) -> None:
+    """InputError, on every rank, when an iso value is outside the field's range ``(min, max]`` (no surface: a
+    sample equal to an iso value counts as above it), so that a volume without one is refused before the output
+    folder is claimed; ``what`` names the input. Collective (the range over every rank's block)."""
+    lo, hi = field_range(block, cfg, comm)
+    for v in cfg.input.iso:
+        if lo <= hi and not lo < v <= hi:
+            raise InputError(f"{what}: iso value {v:.10g} is outside the field's range ({lo:.10g}, {hi:.10g}]: no "
+                             "surface to extract (a sample equal to the iso value counts as above it)")
+
+
+def check_steps_iso(source, args: argparse.Namespace, cfg: Config, comm) -> None:
+    """InputError when no step of a BP file that holds the field (of those asked for) has a surface at every iso
+    value, from the field's ranges ADIOS2's statistics record (``source.ranges``, the same on every rank; nothing
+    is refused where a step's range is not recorded, or lies within rounding of the value). NaN samples make
+    those statistics wrong, so before refusing, the first of the steps is read: its range must be the one its
+    statistics record. Collective."""
+    ranges = getattr(source, "ranges", None)
+    if not ranges or any(r is None for r in ranges.values()):
+        return
+
+    def near(a: float, b: float, lo: float, hi: float) -> bool:    # the statistics keep 7 digits
+        return abs(a - b) <= 1e-6 * max(abs(lo), abs(hi))
+
+    def outside(v: float, lo: float, hi: float) -> bool:
+        return (v <= lo and not near(v, lo, lo, hi)) or (v > hi and not near(v, hi, lo, hi))
+
+    if not all(any(outside(v, *r) for v in cfg.input.iso) for r in ranges.values()):
+        return
+    from insitu.input.sources import open_source
+
+    first = next(iter(ranges))
+    one = replace(cfg, input=replace(cfg.input, steps=[first], every=1))
+    with open_source(args.command, args.input, one, comm.rank, comm.size, comm=comm.mpi) as steps:
+        item = next(iter(steps), None)
+    if item is None:
+        return
+    lo, hi = field_range(item.block, cfg, comm)
+    if not (near(lo, ranges[first][0], lo, hi) and near(hi, ranges[first][1], lo, hi)):
+        return                                  # (NaN samples: each step says what is wrong with it)
+    shown = ", ".join(f"[{lo:.6g}, {hi:.6g}] at step {n}" for n, (lo, hi) in list(ranges.items())[:3])
+    more = f", ... ({len(ranges)} steps)" if len(ranges) > 3 else ""
+    iso = ", ".join(f"{v:g}" for v in cfg.input.iso)
+    raise InputError(f"{args.input}: no step has a surface at iso {iso}: {cfg.input.var} ranges over {shown}{more}; "
+                     "an iso value must lie within a step's (min, max] (--iso)")
+
+
 def plan_text(args: argparse.Namespace, cfg: Config, comm, shape: tuple[int, ...] | None = None) -> str:
     """What the command is about to do, in one line, before the slow parts (ground truth, training)."""
     vc, tc = cfg.views, cfg.train
@@ -336,6 +411,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     from insitu.parallel.agreement import compare_configs
     from insitu.parallel.comm import device_memory, init_comm, shutdown
     from insitu.render.rendering import gsplat_import_error
+    from insitu.run.chain import Chain
     from insitu.step.compilation import compile_ahead
 
     try:
@@ -348,7 +424,7 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         return 2
     out = Path(cfg.output.dir)
     provenance = run_provenance(args)
-    lock = None
+    lock, writer, source = None, None, None
     try:
         compare_configs(comm.mpi, cfg, cfg.run.timeout_s,
                         {"command": args.command, "input": str(getattr(args, "input", ""))})
@@ -358,6 +434,18 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
                                check_input(args, cfg, comm)))
         if not getattr(args, "iso_given", True):    # the configuration's default is for Gray-Scott's U, not this field
             raise ConfigError(missing_iso(args, cfg, comm))
+        # the input read (a volume) or its steps probed (a BP file) before the folder is claimed: an iso value
+        # outside the field's range, a variable in none of the steps, refused before anything is written
+        if args.command == "run":
+            with comm.phase("read input"):
+                source = volume_source(args, cfg, comm.rank, comm.size)
+            volume = next(iter(source))
+            check_iso_range(volume.block, cfg, comm, Path(args.input).name)
+        elif args.command == "replay":
+            from insitu.input.sources import open_source
+
+            source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
+            check_steps_iso(source, args, cfg, comm)
         # ... and a folder that cannot take the results, or that another run writes (rank 0 writes)
         command = f"insitu {args.command}" + (f" {args.input}" if getattr(args, "input", None) else "")
         claimed = _agreed(comm, lambda: claim_output(out, cfg.output.existing, config=cfg, provenance=provenance,
@@ -375,12 +463,10 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
         if args.command == "demo":
             n = run_demo(args, cfg, comm, writer)
         elif args.command == "run":
-            with comm.phase("read input"):
-                source = volume_source(args, cfg, comm.rank, comm.size)
             say(comm, plan_text(args, cfg, comm, source.array.shape))
             try:
-                n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed, skipped=skipped,
-                                kept=kept)
+                n = train_steps([volume], cfg, comm, writer, out, done=frozenset(done), failed=failed,
+                                skipped=skipped, kept=kept)
             finally:
                 if comm.rank == 0 and skipped:
                     writer.record_all("skipped", skipped)
@@ -390,10 +476,13 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
             from insitu.input.sources import open_source
 
             say(comm, plan_text(args, cfg, comm))
-            with open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi) as source:
+            if source is None:                  # a stream: opened once the folder is claimed (it waits for the writer)
+                source = open_source(args.command, args.input, cfg, comm.rank, comm.size, comm=comm.mpi)
+            chain = Chain(out, comm.rank, comm.size) if cfg.series.warm_start else None
+            with source:
                 try:
                     n = train_steps(source, cfg, comm, writer, out, done=frozenset(done), failed=failed,
-                                    skipped=skipped, kept=kept)
+                                    skipped=skipped, kept=kept, chain=chain)
                 finally:
                     skipped = sorted(skipped + [s for s in getattr(source, "skipped", []) if s[0] not in done])
                     if comm.rank == 0 and skipped:
@@ -435,18 +524,61 @@ def run_command(args: argparse.Namespace, cfg: Config) -> int:
     except OSError as e:                    # disk full...: in a parallel run, agreed (a RankFailure)
         print(f"insitu: error: {e}", file=sys.stderr, flush=True)
         if comm.size > 1:
+            _finish(writer, lock)
             comm.mpi.Abort(1)
         return 1
+    except KeyboardInterrupt as e:          # Ctrl-C, SIGTERM (Terminated): what is finished stays
+        return _interrupted(e, comm, writer, lock, out)
     except Exception:                       # unexpected: never leave the other ranks waiting
         traceback.print_exc()
         sys.stderr.flush()
         if comm.size > 1:
+            _finish(writer, lock)
             comm.mpi.Abort(1)
         return 1
     finally:
-        if lock is not None:
-            lock.release()
+        if source is not None:
+            source.close()
+        _finish(writer, lock)
         shutdown(comm)
+
+
+def _finish(writer, lock) -> None:
+    """The end of a run, however it ends: the step being written finished (the writer's thread), what no job will
+    complete removed, then the output folder's lock released; a failed write said in one line."""
+    if writer is not None:
+        error = writer.close()
+        if error is not None:
+            print(f"insitu: error: {error}", file=sys.stderr, flush=True)
+    if lock is not None:
+        lock.release()
+
+
+def _interrupted(e: KeyboardInterrupt, comm, writer, lock, out: Path) -> int:
+    """End a run that Ctrl-C (SIGINT) or SIGTERM (:class:`insitu.errors.Terminated`) interrupted: exit 130 or 143.
+    Rank 0 finishes the step being written (:func:`_finish`: a step reported as written is kept, no ``.tmp`` stays,
+    the lock is released) and says what the folder holds; in a parallel run it then ends every rank
+    (``MPI_Abort``: a rank may wait in a collective that the interrupted ranks never join), and the other ranks wait
+    for that (up to ``run.timeout_s``) instead of ending first, which would make the MPI launcher kill rank 0 while it
+    writes."""
+    terminated = isinstance(e, Terminated)
+    code, name = (143, "SIGTERM") if terminated else (130, "SIGINT")
+    if comm.rank == 0:
+        _finish(writer, lock)
+        kept = writer.trained if writer is not None else []
+        text = ("" if writer is None else           # (before the folder was claimed: nothing of this run's in it)
+                f"; {len(kept)} step(s) complete in {out} ({_steps_text(kept)}): give --resume to train the others"
+                if kept else f"; no step complete in {out}")
+        print(f"insitu: interrupted ({name}){text}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            sys.stdout.flush()
+            comm.mpi.Abort(code)
+    elif comm.size > 1:
+        import time
+
+        time.sleep(comm.timeout_s)
+        os._exit(code)
+    return code
 
 
 def _agreed(comm, check):

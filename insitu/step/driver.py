@@ -44,6 +44,7 @@ class StepDriver:
             from insitu.step.pipeline import run_step as process
         self.cfg, self.comm, self.writer, self.process = cfg, comm, writer, process
         self.previous: Any = None           # the last trained step's result, the next one's warm start
+        self.restart: int | None = None     # a kept step's warm_chain, where its state was not restored (resume)
 
     def train(self, block, *, step: int, time: float) -> Any:
         """Train one step (collective); returns the process's result (give it to :meth:`trained`
@@ -63,11 +64,21 @@ class StepDriver:
 
     def trained(self, result: Any) -> None:
         """``result`` (of :meth:`train`) succeeded on every rank: the next step starts from it."""
-        self.previous = result
+        chain, self.previous, self.restart = self.restart, result, None
+        every = self.cfg.series.cold_every
+        if chain is not None and result.warm_chain == 0 and 0 < every and chain + 1 < every:
+            result.warm_chain = chain + 1   # a restart after kept steps counts on as the uninterrupted chain (resume)
 
     def forget(self) -> None:
         """The next step starts cold (the previous one was kept from an earlier run, or failed)."""
-        self.previous = None
+        self.previous, self.restart = None, None
+
+    def resume(self, state: Any = None, chain: int = 0) -> None:
+        """Go on after a step kept from an earlier run (``--resume``): from ``state``, that step's result restored
+        (:func:`insitu.run.chain.load_state`), as the uninterrupted run would have; without it, cold, the chain
+        counting on from the kept step's ``chain`` (its ``warm_chain``), so that the series' cold steps
+        (``series.cold_every``) stay where they are in the uninterrupted run, which the steps equal from there."""
+        self.previous, self.restart = state, (None if state is not None else int(chain))
 
 
 def warm_iterations(cfg: Config) -> int:
