@@ -353,11 +353,8 @@ def test_playcanvas_draws_model_glb_as_the_step_scored_it(browser, glb_step, glb
     results = {}
     for view_id in held_out:
         np.testing.assert_allclose(cameras["views"][view_id]["viewmat"], views.viewmats[view_id].double(), atol=1e-5)
-        size = dt.eval(f"(async () => {{ const s = insituGltf.showView({view_id}); await insituGltf.frames(5);"
-                       " return s; })()")
-        time.sleep(1.0)                         # PlayCanvas sorts the splats as the camera moved: let it finish
-        dt.eval("insituGltf.frames(10)")
-        shot = canvas_png(dt)
+        size = dt.eval(f"insituGltf.showView({view_id})")
+        shot = settled(dt)
         assert shot.shape[:2] == (size["height"], size["width"]) == (views.height, views.width)
         ours = {}
         for antialiased in (True, False):
@@ -367,15 +364,35 @@ def test_playcanvas_draws_model_glb_as_the_step_scored_it(browser, glb_step, glb
             ours[antialiased] = (rgb[0].clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)
         gt = scene.gt_on(torch.tensor([view_id]), scene.background)[0]
         gt = (gt.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)
-        r = results[view_id] = {"canvas vs ground truth": psnr(shot, gt), "ours vs ground truth": psnr(ours[True], gt),
-                                "canvas vs ours": psnr(shot, ours[True]), "canvas vs ours classic": psnr(shot, ours[False]),
-                                "mirrored vs ours": psnr(shot[:, ::-1], ours[True])}
+        r = results[view_id] = {
+            "canvas vs ground truth": psnr(shot, gt), "ours vs ground truth": psnr(ours[True], gt),
+            "canvas vs ours": psnr(shot, ours[True]), "canvas vs ours classic": psnr(shot, ours[False]),
+            "mirrored vs ours": psnr(shot[:, ::-1], ours[True])}
         Image.fromarray(np.concatenate([gt, shot, ours[True]], 1)).save(out / f"playcanvas_view_{view_id}.png")
-    print("model.glb in PlayCanvas, PSNR (dB):", {k: {n: round(v, 2) for n, v in r.items()} for k, r in results.items()})
+    print("model.glb in PlayCanvas, PSNR (dB):",
+          {k: {n: round(v, 2) for n, v in r.items()} for k, r in results.items()})
     for view_id, r in results.items():
         assert r["canvas vs ground truth"] >= r["ours vs ground truth"] - 1.0, (view_id, r, dt.log[-20:])
         assert r["canvas vs ours"] >= 30.0 and r["canvas vs ours"] > r["canvas vs ours classic"] + 1.0, (view_id, r)
         assert r["mirrored vs ours"] < r["canvas vs ours"] - 5.0, (view_id, r)
+    # the user's controls: a drag turns the model (another picture of it), the wheel moves away (a smaller one)
+    covered = lambda image: int((image.max(-1) > 20).sum())  # noqa: E731
+    x, y = 32, 32
+    dt.send("Input.dispatchMouseEvent", type="mousePressed", x=x, y=y, button="left", buttons=1, clickCount=1)
+    dt.send("Input.dispatchMouseEvent", type="mouseMoved", x=x + 40, y=y + 10, button="left", buttons=1)
+    dt.send("Input.dispatchMouseEvent", type="mouseReleased", x=x + 40, y=y + 10, button="left", clickCount=1)
+    turned = settled(dt)
+    assert psnr(turned, shot) < 25.0 and covered(turned) > covered(shot) / 3, (psnr(turned, shot), covered(turned))
+    dt.send("Input.dispatchMouseEvent", type="mouseWheel", x=x, y=y, deltaX=0, deltaY=400)
+    assert 0 < covered(settled(dt)) < covered(turned) * 0.8
+
+
+def settled(dt) -> np.ndarray:
+    """The canvas once PlayCanvas has drawn the camera's new place and sorted the splats for it."""
+    dt.eval("insituGltf.frames(5)")
+    time.sleep(1.0)                             # the sort runs apart from the frames: let it finish, then draw again
+    dt.eval("insituGltf.frames(10)")
+    return canvas_png(dt)
 
 
 def canvas_png(dt) -> np.ndarray:
@@ -383,7 +400,8 @@ def canvas_png(dt) -> np.ndarray:
     import base64
     import io
 
-    rect = dt.eval("(() => { const r = insituGltf.canvas.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })()")
+    rect = dt.eval("(() => { const r = insituGltf.canvas.getBoundingClientRect();"
+                   " return [r.x, r.y, r.width, r.height]; })()")
     shot = dt.send("Page.captureScreenshot", format="png",
                    clip={"x": rect[0], "y": rect[1], "width": rect[2], "height": rect[3], "scale": 1})
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB"))

@@ -5,8 +5,9 @@ Layout of an output directory::
     OUT/step_000120/model.ply       the model as standard 3DGS viewers draw it, reference 3DGS layout plus red green
                                     blue (any 3DGS viewer reads it, VTK tools see a coloured cloud)
     OUT/step_000120/model.spz       the same model compressed, in the step's frame (insitu.output.webmodel; SPZ's axes)
-    OUT/step_000120/model.glb       model.spz's model as glTF with KHR_gaussian_splatting (output.glb; insitu.output.gltf):
-                                    in the step's frame, its node placing it in world units, glTF's axes (+Y up)
+    OUT/step_000120/model.glb       model.spz's model as glTF with KHR_gaussian_splatting (output.glb;
+                                    insitu.output.gltf): in the step's frame, its node placing it in world units,
+                                    in glTF's axes (+Y up)
     OUT/step_000120/model.lit.spz   a lit model as trained, in the step's frame (base colours, normals as rotations):
                                     the report's viewer shades it; not a standard 3DGS model
     OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer

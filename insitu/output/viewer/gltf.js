@@ -95,7 +95,10 @@ function fitWindow() {
 
 function controls() {
   let last = null;
-  canvas.addEventListener("pointerdown", (e) => { last = [e.clientX, e.clientY]; canvas.setPointerCapture(e.pointerId); });
+  canvas.addEventListener("pointerdown", (e) => {
+    last = [e.clientX, e.clientY];
+    canvas.setPointerCapture(e.pointerId);
+  });
   canvas.addEventListener("pointerup", () => { last = null; });
   canvas.addEventListener("pointermove", (e) => {
     if (!last) return;
@@ -104,8 +107,11 @@ function controls() {
     last = [e.clientX, e.clientY];
     place();
   });
-  canvas.addEventListener("wheel", (e) => { e.preventDefault(); orbit.distance *= Math.exp(0.001 * e.deltaY); place(); },
-                          { passive: false });
+  canvas.addEventListener("wheel", (e) => {
+    e.preventDefault();
+    orbit.distance *= Math.exp(0.001 * e.deltaY);
+    place();
+  }, { passive: false });
   window.addEventListener("resize", fitWindow);
 }
 
