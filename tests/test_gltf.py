@@ -187,14 +187,17 @@ def glb_bytes(gltf: dict, binary: bytes) -> bytes:
 # ----------------------------------------------------------------------------------- the Khronos validator
 
 @pytest.fixture(scope="session")
-def validator(request):
-    """``validate(path) -> report`` by the Khronos glTF validator (npm), installed once into pytest's cache."""
+def validator(request, tmp_path_factory):
+    """``validate(path) -> issues`` by the Khronos glTF validator (npm), installed once into pytest's cache (without
+    the cache plugin, into a temporary folder)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node installed: the Khronos glTF validator (npm gltf-validator) runs on node")
     npm = shutil.which("npm")
     assert npm, "node is installed but npm is not: it installs the Khronos validator (npm gltf-validator)"
-    where = request.config.cache.mkdir("gltf-validator-" + VALIDATOR.split("@")[1])
+    name = "gltf-validator-" + VALIDATOR.split("@")[1]
+    cache = getattr(request.config, "cache", None)
+    where = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
     if not (where / "node_modules" / "gltf-validator" / "package.json").is_file():
         r = subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(where), VALIDATOR],
                            capture_output=True, text=True, timeout=300)
