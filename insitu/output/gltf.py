@@ -22,11 +22,11 @@ viewer without it draws a coloured point cloud.
 Axes and units: glTF's up axis is +Y, the data's is +Z. The Gaussians are turned by -90 degrees about x
 (:data:`TO_GLTF`: (x, y, z) -> (x, z, -y); the quaternions composed with it, the SH bands 1 to 3 rotated with it,
 :func:`sh_rotation`), so that the file's +Y is the data's +Z. The positions stay in the step's frame
-(:class:`insitu.volume.Frame`: a grid of cells about 1 wide, which float32 holds to the cell's millionth wherever the
-grid lies in the world), and the node's ``scale`` (the frame's, uniform) and ``translation`` (its origin, turned
-likewise; JSON numbers hold a double) place them in world units: a glTF viewer shows ``model.ply``'s world, turned so
-that +Z is up. The node has no rotation: the extension asks viewers to rotate the SH bands with a node's rotation,
-which not all do.
+(:class:`insitu.volume.Frame`: the grid's index units from its first sample, which float32 holds to 2^-24 of the
+grid's extent wherever the grid lies in the world), and the node's ``scale`` (the frame's, uniform) and
+``translation`` (its origin, turned likewise; JSON numbers hold a double) place them in world units: a glTF viewer
+shows ``model.ply``'s world, the data's +Z as its up. The node has no rotation: the extension asks viewers to rotate
+the SH bands with a node's rotation, which not all do.
 
 The asset's ``extras`` record ``antialiased``: whether the model is meant to be drawn with the antialiased blur (each
 splat's opacity scaled to keep its integral as the viewer's 0.3 px^2 widens it), as SPZ's header flag says; the
