@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from insitu import __version__
 from insitu.output.files import atomic_path
 from insitu.render.shading import MAX_SH_DEGREE, sh_basis
 from insitu.surface.gaussians import Gaussians, check_gaussians, numpy32
@@ -186,7 +185,7 @@ def encode_glb(gaussians: Gaussians, *, frame: Frame | None = None, antialiased:
     if any(frame.origin):
         node["translation"] = (TO_GLTF @ np.asarray(frame.origin, np.float64)).tolist()
     gltf: dict[str, Any] = {
-        "asset": {"version": "2.0", "generator": f"insitu-gs {__version__}", "extras": {"antialiased": antialiased}},
+        "asset": {"version": "2.0", "generator": "insitu-gs", "extras": {"antialiased": antialiased}},
         "extensionsUsed": [EXTENSION], "scene": 0, "scenes": [{"nodes": [0]}], "nodes": [node]}
     blobs: list[bytes] = []
     if n:
