@@ -268,15 +268,21 @@ class OutputConfig:
     lit: bool = documented(True, "write each step's model.lit.spz (train.color_model lit): the model as trained, "
                            "its base colours and its normals (each rotation's local z axis) in the step's frame, "
                            "which the report's viewer shades with the headlight; not a standard 3DGS model")
+    glb: bool = documented(False, "write each step's model.glb (glTF 2.0 binary with KHR_gaussian_splatting, for "
+                           "glTF viewers: PlayCanvas, CesiumJS, Babylon.js, three.js; gathered on rank 0): "
+                           "model.spz's Gaussians as float32, turned into glTF's axes (+Y up: the data's +Z), its "
+                           "node placing them in world units; 60 bytes a Gaussian at SH degree 0, 3.7 times "
+                           "model.spz's (docs/model.md)")
     sh_degree: int | None = constrained(None, NON_NEGATIVE, doc="the SH degree of model.ply and model.spz (0: one "
                                         "colour a Gaussian, 14 floats in model.ply instead of 59 at degree 3), "
                                         "the degree their model is fitted at when it is fitted for them, else the "
                                         "trained model's bands above it are left out; null: 0 for a lit model in "
                                         "the fixed light (output.ply_light; band 0 holds it), else the model's own "
                                         "(a lit model's headlight fit: train.sh_degree)")
-    every: int = constrained(1, POSITIVE, doc="the model files (output.ply, output.spz, output.lit) of the steps "
-                             "whose number is a multiple of this; the other steps write their figures, images and "
-                             "cameras, and neither fit the files' models nor score them (no ply_*, spz_* figures)")
+    every: int = constrained(1, POSITIVE, doc="the model files (output.ply, output.spz, output.glb, output.lit) of "
+                             "the steps whose number is a multiple of this; the other steps write their figures, "
+                             "images and cameras, and neither fit the files' models nor score them (no ply_*, spz_* "
+                             "figures)")
     ply_light: str = constrained("fixed", choices=("fixed", "headlight"), doc="the light a lit model's model.ply "
                                  "and model.spz are shaded with: fixed, a key and a fill light fixed in the data's "
                                  "frame, baked into each Gaussian's colour (the same from every side, which band 0 "

@@ -5,6 +5,9 @@ Layout of an output directory::
     OUT/step_000120/model.ply       the model as standard 3DGS viewers draw it, reference 3DGS layout plus red green
                                     blue (any 3DGS viewer reads it, VTK tools see a coloured cloud)
     OUT/step_000120/model.spz       the same model compressed, in the step's frame (insitu.output.webmodel; SPZ's axes)
+    OUT/step_000120/model.glb       model.spz's model as glTF with KHR_gaussian_splatting (output.glb;
+                                    insitu.output.gltf): in the step's frame, its node placing it in world units,
+                                    in glTF's axes (+Y up)
     OUT/step_000120/model.lit.spz   a lit model as trained, in the step's frame (base colours, normals as rotations):
                                     the report's viewer shades it; not a standard 3DGS model
     OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
@@ -48,6 +51,7 @@ from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, flatten_metrics, plain, side_by_side, write_csv, write_json, write_png
 from insitu.output.folder import (CHAIN_DIR, LOCK_NAME, STEP_DIR, STEP_TEMPORARY, OutputLock, lock_output,
                                   remove_orphans, step_dir, step_name)
+from insitu.output.gltf import write_glb
 from insitu.output.ply import write_ply
 from insitu.output.report import STEP_FILES, cameras_json, write_report
 from insitu.output.webmodel import STANDARD_SPZ_VERSION, write_spz
@@ -331,7 +335,8 @@ def _file_text(record: Any) -> str:
 _VIEW_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 FIELD_HASH = "field_hash"               # metrics.json: the step's field hash (StepWriter.field_hashes)
 FILES = "files"                         # metrics.json: the bytes of each file of the step folder (but itself)
-MODEL_FILES = (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"), ("lit_model_bytes", "model.lit.spz"))
+MODEL_FILES = (("model_bytes", "model.ply"), ("web_model_bytes", "model.spz"), ("glb_model_bytes", "model.glb"),
+               ("lit_model_bytes", "model.lit.spz"))
 
 
 class StepWriter:
@@ -347,7 +352,7 @@ class StepWriter:
     the report lists this writer's trained steps. The folder is created by the first write.
 
     output: the ``output`` section of the run's configuration (:class:`insitu.config.OutputConfig`; default
-            its defaults): which model files a step writes (``ply``, ``spz``, ``lit``), at which SH degree
+            its defaults): which model files a step writes (``ply``, ``spz``, ``glb``, ``lit``), at which SH degree
             (``sh_degree``) and for which steps (``every``).
     done:   steps already complete in ``out_root`` that this run keeps (``prepare_output`` with
             ``resume``): their rows of ``metrics.csv`` are rebuilt from their ``metrics.json`` (a run
@@ -419,8 +424,9 @@ class StepWriter:
                     spz_whole: Gaussians | None = None) -> Path | None:
         """Write the step's standard model files from ``gaussians``, the model as standard viewers draw it:
         ``model.ply`` in world units into its folder in the making (``output.ply``; returns its path, else
-        None), and for ``model.spz`` (``output.spz``) the whole model gathered on rank 0 in ``frame``, which
-        :meth:`write` writes (SPZ's fixed-point positions and byte scales cannot hold a grid in metres). Nothing
+        None), and for ``model.spz`` and ``model.glb`` (``output.spz``, ``output.glb``) the whole model gathered on
+        rank 0 in ``frame``, which :meth:`write` writes (SPZ's fixed-point positions and byte scales cannot hold a
+        grid in metres; model.glb's node places it in world units). Nothing
         when the step writes no model files (:meth:`writes_models`). Collective when ``comm`` spans several ranks;
         :meth:`write` on rank 0 completes the step.
 
@@ -433,10 +439,10 @@ class StepWriter:
         spz_whole: with ``spz``, that model already gathered on rank 0 (None on the other ranks): written as it is.
         """
         out = self.output
-        if not self.writes_models(step) or not (out.ply or out.spz):
+        if not self.writes_models(step) or not (out.ply or out.spz or out.glb):
             return None
         several = comm is not None and comm.size > 1
-        if out.spz:
+        if out.spz or out.glb:
             merged = spz_whole if spz is not None \
                 else gather_gaussians(gaussians.to("cpu"), comm.mpi if several else None)
             if merged is not None:
@@ -516,8 +522,8 @@ class StepWriter:
         """Write one step; returns its folder.
 
         gaussians: the merged model as trained (None: none on this rank): a lit one (metrics ``color_model``
-                   ``lit``) as ``model.lit.spz`` (``output.lit``), in the frame; an SH one as model.ply and
-                   model.spz when :meth:`write_model` did not write them (world units);
+                   ``lit``) as ``model.lit.spz`` (``output.lit``), in the frame; an SH one as model.ply (world
+                   units), model.spz and model.glb when :meth:`write_model` did not write them;
         views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
@@ -526,11 +532,13 @@ class StepWriter:
                    default world units). model.ply is written in world units; model.spz, model.lit.spz
                    and cameras.json, which the report's viewer reads, stay in the frame (a grid in metres would
                    not survive spz's fixed-point positions and byte scales, nor the viewer's float16), and
-                   cameras.json records it (``frame``: world = origin + scale * x).
+                   cameras.json records it (``frame``: world = origin + scale * x); model.glb holds its Gaussians
+                   in the frame and the frame in its node (:mod:`insitu.output.gltf`).
 
-        model.spz's header says the model is drawn antialiased when it is the model trained so: the trained
-        Gaussians :meth:`write_model` was given as ``spz``, or, without :meth:`write_model`, ``gaussians`` not
-        refit as standard viewers draw them. ``model_bytes``, ``web_model_bytes`` and ``lit_model_bytes`` (the files
+        model.spz's header (and model.glb's ``extras``) says the model is drawn antialiased when it is the model
+        trained so: the trained Gaussians :meth:`write_model` was given as ``spz``, or, without :meth:`write_model`,
+        ``gaussians`` not refit as standard viewers draw them. ``model_bytes``, ``web_model_bytes``,
+        ``glb_model_bytes`` and ``lit_model_bytes`` (the files
         written), ``bytes_written`` (every file of the step folder but metrics.json) and ``export_seconds``
         (writing the models, images and cameras) join the metrics; metrics.json also records each of those files'
         bytes (``files``: relative name -> bytes), which ``--resume`` checks (:func:`step_whole`).
@@ -591,11 +599,13 @@ class StepWriter:
             world = frame.gaussians_to_world(gaussians) if frame else gaussians    # no write_model: this model
             if out.ply:
                 write_ply(d / "model.ply", world, sh_degree=out.sh_degree)
-            if out.spz:
+            if out.spz or out.glb:
                 standard, antialiased = drop_bands(gaussians, out.sh_degree), _drawn_antialiased(config, metrics)
-        if standard is not None:
+        if standard is not None and out.spz:
             jobs.append(partial(write_spz, d / "model.spz", standard, antialiased=antialiased,
                                 version=STANDARD_SPZ_VERSION))
+        if standard is not None and out.glb:
+            jobs.append(partial(write_glb, d / "model.glb", standard, frame=frame, antialiased=antialiased))
         if gaussians is not None and lit and out.lit:
             jobs.append(partial(write_spz, d / "model.lit.spz", gaussians,
                                 antialiased=bool(metrics.get("antialiased", False))))

@@ -50,8 +50,8 @@ class StandardModels(NamedTuple):
     on.
 
     ply:   [N] model.ply's model.
-    spz:   [M] model.spz's: the trained Gaussians in model.ply's colours, refit as drawn antialiased
-           (:func:`insitu.training.appearance.spz_trained`, with ``output.spz``), else ``ply`` itself.
+    spz:   [M] model.spz's (and model.glb's): the trained Gaussians in model.ply's colours, refit as drawn antialiased
+           (:func:`insitu.training.appearance.spz_trained`, with ``output.spz`` or ``output.glb``), else ``ply`` itself.
     scene: their ground truth (the fixed light's, for a lit model in it).
     """
 
@@ -89,8 +89,8 @@ def model_ply(trained: Gaussians, shard: Gaussians, trainer: Trainer, scene: Sce
     check_finite(fitted.tensors(), layout.comm, "in model.ply's SH colours (their fit and refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")
     ply = layout.shard(fitted)[0]
-    if not (spz_trained(cfg) and cfg.output.spz):      # no model.spz: its model is neither refit nor scored
-        return StandardModels(ply, ply, scene)
+    if not (spz_trained(cfg) and (cfg.output.spz or cfg.output.glb)):   # neither model.spz nor model.glb: its
+        return StandardModels(ply, ply, scene)                             # model is neither refit nor scored
     spz = refine_for_viewers(colored, trainer, scene, layout, cfg, antialiased=True)
     check_finite(spz.tensors(), layout.comm, "in model.spz's SH colours (their refinement)",
                  "check the learning rates (train.lr_*) and output.ply_refine")

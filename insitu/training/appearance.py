@@ -258,10 +258,10 @@ def drawn_otherwise(color_model: str, eps2d: float, antialiased: bool = False) -
 def refits_ply(cfg) -> bool:
     """Whether a step of ``cfg`` (an :class:`insitu.config.Config`) trains the standard files' SH model as standard
     viewers draw it after training (:func:`insitu.step.plyfit.refine_for_viewers`): a model they draw otherwise, a
-    share of iterations for it, and ``model.ply``, ``model.spz`` or their figures to make."""
+    share of iterations for it, and ``model.ply``, ``model.spz``, ``model.glb`` or their figures to make."""
     return drawn_otherwise(cfg.train.color_model, cfg.train.eps2d, cfg.train.antialiased) \
         and cfg.output.ply_refine > 0 \
-        and (cfg.output.ply or cfg.output.spz or cfg.output.ply_metrics)
+        and (cfg.output.ply or cfg.output.spz or cfg.output.glb or cfg.output.ply_metrics)
 
 
 def spz_trained(cfg) -> bool:

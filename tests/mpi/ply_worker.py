@@ -3,7 +3,7 @@
 Every rank writes its shard into one model.ply at its offset; rank 0 also merges the shards
 (gather_gaussians) and writes them with the one-process writer; the two files must be byte
 for byte the same. Also: several 64 MiB-style chunks per rank (the chunk size made tiny),
-rank 0's memory while rank 1 holds a large shard, failures on every rank. Prints
+rank 0's memory while rank 1 holds a large shard, model.glb alone gathered on rank 0, failures on every rank. Prints
 ``OK rank r of P``; exits non-zero on a mismatch.
 """
 import sys
@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 import insitu.output.ply as ply
+from insitu.config import OutputConfig
 from insitu.errors import RankFailure
 from insitu.output.export import StepWriter
+from insitu.output.gltf import read_glb
 from insitu.output.ply import read_ply, write_ply
 from insitu.parallel.comm import init_comm, shutdown
 from insitu.surface.gaussians import gather_gaussians
@@ -80,6 +82,19 @@ def main(out: Path):
     final = out / "run" / "step_000007" / "model.ply"
     if not final.is_file() or final.read_bytes() != (out / "big.ply").read_bytes() or p.exists():
         fail(f"write() did not move {p} to {final}")
+
+    # model.glb alone (output.glb; neither model.ply nor model.spz): every shard gathered on rank 0, in rank order
+    writer = StepWriter(out / "glb", output=OutputConfig(ply=False, spz=False, glb=True))
+    writer.write_model(8, big, comm)
+    merged = gather_gaussians(big, comm.mpi)
+    if rank == 0:
+        writer.write(8, None, [], {"psnr": 1.0})
+        names = sorted(p.name for p in (out / "glb" / "step_000008").iterdir())
+        back = read_glb(out / "glb" / "step_000008" / "model.glb").gaussians
+        if names != ["metrics.json", "model.glb"] or len(back) != len(merged) \
+                or not torch.allclose(back.means, merged.means, atol=1e-5):
+            fail(f"model.glb of the gathered shards: {names}, {len(back)} of {len(merged)} Gaussians")
+    comm.mpi.Barrier()
 
     # failures: on every rank, the target untouched, no temporary file left
     before = (out / "big.ply").read_bytes()
