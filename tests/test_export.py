@@ -256,8 +256,10 @@ def test_side_by_side():
     assert (out[:, :3] == 0).all() and (out[:, 3:5] == 255).all() and (out[:, 5:] == 255).all()
     out = side_by_side(gt, pred, separator=1, separator_value=128)
     assert (out[:, 3] == 128).all()
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="images of one shape"):
         side_by_side(gt, pred[:2])
+    three = side_by_side(gt, pred, np.full((4, 3, 3), 0.5, np.float32))      # GT | model.spz | model.ply
+    assert three.shape == (4, 13, 3) and (three[:, 10:] == 128).all() and (three[:, 8:10] == 255).all()
 
 
 # ----------------------------------------------------------------------------------- json, csv, report
