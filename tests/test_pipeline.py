@@ -120,13 +120,17 @@ def test_run_step_writes_every_output(comm, tmp_path):
     torch.testing.assert_close(model.means, ply.means)                  # the standard files' model (merged),
     torch.testing.assert_close(model.opacity_logits, ply.opacity_logits)     # as viewers draw it best
     pngs = sorted(p.name for p in (d / "views").glob("*.png"))
-    assert pngs == ["view_000.png", "view_008.png"]             # the held-out views, output.images of them
+    assert pngs == ["view_000.png", "view_000_fixed_light.png", "view_008.png",       # the held-out views,
+                    "view_008_fixed_light.png"]                 # output.images of them, and in the files' light
     saved = json.loads((d / "metrics.json").read_text())
     assert saved["step"] == 3 and saved["time"] == 1.5
     assert saved["psnr"] == pytest.approx(m["psnr"]) and saved["gaussians"] == m["gaussians"]
     assert (d / "config.yaml").is_file()
     rows = read_csv(tmp_path / "metrics.csv")
     assert len(rows) == 1 and rows[0]["step"] == "3" and float(rows[0]["psnr"]) == pytest.approx(m["psnr"])
+    from insitu.output.report import TABLE_COLUMNS
+    headed = {key for _, columns in TABLE_COLUMNS for key, _, _ in columns}
+    assert set(rows[0]) - {"step"} - headed == set()            # the report's table has a heading for every column
     report = (tmp_path / "report.html").read_text()
     assert "step_000003" in report and "view_000.png" in report
     cams = json.loads((d / "cameras.json").read_text())           # the step's cameras, for the viewer
@@ -197,6 +201,23 @@ def test_spz_figures_are_those_of_model_spz_read_back_and_drawn_antialiased(comm
     assert m["spz_psnr_foreground"] == pytest.approx(q.psnr_foreground, abs=0.3)
     assert m["spz_psnr_foreground_near2"] == pytest.approx(near.psnr_foreground, abs=0.3)
     assert classic.psnr_foreground < q.psnr_foreground - 1.0
+    # the held-out view kept in the files' light: its ground truth in the fixed light | model.spz drawn antialiased
+    # | model.ply drawn classic, as a user compares another viewer's picture with (view 0: cameras.json's camera 0)
+    from PIL import Image
+
+    from insitu.output.ply import read_ply
+    image = np.asarray(Image.open(path.parent / "views" / "view_000_fixed_light.png").convert("RGB"), np.float64) / 255
+    w = cfg.views.resolution
+    assert image.shape == (w, 3 * w + 4, 3)
+    kept = {}
+    for name, model, antialiased in (("spz", read_spz(path), True), ("ply", read_ply(path.parent / "model.ply"), False)):
+        kept[name] = []
+        model_quality(model, scene, comm, backend="torch", antialiased=antialiased, kept=kept[name], keep_images=1)
+    (name, gt, spz), (_, _, ply) = kept["spz"][0], kept["ply"][0]
+    assert name == "view_000" and int(scene.views.test_ids[0]) == 0
+    for k, drawn, tolerance in ((0, gt, 1 / 255), (1, spz, 0.03), (2, ply, 1 / 255)):
+        part = image[:, k * (w + 2):k * (w + 2) + w]
+        assert np.abs(part - drawn.numpy()).max() <= tolerance + 1e-6, k      # model.spz read back: quantised
 
 
 def test_the_standard_files_score_under_their_bound_which_is_the_trained_model_blurred_as_viewers_blur(comm):

@@ -29,6 +29,7 @@ from insitu.errors import InputError
 from insitu.groundtruth.scene import Scene, block_decomposition, global_range, make_scene
 from insitu.groundtruth.views import Views, pixel_size
 from insitu.input.decomposition import Decomposition
+from insitu.output.folder import FIXED_LIGHT_VIEW
 from insitu.progress import note
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
@@ -252,9 +253,6 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
                       warm_chain=chain)
 
 
-FILES_LIGHT = "fixed_light"        # the held-out images in the standard files' fixed light: views/view_000_fixed_light.png
-
-
 def files_light_images(names: list[str], ply: list | None, spz: list | None) -> list:
     """The held-out views in the standard files' fixed light, for a user to compare another viewer's picture with:
     ``(NAME_fixed_light, gt, model.spz's, model.ply's)`` per view kept of model.ply's figures (``ply``: its
@@ -266,7 +264,7 @@ def files_light_images(names: list[str], ply: list | None, spz: list | None) -> 
     if not ply:
         return []
     drawn = [pred for _, _, pred in spz or []]
-    return [(f"{name}_{FILES_LIGHT}", gt, *drawn[k:k + 1], pred)
+    return [(f"{name}{FIXED_LIGHT_VIEW}", gt, *drawn[k:k + 1], pred)
             for k, (name, (_, gt, pred)) in enumerate(zip(names, ply))]
 
 
