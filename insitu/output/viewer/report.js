@@ -180,8 +180,8 @@
                    label: s.label, stroke: s.color, width: spec.bars ? 0 : 1.5, spanGaps: true, dash: s.dash,
                    fill: spec.bars ? s.color : undefined,
                    paths: spec.bars ? uPlot.paths.bars({ size: [0.7, 48] }) : undefined,
-                   points: spec.bars ? { show: false } : { show: true, size: s.dash ? 11 : 6, width: s.dash ? 1.5 : 1,
-                                                           fill: s.dash ? "rgba(0, 0, 0, 0)" : s.color, stroke: s.color },
+                   points: spec.bars ? { show: false } : { show: true, size: s.dash ? 3.5 : 7, width: 1,
+                                                           fill: s.color, stroke: s.color },
                    value: (u, v, si, i) => (at(i) == null || !Number.isFinite(at(i)) ? "--" : format(at(i))),
                  };
                })],
@@ -266,7 +266,7 @@
                     ylabel: "PSNR (dB)", series: files("psnr"), format: db });
     chart(series, { ...common, name: "series-files-ssim", title: "Standard files: surface SSIM per timestep",
                     ylabel: "SSIM", series: files("ssim"), y: ssimRange, format: ratio });
-    // the seeds dashed, with hollow points, over the trained count: seen where training kept the count
+    // the seeds dashed, with smaller points, over the trained count: both seen where training kept the count
     chart(series, { ...common, name: "series-gaussians", title: "Gaussians per timestep", ylabel: "Gaussians",
                     series: per([["trained", "gaussians"], ["initial", "gaussians_initial", [6, 4]],
                                  ["model.ply", "ply_gaussians"]]) });
