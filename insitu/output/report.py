@@ -1,13 +1,14 @@
 """The report of an output directory: ``OUT/report.html`` with an interactive splat viewer, and ``insitu view``.
 
 The page shows, for every ``step_XXXXXX`` folder, its model in a 3D viewer (orbit, zoom, and the
-step's orbit cameras), a timestep slider with a play button that switches between the steps'
-models, the held-out images (ground truth | render), plots (uPlot, vendored like the viewer): the
-surface's held-out PSNR/SSIM over the iterations of each step, ending at the step's final figures
-(:func:`training_curve`), and over the timesteps its PSNR/SSIM on the orbit and the close-up sets, the
-Gaussians, the iterations, the seconds per stage (:func:`stage_seconds`) and the bytes written where
-recorded; then the metrics table under grouped headings (:data:`TABLE_COLUMNS`) and what each file of a
-step folder holds (:data:`FILE_NOTES`). It is rewritten after every step; served, the page polls
+step's orbit cameras; the line under it: :func:`shown_model`), a timestep slider with a play button that switches
+between the steps' models, the held-out images (ground truth | render, and in the standard files' light), plots
+(uPlot, vendored like the viewer): the surface's held-out PSNR/SSIM over the iterations of each step, ending at the
+step's final figures (:func:`training_curve`), and over the timesteps its PSNR/SSIM on the orbit and the close-up
+sets, the standard files' beside their bound, the Gaussians, the iterations, the seconds per stage
+(:func:`stage_seconds`) and the bytes written where recorded; then the metrics tables, one per group of columns
+(:data:`TABLE_COLUMNS`), what each file of a step folder holds (:data:`FILE_NOTES`) and per step how far the
+standard files are under their bound (:func:`standard_files_text`). Every part follows the page's width. It is rewritten after every step; served, the page polls
 ``report.json`` and shows new steps as a running simulation writes them.
 
 The viewer is Spark (``@sparkjsdev/spark``, on three.js), vendored as built in ``insitu/output/viewer/vendor``
