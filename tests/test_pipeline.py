@@ -567,7 +567,8 @@ def test_the_configured_blur_is_the_one_trained_evaluated_and_recorded_and_model
     refits = 6 if cfg.train.antialiased else 3                                   # model.ply's, model.spz's
     trained, refined = calls["training"][:-refits], calls["training"][-refits:]  # one view per step
     assert len(trained) > 3 and set(trained) == {0.05} and refined == [0.3] * refits, calls
-    assert calls["pipeline"] and set(calls["pipeline"]) == {0.3}, calls           # model_quality: model.ply
+    files, bound = calls["pipeline"][:-3], calls["pipeline"][-3:]     # model_quality: the files, their bound
+    assert files and set(files) == {0.3} and bound == [0.05] * 3, calls          # (the trained model, as trained)
     standard = compute_step(block, tiny_config(iterations=3, eps2d=0.3), comm).metrics
     assert standard["eps2d"] == 0.3 and m["psnr"] != pytest.approx(standard["psnr"], abs=1e-3)
 
@@ -601,8 +602,9 @@ def test_train_antialiased_reaches_training_and_evaluation_and_model_ply_is_draw
     trained, refined = calls["training"][:-6], calls["training"][-6:]            # one view per step
     assert len(trained) > 3 and set(trained) == {(0.3, True)}, calls
     assert refined == [(0.3, False)] * 3 + [(0.3, True)] * 3, calls              # model.ply's, model.spz's
-    ply, spz = calls["pipeline"][:3], calls["pipeline"][3:]             # model_quality: orbit, 2x, 3x closer
+    ply, spz, bound = calls["pipeline"][:3], calls["pipeline"][3:6], calls["pipeline"][6:]   # orbit, 2x, 3x closer
     assert set(ply) == {(0.3, False)} and spz == [(0.3, True)] * 3, calls
+    assert bound == [(0.3, True)] * 3, calls                          # their bound: the trained model as trained
     assert "spz_psnr_foreground" in m
     monkeypatch.undo()
     classic_cfg = tiny_config(iterations=3, eps2d=0.3, antialiased=False, color_model="sh", sh_degree=1)
