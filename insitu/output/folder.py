@@ -33,7 +33,6 @@ STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STEP_TEMPORARY = re.compile(r"^\.step_\d{6,}\..*\.(tmp|old)$")
 FILE_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 LOCK_NAME = ".insitu.lock"
-FIXED_LIGHT_VIEW = "_fixed_light"     # views/view_000_fixed_light.png: a held-out view in the standard files' light
 
 
 def step_name(step: int) -> str:

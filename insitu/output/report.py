@@ -55,8 +55,8 @@ import numpy as np
 from insitu.config import config_file_values, from_dict, upgraded
 from insitu.errors import ConfigError
 from insitu.output.files import atomic_write, plain, read_csv, write_json
-from insitu.output.folder import FIXED_LIGHT_VIEW, STEP_DIR
-from insitu.render.lighting import HEADLIGHT
+from insitu.output.folder import STEP_DIR
+from insitu.render.lighting import FIXED_LIGHT_VIEW, HEADLIGHT
 from insitu.render.rendering import STANDARD_EPS2D
 from insitu.output.webmodel import spz_count
 from insitu.training.appearance import spz_blur

@@ -29,8 +29,8 @@ from insitu.errors import InputError
 from insitu.groundtruth.scene import Scene, block_decomposition, global_range, make_scene
 from insitu.groundtruth.views import Views, pixel_size
 from insitu.input.decomposition import Decomposition
-from insitu.output.folder import FIXED_LIGHT_VIEW
 from insitu.progress import note
+from insitu.render.lighting import FIXED_LIGHT_VIEW
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.driver import after_training, follow_iterations, training_budget
