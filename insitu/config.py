@@ -307,8 +307,10 @@ class OutputConfig:
                                    "holds many to a pixel; fewer, wider ones draw nearer the trained model, in "
                                    "smaller files; 0: the trained model's Gaussians")
     ply_metrics: bool = documented(True, "ply_psnr, ply_ssim (model.ply), spz_psnr, spz_ssim (model.spz, where it "
-                                   "holds the trained Gaussians and is written) and model.lit.spz: the whole model gathered on rank "
-                                   "0 and drawn there; false for models larger than one GPU or host")
+                                   "holds the trained Gaussians and is written), their bound (bound_psnr, bound_ssim: "
+                                   "the trained model's images blurred as viewers blur) and model.lit.spz: the whole "
+                                   "model gathered on rank 0 and drawn there; false for models larger than one GPU or "
+                                   "host")
     existing: str = constrained("refuse", choices=("refuse", "resume", "overwrite"), doc="an output folder that "
                                 "holds results: refuse it; resume, keep its complete steps and train the others "
                                 "(--resume); overwrite, delete them first (--overwrite)")

@@ -336,14 +336,14 @@ def test_a_compressed_variable_names_the_operator_this_adios2_lacks(tmp_path):
     raw[0] = 0x01                                            # ... made bzip2's, which the PyPI library lacks
     (path / "data.0").write_bytes(bytes(raw))
     with pytest.raises(SourceInputError, match=r"variable 'U' at step 0 is compressed with the bzip2 operator, which "
-                                               r"this ADIOS2 \(.*\) was built without .*README, 'An ADIOS2 built from "
+                                               r"this ADIOS2 \(.*\) was built without .*docs/input.md, 'An ADIOS2 built from "
                                                r"source'"):
         list(BPSource(path, "U"))
 
 
 def test_a_source_built_adios2_reads_compressed_variables(tmp_path):
     """Runs where INSITU_TEST_ADIOS2 names the Python folder of an ADIOS2 built with operators
-    (README, 'An ADIOS2 built from source'): that ADIOS2 compresses a field, insitu replays it."""
+    (docs/input.md, 'An ADIOS2 built from source'): that ADIOS2 compresses a field, insitu replays it."""
     where = os.environ.get("INSITU_TEST_ADIOS2")
     if not where:
         pytest.skip("no ADIOS2 built with compression operators: set INSITU_TEST_ADIOS2 to the folder that holds "

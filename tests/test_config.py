@@ -102,6 +102,29 @@ def test_the_example_config_and_the_reference_are_generated_from_the_dataclasses
     assert load_config(example).to_dict() == Config().to_dict()
 
 
+def test_the_cpu_example_is_the_cpu_demo_s_training():
+    """examples/cpu.yaml (the README's first run on a CPU) holds the CPU demo's settings of what a step computes
+    (views, seeds, train, output: insitu/run/demo.py), no other key, and loads."""
+    from pathlib import Path
+
+    from insitu.config import config_file_values
+    from insitu.run.demo import demo_defaults
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "cpu.yaml"
+
+    def flat(values: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in values.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    example = flat(config_file_values(path))
+    demo = {k: v for k, v in demo_defaults(gpu=False).items() if k.split(".")[0] in ("views", "seeds", "train", "output")}
+    assert example == demo
+    cfg = load_config(path)
+    assert (cfg.views.resolution, cfg.train.batch, cfg.train.antialiased) == (96, 1, False)
+
+
 def test_missing_file_and_bad_override(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

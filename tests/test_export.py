@@ -256,8 +256,10 @@ def test_side_by_side():
     assert (out[:, :3] == 0).all() and (out[:, 3:5] == 255).all() and (out[:, 5:] == 255).all()
     out = side_by_side(gt, pred, separator=1, separator_value=128)
     assert (out[:, 3] == 128).all()
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ValueError, match="images of one shape"):
         side_by_side(gt, pred[:2])
+    three = side_by_side(gt, pred, np.full((4, 3, 3), 0.5, np.float32))      # GT | model.spz | model.ply
+    assert three.shape == (4, 13, 3) and (three[:, 10:] == 128).all() and (three[:, 8:10] == 255).all()
 
 
 # ----------------------------------------------------------------------------------- json, csv, report
@@ -331,9 +333,9 @@ def test_step_writer_and_report(tmp_path):
     assert links == ["step_000000/views/view_000.png", "step_000000/views/view_008.png",
                      "step_000005/views/view_001.png"]
     assert all((out / link).is_file() for link in links)
-    # the table: every column, a new one too (last, under Other), empty where a step has none
-    row = re.search(r"<tr><th class='step'><a href='#step_000005'>5</a></th>(.*?)</tr>", report).group(1)
-    cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+    # the tables: every column, a new one too (last, under Other), empty where a step has none
+    rows5 = re.findall(r"<tr><th class='step'><a href='#step_000005'>5</a></th>(.*?)</tr>", report)
+    cells = [cell for row in rows5 for cell in re.findall(r"<td[^>]*>([^<]*)</td>", row)]
     assert cells[0] == "trained" and "25.00" in cells and "0.9000" in cells and cells[-1] == "1", cells
     assert "unavailable" in report and ">inf</td>" in report
     assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "report.html", "report.json", "step_000000",

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from insitu.groundtruth.views import look_at, orbit_views
 from insitu.output.export import StepWriter
@@ -152,8 +153,8 @@ def test_report_holds_every_step_with_its_model_cameras_and_figures(tmp_path):
                    "ssim_foreground": 0.7, "psnr_foreground_near2": 14.0, "color_model": "sh" if step else "lit",
                    "history": [{"iteration": 0, "psnr": 10.0, "ssim": 0.3}, {"iteration": 100, "psnr": 20.0,
                                                                             "ssim": 0.8, "psnr_foreground": 16.0}]}
-        d = writer.write(step, random_gaussians(50, 1, seed=step), [("view_000", gt, gt)], metrics, None,
-                         cameras=views)
+        d = writer.write(step, random_gaussians(50, 1, seed=step),
+                         [("view_000", gt, gt), ("view_000_fixed_light", gt, gt, gt)], metrics, None, cameras=views)
         models = ["model.ply", "model.spz"] if step else ["model.lit.spz"]        # a lit model: not a standard one
         assert sorted(p.name for p in d.iterdir()) == sorted(["cameras.json", "metrics.json", *models, "views"])
     m = json.loads((out / "step_000300" / "metrics.json").read_text())
@@ -174,6 +175,11 @@ def test_report_holds_every_step_with_its_model_cameras_and_figures(tmp_path):
     assert s["stages"] == {"seeds": 0.1, "ground truth": 0.2, "training": 3.0, "model.ply fit": None,
                            "writing": m["export_seconds"], "final evaluation, other": None}
     assert s["images"] == [{"name": "view_000", "src": "step_000300/views/view_000.png"}]
+    assert s["files_images"] == [{"name": "view_000_fixed_light", "src": "step_000300/views/view_000_fixed_light.png"}]
+    assert Image.open(out / "step_000300" / "views" / "view_000_fixed_light.png").size == (3 * 12 + 2 * 2, 12)
+    # the viewer's line says what it draws, of one file: its name, its Gaussians, its bytes
+    assert s["shown"] == {"file": "model.spz", "gaussians": 50, "bytes": m["web_model_bytes"]}
+    assert data["steps"][0]["shown"]["file"] == "model.lit.spz" and data["steps"][0]["shown"]["gaussians"] == 50
     page = (out / "report.html").read_text()
     inline = page.split("<script id='insitu-data' type='application/json'>")[1].split("</script>")[0]
     assert json.loads(inline) == data
@@ -246,6 +252,7 @@ def step_metrics(step: int, k: int, *, iterations: int = 300, bytes_written: boo
          "psnr_foreground_near2": final - 2.0, "ssim_foreground_near2": 0.85, "psnr_near2": final + 4.0,
          "psnr_foreground_near3": final - 3.0, "ssim_foreground_near3": 0.8 + 0.01 * k,
          "psnr_foreground_off": final - 1.0, "ssim_foreground_off": 0.9, "ply_psnr_foreground": final - 1.5,
+         "spz_psnr_foreground": final - 1.2, "bound_psnr_foreground": final - 1.0, "antialiased": k == 0,
          "psnr": final + 6.0, "ssim": 0.97, "lpips": None, "iterations": iterations, "gaussians_initial": 4000,
          "gaussians": 5000 + 1000 * k, "ply_gaussians": 1500 + 300 * k, "color_model": "lit", "seeds_seconds": 0.5,
          "ground_truth_seconds": 2.0 + k,
@@ -311,68 +318,102 @@ def test_stage_seconds_make_up_the_step():
                                                      "model.ply fit": None, "writing": None, REST_STAGE: None}
 
 
-class _Table(HTMLParser):
-    """The metrics table of a report page: its header rows and body rows, each a list of (text, attributes)."""
+class _Tables(HTMLParser):
+    """The metrics tables of a report page: (caption, rows), each row a list of (text, attributes) per cell, the
+    heading row first."""
 
     def __init__(self):
         super().__init__()
-        self.rows, self.inside, self.cell = [], False, None
+        self.tables, self.inside, self.cell, self.caption = [], False, None, None
 
     def handle_starttag(self, tag, attrs):
-        if tag == "table" and dict(attrs).get("id") == "metrics":
+        if tag == "table" and dict(attrs).get("class") == "metrics":
             self.inside = True
+            self.tables.append(["", []])
+        elif self.inside and tag == "caption":
+            self.caption = ""
         elif self.inside and tag == "tr":
-            self.rows.append([])
+            self.tables[-1][1].append([])
         elif self.inside and tag in ("td", "th"):
             self.cell = ["", dict(attrs)]
 
     def handle_data(self, data):
-        if self.cell is not None:
+        if self.caption is not None:
+            self.caption += data
+        elif self.cell is not None:
             self.cell[0] += data
 
     def handle_endtag(self, tag):
         if tag == "table":
             self.inside = False
+        elif tag == "caption" and self.caption is not None:
+            self.tables[-1][0], self.caption = self.caption, None
         elif self.inside and tag in ("td", "th") and self.cell is not None:
-            self.rows[-1].append(tuple(self.cell))
+            self.tables[-1][1][-1].append(tuple(self.cell))
             self.cell = None
 
 
-def test_metrics_table_has_grouped_human_headings(tmp_path):
-    from insitu.output.report import FILE_NOTES, TABLE_COLUMNS, VIEWER_MODELS, VIEWER_NOTE
+def test_metrics_tables_have_grouped_human_headings(tmp_path):
+    """A table per group of columns, each small enough for a phone (its step column and at most MAX_GROUP more),
+    every known column under its human heading (its metrics.csv name as the tooltip), truth values as yes and no,
+    the standard files' figures beside their bound, an unknown column under Other by its name; the skipped step too,
+    with why."""
+    from insitu.output.report import FILE_NOTES, MAX_GROUP, TABLE_COLUMNS, VIEWER_MODELS, VIEWER_NOTE
 
     out = tmp_path / "out"
     metrics = {0: step_metrics(0, 0), 5: step_metrics(5, 1)}
     metrics[5]["frobnications"] = 7                             # a figure the table does not know yet
     page = made_up_run(out, metrics, {10: {"status": "skipped", "reason": "no surface at iso 0.3"}}).read_text()
-    table = _Table()
-    table.feed(page)
-    groups, headings, *body = table.rows
-    assert [g for g, _ in groups] == ["step", "Step", "Surface PSNR (dB)", "Surface SSIM", "Whole image PSNR (dB)",
-                                      "Whole image", "Gaussians", "Training", "Seconds", "Files", "Other"]
-    assert sum(int(a["colspan"]) for _, a in groups[1:]) == len(headings)
-    raw = [a["title"] for _, a in headings]                     # each heading's metrics.csv column, as its tooltip
-    shown = [text for text, _ in headings]
+    parsed = _Tables()
+    parsed.feed(page)
+    tables = parsed.tables
+    captions = [caption for caption, _ in tables]
+    assert captions == [group for group, columns in TABLE_COLUMNS
+                        if any(key in metrics[0] or key in ("status", "reason") for key, _, _ in columns)] + ["Other"]
+    assert all(len(rows[0]) <= MAX_GROUP + 1 and rows[0][0][0] == "step" for _, rows in tables)
+    headings = [cell for _, rows in tables for cell in rows[0][1:]]
+    raw, shown = [a["title"] for _, a in headings], [text for text, _ in headings]
     assert "lpips" not in raw                                   # empty in every row: left out
     assert raw[-1] == shown[-1] == "frobnications"              # an unknown column: under Other, by its name
     known = {key: heading for _, columns in TABLE_COLUMNS for key, heading, _ in columns}
     assert all(known[k] == t for k, t in zip(raw[:-1], shown[:-1])), list(zip(raw, shown))
     assert not set(shown[:-1]) & {k for k in raw if "_" in k}   # no raw names for the known columns
-    # the surface's PSNR per set of views under one group: orbit, close-ups 2x and 3x, off the orbit
-    start = sum(int(a["colspan"]) for _, a in groups[1:3])
-    assert shown[start:start + 4] == ["orbit", "close-ups 2x", "close-ups 3x", "off the orbit"]
-    assert [r[0][0] for r in body] == ["0", "5", "10"]           # the skipped step too, with why
-    cells = {step: dict(zip(raw, (t for t, _ in row[1:]))) for step, row in zip((0, 5, 10), body)}
-    assert cells[10]["status"] == "skipped" and cells[10]["reason"] == "no surface at iso 0.3"
-    assert cells[0]["psnr_foreground"] == "31.17" and cells[5]["psnr_foreground"] == "31.67"
-    assert cells[0]["ssim_foreground"] == "0.9300" and cells[0]["bytes_written"] == "3.5 MB"
-    assert cells[0]["model_bytes"] == "3.2 MB" and cells[0]["web_model_bytes"] == "223 kB"
-    assert cells[0]["train_seconds"] == "100" and cells[5]["frobnications"] == "7" and cells[0]["frobnications"] == ""
+    surface = dict(tables)["Surface PSNR (dB)"][0]
+    assert [t for t, _ in surface] == ["step", "orbit", "close-ups 2x", "close-ups 3x", "off the orbit"]
+    files = dict(tables)["Standard files: surface PSNR, orbit (dB)"]
+    assert [t for t, _ in files[0]] == ["step", "bound", "model.spz", "model.ply"]       # each beside their bound
+    cells = {}
+    for _, rows in tables:
+        keys = [a.get("title") for _, a in rows[0]]
+        for row in rows[1:]:
+            assert [t for t, _ in row][0] in ("0", "5", "10")   # every step in every table, the skipped one too
+            cells.setdefault(row[0][0], {}).update(zip(keys[1:], (t for t, _ in row[1:])))
+    assert cells["10"]["status"] == "skipped" and cells["10"]["reason"] == "no surface at iso 0.3"
+    assert cells["0"]["psnr_foreground"] == "31.17" and cells["5"]["psnr_foreground"] == "31.67"
+    assert cells["0"]["bound_psnr_foreground"] == "30.17" and cells["0"]["spz_psnr_foreground"] == "29.97"
+    assert cells["0"]["ssim_foreground"] == "0.9300" and cells["0"]["bytes_written"] == "3.5 MB"
+    assert cells["0"]["model_bytes"] == "3.2 MB" and cells["0"]["web_model_bytes"] == "223 kB"
+    assert cells["0"]["antialiased"] == "yes" and cells["5"]["antialiased"] == "no"      # not Python's True
+    assert cells["0"]["train_seconds"] == "100" and cells["5"]["frobnications"] == "7" and cells["0"]["frobnications"] == ""
     # what each file holds, said once; the step's links carry it too
     for name, note in FILE_NOTES.items():
         assert f"<dt>{html.escape(name)}</dt><dd>{html.escape(note)}" in page, name
     assert html.escape(VIEWER_NOTE) in page and all(name in FILE_NOTES for name in VIEWER_MODELS)
     assert page.count(f"title='{html.escape(FILE_NOTES['metrics.json'])}'>metrics.json</a>") == 2
+
+
+def test_the_page_says_how_far_each_standard_file_is_under_its_bound_and_model_ply_under_model_spz():
+    from insitu.output.report import standard_files_text
+
+    m = step_metrics(0, 0)
+    text = standard_files_text(m)
+    assert "their bound 30.17 dB" in text and "model.spz 29.97 dB" in text and "(0.20 dB under the bound)" in text
+    assert "model.ply 29.67 dB" in text and "0.30 dB under model.spz: a classic viewer adds the 0.3 px\u00b2" in text
+    del m["spz_psnr_foreground"]                                # model.spz holds model.ply's model
+    assert "model.ply (and model.spz, the same model) 29.67 dB as viewers draw it, 0.50 dB under the bound." \
+        in standard_files_text(m)
+    del m["ply_psnr_foreground"]
+    assert standard_files_text(m) is None
 
 
 def test_viewer_draws_model_spz_with_the_blur_it_was_made_for(tmp_path):

@@ -124,6 +124,9 @@ def browser(tmp_path_factory):
         dt.send("Runtime.enable")
         dt.send("Page.enable")
         dt.send("Emulation.setDeviceMetricsOverride", width=1000, height=1000, deviceScaleFactor=1, mobile=False)
+        # no scrollbars: a full-page screenshot (captureBeyondViewport) drops them, which would widen the page
+        # between reading where a chart lies and taking its picture (the charts follow the page's width)
+        dt.send("Emulation.setScrollbarsHidden", hidden=True)
         yield dt
         dt.close()
     finally:
@@ -366,14 +369,15 @@ def test_viewer_renders_held_out_views_and_the_slider_switches_steps(browser, se
 # ---------------------------------------------------------------------------------------------- plots
 
 TRAINING = ["training-psnr", "training-ssim"]
-SERIES = ["series-psnr", "series-ssim", "series-gaussians", "series-iterations", "series-seconds"]
+SERIES = ["series-psnr", "series-ssim", "series-files", "series-gaussians", "series-iterations", "series-seconds"]
 BARS = {"series-seconds"}                       # stacked from 0
 ZERO = BARS | {"series-bytes"}                  # y from 0
 
-CHARTS = """insituReport.charts.map(({name, plot: u}) => {
+CHARTS = """insituReport.charts.map(({name, plot: u, ends}) => {
   const norm = (c) => { const x = document.createElement('canvas').getContext('2d'); x.fillStyle = c; return x.fillStyle; };
   const r = u.ctx.canvas.getBoundingClientRect(), root = u.root.getBoundingClientRect(), dpr = devicePixelRatio;
-  return {name, canvas: [r.x + scrollX, r.y + scrollY, r.width, r.height],
+  return {name, ends, legend: [...u.root.querySelectorAll('.u-legend .u-value')].map((e) => e.textContent),
+          canvas: [r.x + scrollX, r.y + scrollY, r.width, r.height],
           root: [root.x + scrollX, root.y + scrollY, root.width, root.height],
           plot: [u.bbox.left / dpr, u.bbox.top / dpr, u.bbox.width / dpr, u.bbox.height / dpr],
           x: [u.scales.x.min, u.scales.x.max], y: [u.scales.y.min, u.scales.y.max], data: u.data,
@@ -493,7 +497,8 @@ def test_plots_stay_inside_their_axes_and_show_every_step(browser, made_up):
         chart = found[name]
         assert chart["data"][0] == [0, 40, 80, 120], name
         assert all(y is not None for ys in chart["data"][1:] for y in ys), name
-    assert len(found["series-psnr"]["data"]) == 1 + 5             # orbit, close-ups 2x and 3x, off the orbit, model.ply
+    assert len(found["series-psnr"]["data"]) == 1 + 4             # orbit, close-ups 2x and 3x, off the orbit
+    assert len(found["series-files"]["data"]) == 1 + 3            # the bound, model.spz, model.ply
     assert found["series-bytes"]["data"][1] == [s["bytes_written"] for s in steps]
     seconds = found["series-seconds"]["data"]                      # stacked: the top is the step's seconds
     assert seconds[1] == pytest.approx([s["stages"]["writing"] + 110.0 + 11 * k for k, s in enumerate(steps)])
@@ -519,3 +524,71 @@ def test_plots_of_one_step_fit_its_figures(browser, made_up):
     with pytest.raises(AssertionError, match="series-seconds: drawn outside the axes"):
         check_chart(dt, found["series-seconds"])
     assert found["training-psnr"]["data"][0][-1] == 300 and last_point(found["training-psnr"], 0) == [300, 31.17]
+
+
+# ---------------------------------------------------------------------------------------------- page widths
+
+LAYOUT = """(() => {
+  const W = document.documentElement.clientWidth, out = [];
+  const where = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.width]; };
+  for (const e of document.querySelectorAll('body *')) {
+    const [left, right, width] = where(e);
+    if (width > 0 && (left < -0.5 || right > W + 0.5)) out.push(`${e.tagName}#${e.id}.${e.className}: ${left}..${right}`);
+  }
+  for (const root of document.querySelectorAll('.uplot')) {        // nothing of a chart outside its box
+    const [l, r] = where(root);
+    for (const e of root.querySelectorAll('*')) {
+      const [left, right, width] = where(e);
+      if (width > 0 && (left < l - 0.5 || right > r + 0.5)) out.push(`in ${root.parentNode.dataset.name}: ${e.className}`);
+    }
+  }
+  return {W, scroll: document.documentElement.scrollWidth, outside: out};
+})()"""
+
+
+@pytest.mark.parametrize("width", [390, 1400])
+def test_the_report_reads_right_on_a_phone_and_a_wide_screen(browser, served, width):
+    """The demo's report at 390 px (a phone) and 1400 px wide: no sideways scrolling, no element outside the
+    page's width nor any part of a chart outside its box; the charts fill the width (one column on the phone, three
+    on the wide screen) and draw inside their axes; every series ends at its step's final figure (a training curve
+    at its step's, a series over the timesteps at the newest step's) and its legend shows that figure without the
+    pointer over it; the viewer's line names the one file it draws, its Gaussians and its size. Screenshots:
+    report_WIDTH.png in the demo's folder."""
+    out, base = served
+    dt = browser
+    dt.send("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
+    try:
+        dt.send("Page.navigate", url=base + "report.html")
+        dt.wait_for("window.insituViewer && window.insituViewer.ready === true && insituReport.charts.length > 0")
+        dt.eval("insituViewer.frames(3)")
+        layout = dt.eval(LAYOUT)
+        assert layout["scroll"] <= layout["W"] and not layout["outside"], layout
+        steps = dt.eval("insituReport.data.steps")
+        found = charts(dt)
+        assert {"series-files", "series-files-ssim"} <= {c["name"] for c in found}
+        content = dt.eval("document.querySelector('#plots .charts').clientWidth")
+        columns = {round(c["root"][0]) for c in found}
+        assert len(columns) == (1 if width < 800 else 3), (width, columns)
+        wide = (content - (len(columns) - 1) * 24) / len(columns) - 1           # 24 px apart (report.js's GAP)
+        assert all(c["canvas"][2] >= wide for c in found), (content, wide, found[0]["canvas"])
+        for chart in found:
+            check_chart(dt, chart)
+            legend = chart["legend"]
+            for k, end in enumerate(chart["ends"]):
+                if end is None:
+                    continue
+                s = steps[end["step"]]
+                x = s["iterations"] if chart["name"].startswith("training") else s["step"]
+                assert last_point(chart, k) == [x, s[end["key"]]], (chart["name"], k, end)
+                assert legend[k + 1] not in ("", "--"), (chart["name"], legend)
+                if "psnr" in end["key"] or "ssim" in end["key"]:          # dB to 2 decimals, SSIM to 4
+                    assert float(legend[k + 1]) == pytest.approx(s[end["key"]], abs=0.006), (chart["name"], legend)
+        shown = steps[-1]["shown"]
+        line = dt.eval("document.getElementById('model-info').textContent")
+        assert line.startswith(f"{shown['file']}: {shown['gaussians']:,} Gaussians, {shown['bytes'] / 1e6:.2f} MB"), line
+        height = dt.eval("document.documentElement.scrollHeight")
+        shot = dt.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                       clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})
+        (out / f"report_{width}.png").write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        dt.send("Emulation.setDeviceMetricsOverride", width=1000, height=1000, deviceScaleFactor=1, mobile=False)

@@ -1,7 +1,7 @@
 """What ADIOS2 writers say about a field besides its samples: its step number, time and geometry.
 
 Writers record these in different ways; each is read by the first of these that the step holds
-(README, "Where origin, spacing, step and time come from"):
+(docs/input.md, "Where origin, spacing, step and time come from"):
 
 - step number: ``input.step_var`` (a variable or attribute); a single-value variable ``step`` or
   ``Step``; the openPMD iteration (the ``/data/<N>/`` of the field's path, or variable-based

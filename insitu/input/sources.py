@@ -643,7 +643,7 @@ def _compressed_message(where: str, name: str, number: int, op: str) -> str:
     adios2 = _adios2()
     return (f"{where}: variable {name!r} at step {number} is compressed with the {op} operator, which this ADIOS2 "
             f"({adios2.__version__}, {Path(adios2.__file__).parent}) was built without (the PyPI package has no "
-            "compression operators); read it with an ADIOS2 built with it: README, 'An ADIOS2 built from source'")
+            "compression operators); read it with an ADIOS2 built with it: docs/input.md, 'An ADIOS2 built from source'")
 
 
 def first_uncovered(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]],
@@ -991,7 +991,7 @@ class SSTSource(_AdiosSource):
 
 SST_WORKS = ("writer settings that work with this reader: DataTransport=WAN (or unset where the writer's ADIOS2 "
              "then picks WAN), RendezvousReaderCount = the number of reader ranks (or 0), and the same ADIOS2 "
-             "version (README, 'SST streams')")
+             "version (docs/input.md, 'SST streams')")
 
 
 def sst_open_reason(said: str) -> str | None:

@@ -11,7 +11,8 @@ Layout of an output directory::
     OUT/step_000120/model.lit.spz   a lit model as trained, in the step's frame (base colours, normals as rotations):
                                     the report's viewer shades it; not a standard 3DGS model
     OUT/step_000120/cameras.json    the step's orbit cameras, for the viewer
-    OUT/step_000120/views/*.png     held-out views, ground truth | render
+    OUT/step_000120/views/*.png     held-out views, ground truth | render; *_fixed_light.png: in the standard
+                                    files' fixed light, ground truth | model.spz | model.ply as their viewers draw them
     OUT/step_000120/metrics.json
     OUT/step_000120/config.yaml     the configuration the step was trained with
     OUT/metrics.csv                 one row per step
@@ -512,7 +513,7 @@ class StepWriter:
         self,
         step: int,
         gaussians: Gaussians | None,
-        views: Sequence[tuple[str, Tensor | np.ndarray, Tensor | np.ndarray]],
+        views: Sequence[tuple[str | Tensor | np.ndarray, ...]],
         metrics: Mapping[str, Any],
         config: Any = None,
         *,
@@ -524,7 +525,8 @@ class StepWriter:
         gaussians: the merged model as trained (None: none on this rank): a lit one (metrics ``color_model``
                    ``lit``) as ``model.lit.spz`` (``output.lit``), in the frame; an SH one as model.ply (world
                    units), model.spz and model.glb when :meth:`write_model` did not write them;
-        views:     (name, gt [H, W, 3], pred [H, W, 3]) per image, written as views/<name>.png (GT | render);
+        views:     (name, gt [H, W, 3], pred [H, W, 3], ...) per image, written side by side as views/<name>.png
+                   (GT | render; the standard files' light: GT | model.spz | model.ply);
         metrics:   values for metrics.json and one row of metrics.csv (nested dicts get dotted columns);
         config:    the configuration used (a dataclass with ``to_dict()``, a dataclass or a dict), as config.yaml.
         cameras:   the step's views (:class:`insitu.groundtruth.views.Views`), as cameras.json for the report's viewer.
@@ -543,9 +545,11 @@ class StepWriter:
         (writing the models, images and cameras) join the metrics; metrics.json also records each of those files'
         bytes (``files``: relative name -> bytes), which ``--resume`` checks (:func:`step_whole`).
         """
-        for name, _, _ in views:
+        for name, *images in views:
             if not isinstance(name, str) or not _VIEW_NAME.match(name):
                 raise ValueError(f"view names must be plain file names ([A-Za-z0-9_.-]+), got {name!r}")
+            if not images:
+                raise ValueError(f"view {name}: expected its images (ground truth, render...), got none")
         final = self.out_root / step_name(step)
         t0 = time.perf_counter()
         d = self._folder(step)
@@ -553,8 +557,8 @@ class StepWriter:
         try:
             if views:
                 (d / "views").mkdir(exist_ok=True)
-            images = [partial(write_png, d / "views" / f"{name}.png", side_by_side(gt, pred))
-                      for name, gt, pred in views]
+            images = [partial(write_png, d / "views" / f"{name}.png", side_by_side(*pictures))
+                      for name, *pictures in views]
             self._write_models(step, d, gaussians, metrics, config, frame, also=images)
             if cameras is not None:
                 write_json(d / "cameras.json", cameras_json(cameras, frame))

@@ -103,20 +103,22 @@ def write_png(path: str | Path, image: Tensor | np.ndarray) -> Path:
     return path
 
 
-def side_by_side(gt: Tensor | np.ndarray, pred: Tensor | np.ndarray, *, separator: int = 2,
-                 separator_value: int = 255) -> np.ndarray:
-    """``gt: [H, W, C]`` and ``pred: [H, W, C]`` -> uint8 ``[H, 2W + separator, C]``: GT | render.
+def side_by_side(*images: Tensor | np.ndarray, separator: int = 2, separator_value: int = 255) -> np.ndarray:
+    """``images``, each ``[H, W, C]`` (e.g. ground truth and render) -> uint8 ``[H, kW + (k-1) separator, C]``
+    of the ``k`` images from left to right.
 
     Images are float in [0, 1] or uint8, C = 3 or 4; the separator is a vertical bar of
     ``separator`` pixels of value ``separator_value`` (opaque white by default).
     """
-    a, b = to_uint8(gt), to_uint8(pred)
-    if a.shape != b.shape:
-        raise ValueError(f"gt and pred must have the same shape, got {list(a.shape)} and {list(b.shape)}")
+    if not images:
+        raise ValueError("side_by_side: expected at least one image, got none")
+    parts = [to_uint8(image) for image in images]
+    if any(part.shape != parts[0].shape for part in parts):
+        raise ValueError(f"side_by_side: expected images of one shape, got {[list(part.shape) for part in parts]}")
     if separator < 0:
         raise ValueError(f"separator must be >= 0 pixels, got {separator}")
-    bar = np.full((a.shape[0], separator, a.shape[2]), separator_value, np.uint8)
-    return np.concatenate([a, bar, b], axis=1)
+    bar = np.full((parts[0].shape[0], separator, parts[0].shape[2]), separator_value, np.uint8)
+    return np.concatenate([x for part in parts for x in (bar, part)][1:], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------

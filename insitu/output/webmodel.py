@@ -180,6 +180,18 @@ def spz_antialiased(path: str | Path) -> bool:
     return bool(_spz_bytes(Path(path))[14] & FLAG_ANTIALIASED)
 
 
+def spz_count(path: str | Path) -> int:
+    """The number of Gaussians the ``.spz`` file's header gives (only the header is decompressed)."""
+    with gzip.open(path, "rb") as f:
+        header = f.read(16)
+    if len(header) < 16:
+        raise ValueError(f"{path}: too short for an spz header ({len(header)} bytes)")
+    magic, _, n = struct.unpack_from("<III", header)
+    if magic != SPZ_MAGIC:
+        raise ValueError(f"{path}: not an spz file (magic {magic:#x}, expected {SPZ_MAGIC:#x})")
+    return int(n)
+
+
 def _spz_bytes(path: Path) -> bytes:
     """The decompressed bytes of the ``.spz`` file ``path``; ValueError naming it when they cannot be read."""
     try:

@@ -131,3 +131,4 @@ Light = Headlight | FixedLight
 
 HEADLIGHT = Headlight()
 FIXED_LIGHT = FixedLight()
+FIXED_LIGHT_VIEW = "_fixed_light"     # a held-out view's image in that light: views/view_008_fixed_light.png

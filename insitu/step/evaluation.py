@@ -11,6 +11,7 @@ its ground truth, and while that import lasts the initial figures are drawn firs
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from insitu.config import Config
@@ -27,7 +29,8 @@ from insitu.render.compositing import gather_bands
 from insitu.render.rendering import STANDARD_EPS2D, gsplat_import_error, rasterize
 from insitu.step.layouts import Layout
 from insitu.surface.gaussians import Gaussians, gather_gaussians
-from insitu.training.appearance import ColorModel
+from insitu.training.appearance import ColorModel, bake_light, standard_light
+from insitu.training.ssim import gaussian_window
 from insitu.training.trainer import Trainer, render_bands, training_blur
 
 if TYPE_CHECKING:                       # the metrics import torchmetrics: seconds, so only on first use
@@ -158,15 +161,24 @@ def render_now_score_later(trainer: Trainer, scene: Scene, layout: Layout, cfg: 
 
 @torch.no_grad()
 def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, ids: list[int] | None = None,
-                  groups: Grouping = view_groups, antialiased: bool = False):
+                  groups: Grouping = view_groups, antialiased: bool = False, eps2d: float = STANDARD_EPS2D,
+                  colors: ColorModel | None = None, blur: float = 0.0, kept: list | None = None,
+                  keep_images: int = 0):
     """PSNR and SSIM of the merged model as a splat viewer draws it: all Gaussians in one
     rasterization (one global depth sort, on rank 0) at the SH degree the file holds, with the viewers' blur
-    ``STANDARD_EPS2D`` (``antialiased``: each splat's opacity scaled to keep its integral, as Spark and viewers
-    that read SPZ's flag draw; else added as opaque, as the classic viewers of a .ply), the views ``ids`` of the
-    scene (default: the held-out views) on ``scene.background``, in groups of views (``groups``: :func:`view_groups`).
+    ``eps2d`` (``STANDARD_EPS2D``; ``antialiased``: each splat's opacity scaled to keep its integral, as Spark and
+    viewers that read SPZ's flag draw; else added as opaque, as the classic viewers of a .ply), the views ``ids`` of
+    the scene (default: the held-out views) on ``scene.background``, in groups of views (``groups``:
+    :func:`view_groups`).
 
-    model: the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.surface.gaussians.gather_gaussians`),
-           None on the other ranks. Collective (the ground-truth bands are gathered).
+    model:  the merged model on rank 0 (what ``model.ply`` holds; :func:`insitu.surface.gaussians.gather_gaussians`),
+            None on the other ranks. Collective (the ground-truth bands are gathered).
+    colors: how its colours are seen (:class:`insitu.training.appearance.ColorModel`; default its SH bands at its
+            degree, as a file holds them); a lit model's are shaded per camera.
+    blur:   a Gaussian of this variance (px^2) convolved with every drawn image before it is scored
+            (:func:`blurred`; 0: none).
+    kept:   a list that rank 0 extends by ``(name, gt [H, W, 3], pred [H, W, 3])`` of the first ``keep_images``
+            views, composited on the background (as :func:`evaluate` keeps them).
     Returns the Quality on every rank.
     """
     from insitu.step.metrics import QualityAccumulator  # torchmetrics: seconds to import (preload_evaluation)
@@ -174,18 +186,49 @@ def model_quality(model: Gaussians | None, scene: Scene, comm, *, backend: str, 
     acc = QualityAccumulator(lpips=False) if comm.rank == 0 else None
     if comm.rank == 0:
         g = model.to(comm.device)
-        colors = torch.cat([g.sh0, g.shN], dim=1)
+        coeffs = torch.cat([g.sh0, g.shN], dim=1)
+        seen = colors if colors is not None else ColorModel("sh", g.sh_degree)
     views = scene.views
     for group in groups(views.test_ids.tolist() if ids is None else list(ids), views.width, views.height):
         chosen = torch.tensor(group, device=comm.device)
         full_gt = gather_bands(scene.gt[chosen].float(), comm)
         if comm.rank == 0:
+            rgb, sh_degree = seen.colors(g.means, g.quats, coeffs, views.positions[chosen])
             rgb, alpha, _ = rasterize(g.means, g.quats, torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits),
-                                      colors, views.viewmats[chosen], views.Ks[chosen], views.width,
-                                      views.height, sh_degree=g.sh_degree, backend=backend,
-                                      eps2d=STANDARD_EPS2D, antialiased=antialiased)
-            acc.add_rgba(torch.cat([rgb, alpha], dim=-1).float(), full_gt, scene.background)
+                                      rgb, views.viewmats[chosen], views.Ks[chosen], views.width,
+                                      views.height, sh_degree=sh_degree, backend=backend,
+                                      eps2d=eps2d, antialiased=antialiased)
+            drawn = blurred(torch.cat([rgb, alpha], dim=-1).float(), blur)
+            acc.add_rgba(drawn, full_gt, scene.background)
+            if kept is not None:
+                on = lambda x: (x[..., :3] + (1 - x[..., 3:]) * scene.background).clamp(0, 1).cpu()  # noqa: E731
+                for j, i in enumerate(group[:max(keep_images - len(kept), 0)]):
+                    kept.append((f"view_{i:03d}", on(full_gt[j]), on(drawn[j])))
     return comm.mpi.bcast(acc.result() if comm.rank == 0 else None, root=0)
+
+
+def blurred(images: Tensor, variance: float) -> Tensor:
+    """``images: [V, H, W, C]`` (premultiplied RGBA, or any channels) convolved with a normalised Gaussian of
+    ``variance`` px^2 in each image axis, sampled at the pixel centres as a rasterizer samples a splat (under a
+    pixel the samples' own variance is a little less: 0.28 for 0.3), to 3 sigma; what is outside an image counts as
+    transparent black. As a viewer's antialiased blur spreads every splat. ``variance`` 0: ``images`` itself."""
+    if variance < 0:
+        raise ValueError(f"blurred: expected a variance >= 0 px^2, got {variance}")
+    if variance == 0:
+        return images
+    sigma = math.sqrt(variance)
+    reach = max(1, math.ceil(3 * sigma))
+    k = gaussian_window(2 * reach + 1, sigma, images.device, images.dtype)
+    v, h, w, c = images.shape
+    x = images.permute(0, 3, 1, 2).reshape(v * c, 1, h, w)
+    x = F.conv2d(F.conv2d(x, k.view(1, 1, 1, -1), padding=(0, reach)), k.view(1, 1, -1, 1), padding=(reach, 0))
+    return x.reshape(v, c, h, w).permute(0, 2, 3, 1)
+
+
+def viewer_blur(cfg: Config) -> float:
+    """The variance (px^2) that standard viewers' blur (``STANDARD_EPS2D``, which they add to every splat) adds to
+    the image of a model of ``cfg`` drawn as trained (with ``train.eps2d``): the difference, at least 0."""
+    return max(0.0, STANDARD_EPS2D - cfg.train.eps2d)
 
 
 def evaluate_trainer(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config, *, colors: ColorModel,
@@ -209,40 +252,68 @@ def closer_figures(trainer: Trainer, scene: Scene, layout: Layout, cfg: Config) 
 PLY_ROLES = ("test", "near2", "near3")     # the held-out views the standard files' figures score
 
 
-def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout,
-                  cfg: Config) -> tuple[Gaussians | None, dict[str, Quality] | None]:
+def model_figures(shard: Gaussians, ply: Gaussians, scene: Scene, layout: Layout, cfg: Config, *,
+                  kept: list | None = None) -> tuple[Gaussians | None, dict[str, Quality] | None]:
     """With ``output.ply_metrics``: the merged model on rank 0 (as trained, for the report's viewer; None
     on the other ranks) and the figures of what ``model.ply`` holds (this rank's shard of it: ``ply``) as
-    a viewer draws it (:func:`standard_figures`) against ``scene``'s ground truth (the standard files' scene:
-    :func:`insitu.step.plyfit.model_ply`); else ``(None, None)``. Collective."""
+    a viewer draws it (:func:`standard_figures`, which keeps images in ``kept``) against ``scene``'s ground truth
+    (the standard files' scene: :func:`insitu.step.plyfit.model_ply`); else ``(None, None)``. Collective."""
     if not cfg.output.ply_metrics:
         return None, None
     merged = gather_gaussians(shard.to("cpu"), layout.comm.mpi)
     if ply is shard:                                # the same choice on every rank: the model is gathered once
-        return merged, standard_figures(merged, scene, layout, cfg, gathered=True)
-    return merged, standard_figures(ply, scene, layout, cfg)
+        return merged, standard_figures(merged, scene, layout, cfg, gathered=True, kept=kept)
+    return merged, standard_figures(ply, scene, layout, cfg, kept=kept)
 
 
 def standard_figures(model: Gaussians | None, scene: Scene, layout: Layout, cfg: Config, *,
-                     antialiased: bool = False, gathered: bool = False) -> dict[str, Quality]:
+                     antialiased: bool = False, gathered: bool = False, kept: list | None = None,
+                     **drawing) -> dict[str, Quality]:
     """The figures of a standard file's model (this rank's shard of it: ``model``; with ``gathered``, the same
     on every rank: the model already gathered on rank 0, None on the others) as a viewer draws it
-    (:func:`model_quality`, ``antialiased`` or not) against ``scene``'s ground truth, by held-out set: the orbit's
-    (``test``) and the close-ups' of :data:`PLY_ROLES` that ``scene`` has. Collective."""
+    (:func:`model_quality`, ``antialiased`` or not; ``drawing``: its other drawing settings) against ``scene``'s
+    ground truth, by held-out set: the orbit's (``test``) and the close-ups' of :data:`PLY_ROLES` that ``scene``
+    has. ``kept``: rank 0 extends it by the first ``output.images`` orbit views (:func:`model_quality`).
+    Collective."""
     whole = model if gathered else gather_gaussians(model.to("cpu"), layout.comm.mpi)
     figures = {}
     for role in PLY_ROLES:
         ids = scene.views.ids(role).tolist()
         if role == "test" or ids:
+            keep = dict(kept=kept, keep_images=cfg.output.images) if role == "test" and kept is not None else {}
             figures[role], _ = layout.evaluate(lambda comm: (model_quality(whole, scene, comm, ids=ids,
                                                                            backend=cfg.run.backend,
-                                                                           antialiased=antialiased), []))
+                                                                           antialiased=antialiased,
+                                                                           **keep, **drawing), []))
     return figures
+
+
+def bound_figures(trained: Gaussians | None, scene: Scene, layout: Layout, cfg: Config, *,
+                  colors: ColorModel) -> dict[str, Quality]:
+    """The standard files' bound: the trained model's images as trained, in the files' light, blurred by what the
+    viewers' 0.3 px^2 adds to training's blur (:func:`viewer_blur`, :func:`blurred`), scored against ``scene``'s
+    ground truth (the standard files' scene: :func:`insitu.step.plyfit.model_ply`) on the held-out sets of
+    :func:`standard_figures`.
+
+    Every viewer of a standard file adds 0.3 px^2 to every splat: a perfect file would show the trained model's
+    image blurred so, and no file shows better (but for noise: a file refit as drawn can sharpen a little what the
+    blur spreads). The same bound holds for viewers that draw antialiased (model.spz: the blur keeps each splat's
+    integral, as the convolution does) and for classic ones (model.ply: they add it as opaque, which a file can
+    offset for one size on screen only, by fainter Gaussians). ``trained``: the trained model gathered on rank 0
+    (None on the other ranks) in its own colours, seen as ``colors`` says (the trainer's ``colors_trained``); a lit
+    model whose files are lit by the fixed light (:func:`insitu.training.appearance.standard_light`) is drawn in it
+    (:func:`insitu.training.appearance.bake_light`). Collective."""
+    light = standard_light(cfg)
+    if light is not None and colors.kind == "lit":
+        trained = bake_light(trained, light) if trained is not None else None
+        colors = ColorModel("sh", 0)
+    return standard_figures(trained, scene, layout, cfg, gathered=True, colors=colors, blur=viewer_blur(cfg),
+                            **training_blur(cfg))
 
 
 def file_metrics(figures: dict[str, Quality] | None, prefix: str = "ply") -> dict:
     """metrics.json's figures of a standard file (:func:`standard_figures`; None: each figure None), named after
-    it by ``prefix`` (``ply``: model.ply, ``spz``: model.spz): ``PREFIX_psnr_foreground``, ``PREFIX_ssim_foreground``,
+    it by ``prefix`` (``ply``: model.ply, ``spz``: model.spz; ``bound``: their bound, :func:`bound_figures`): ``PREFIX_psnr_foreground``, ``PREFIX_ssim_foreground``,
     ``PREFIX_psnr`` and ``PREFIX_ssim`` on the orbit's held-out views, and ``PREFIX_psnr_foreground_ROLE``,
     ``PREFIX_ssim_foreground_ROLE`` on each set of close-ups."""
     q = figures["test"] if figures else None

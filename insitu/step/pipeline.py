@@ -30,17 +30,19 @@ from insitu.groundtruth.scene import Scene, block_decomposition, global_range, m
 from insitu.groundtruth.views import Views, pixel_size
 from insitu.input.decomposition import Decomposition
 from insitu.progress import note
+from insitu.render.lighting import FIXED_LIGHT_VIEW
 from insitu.step.clock import PhaseClock
 from insitu.step.compilation import Ahead, KernelShapes, compile_ahead
 from insitu.step.driver import after_training, follow_iterations, training_budget
-from insitu.step.evaluation import (closer_figures, evaluate_trainer, importing_metrics, model_figures,
-                                    file_metrics, preload_evaluation, standard_figures)
+from insitu.step.evaluation import (bound_figures, closer_figures, evaluate_trainer, file_metrics,
+                                    importing_metrics, model_figures, preload_evaluation, standard_figures)
 from insitu.step.layouts import Layout, choose_layout
 from insitu.step.loop import BUDGET_EVERY, Training, train
 from insitu.step.plyfit import model_ply
 from insitu.step.seeding import Follow, init_colors, seed_shard
 from insitu.surface.follow import surface_offsets
 from insitu.surface.gaussians import Gaussians, gather_gaussians
+from insitu.training.appearance import standard_light
 from insitu.training.trainer import Trainer
 from insitu.volume import Block, Frame, check_field, check_geometry, readable_block
 
@@ -63,7 +65,8 @@ class StepResult:
                antialiased: :func:`insitu.training.appearance.spz_trained`), else None.
     spz_whole: with ``spz``, that model gathered on rank 0 (None on the other ranks), once: for its figures and
                its file.
-    images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0).
+    images:    (name, gt [H, W, 3], pred [H, W, 3]) held-out images to write (rank 0), then those in the standard
+               files' fixed light: (name, gt, model.spz's, model.ply's) (:func:`files_light_images`).
     cameras:   the step's views (for the report's viewer).
     frame:     the coordinates the step trained in (:class:`insitu.volume.Frame`), in which ``gaussians``,
                ``model``, ``ply`` and ``cameras`` are: ``frame.gaussians_to_world`` gives world units, as
@@ -219,29 +222,50 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     clock.lap("final figures")                      # (not reported: it ends the phase before the fit)
     trained = trainer.gaussians()
     gaussians, total = layout.shard(trained)
-    merged, ply, spz, spz_whole, qm, qs, ply_total = None, gaussians, None, None, None, None, None
+    merged, ply, spz, spz_whole, qm, qs, qb, ply_total = None, gaussians, None, None, None, None, None, None
+    lit_images: list = []                           # the held-out views in the standard files' fixed light
     if files:                                       # else no model files: neither their fit nor their figures
         standard = model_ply(trained, gaussians, trainer, scene, layout, cfg)
         clock.lap("ply fit")
-        merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg)
+        ply_images: list | None = [] if standard_light(cfg) is not None else None
+        merged, qm = model_figures(gaussians, standard.ply, standard.scene, layout, cfg, kept=ply_images)
         ply, spz = standard.ply, (standard.spz if standard.spz is not standard.ply else None)
+        spz_images: list | None = [] if ply_images is not None and spz is not None else None
         if spz is not None:                         # (model.spz is written) gathered once: figures and file
             spz_whole = gather_gaussians(spz.to("cpu"), layout.comm.mpi)
-            qs = standard_figures(spz_whole, standard.scene, layout, cfg, antialiased=True, gathered=True) \
-                if cfg.output.ply_metrics else None
+            qs = standard_figures(spz_whole, standard.scene, layout, cfg, antialiased=True, gathered=True,
+                                  kept=spz_images) if cfg.output.ply_metrics else None
+        if qm is not None:                          # the viewers' bound, on the same ground truth
+            qb = bound_figures(merged, standard.scene, layout, cfg, colors=trainer.colors_trained)
+            lit_images = files_light_images([name for name, *_ in images], ply_images, spz_images)
         ply_total = comm.mpi.allreduce(len(ply))
     metrics = step_metrics(comm, trainer, log, q, qm, clock, step=step, time=time, initial=n0, total=total,
-                           closer=closer, follow=follow, ply_total=ply_total, qs=qs, restart=restart,
+                           closer=closer, follow=follow, ply_total=ply_total, qs=qs, qb=qb, restart=restart,
                            chain=chain)
     orbit = scene.views.to("cpu").subset(torch.arange(cfg.views.count))        # the report's cameras
     growth = warm.growth if warm is not None else total / max(n0, 1)
     offsets = surface_offsets(block, cfg.input.iso, gaussians.means).cells if cfg.series.warm_start else None
     return StepResult(gaussians, metrics, sh_degree=trainer.sh_degree_trained, step=step, time=time,
                       model=merged, ply=ply, spz=spz, spz_whole=spz_whole,
-                      images=images, cameras=orbit, frame=frame,
+                      images=images + lit_images, cameras=orbit, frame=frame,
                       growth=growth, offsets=offsets,
                       tails={**(previous.tails if previous is not None else {}), files: metrics},
                       warm_chain=chain)
+
+
+def files_light_images(names: list[str], ply: list | None, spz: list | None) -> list:
+    """The held-out views in the standard files' fixed light, for a user to compare another viewer's picture with:
+    ``(NAME_fixed_light, gt, model.spz's, model.ply's)`` per view kept of model.ply's figures (``ply``: its
+    ``(name, gt, pred)``, :func:`insitu.step.evaluation.model_quality`), model.spz's drawing (``spz``, as viewers
+    that draw antialiased draw it) between them where it holds another model; ``ply`` None: none (the files are
+    not lit by the fixed light, and the held-out images show their light already). ``names``: the step's held-out
+    images' names (``view_008``: the orbit's view 8), in order: the files' scene holds the same held-out orbit
+    views in the same order (:func:`insitu.step.plyfit.fixed_light_scene`), numbered within itself."""
+    if not ply:
+        return []
+    drawn = [pred for _, _, pred in spz or []]
+    return [(f"{name}{FIXED_LIGHT_VIEW}", gt, *drawn[k:k + 1], pred)
+            for k, (name, (_, gt, pred)) in enumerate(zip(names, ply))]
 
 
 def in_frame(warm: StepResult | None, frame: Frame) -> StepResult | None:
@@ -381,10 +405,12 @@ def follow_counts(comm, follow: Follow | None) -> dict:
 def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str, Quality] | None,
                  clock: PhaseClock, *, step: int, time: float, initial: int, total: int,
                  closer: dict[str, Quality], follow: dict | None = None, ply_total: int | None = None,
-                 qs: dict[str, Quality] | None = None, restart: float | None = None, chain: int = 0) -> dict:
+                 qs: dict[str, Quality] | None = None, qb: dict[str, Quality] | None = None,
+                 restart: float | None = None, chain: int = 0) -> dict:
     """metrics.json's figures of a trained step, the same on every rank (collective on CUDA: the peak
     memory of the ranks). ``q``: the final evaluation, ``qm``: the model files' (:func:`model_figures`, or None),
     ``qs``: model.spz's where it holds another model (:func:`standard_figures`; None: no ``spz_*`` figures),
+    ``qb``: the standard files' bound (:func:`insitu.step.evaluation.bound_figures`; None: no ``bound_*`` figures),
     ``closer``: the held-out sets off the orbit (:func:`closer_figures`), ``initial``, ``total``: the
     whole model's Gaussians before and after training, ``ply_total``: the standard files' model's
     (:func:`insitu.step.plyfit.model_ply`), ``follow``: a warm start's counts (:func:`follow_counts`),
@@ -397,6 +423,7 @@ def step_metrics(comm, trainer: Trainer, log: Training, q: Quality, qm: dict[str
         **{f"{key}_{role}": getattr(qr, key) for role, qr in closer.items()
            for key in ("psnr_foreground", "ssim_foreground", "psnr")},
         **file_metrics(qm), **(file_metrics(qs, "spz") if qs is not None else {}),
+        **(file_metrics(qb, "bound") if qb is not None else {}),
         "psnr": q.psnr, "ssim": q.ssim, "psnr_initial": log.initial.psnr, "lpips": q.lpips,
         "psnr_foreground_initial": log.initial.psnr_foreground,
         "psnr_white": q.psnr_white,

@@ -26,17 +26,22 @@
     const s = steps[index];
     $("slider").value = String(index);
     $("step-label").textContent = `step ${s.step} (${index + 1}/${steps.length})` + figures(s);
-    const images = $("images");
-    images.textContent = "";
-    for (const image of s.images) {
-      const a = document.createElement("a");
-      a.href = image.src;
-      const img = document.createElement("img");
-      img.src = image.src;
-      img.alt = img.title = image.name;
-      a.appendChild(img);
-      images.appendChild(a);
+    for (const [id, list] of [["images", s.images], ["files-images", s.files_images || []]]) {
+      const images = $(id);
+      images.textContent = "";
+      for (const image of list) {
+        const a = document.createElement("a");
+        a.href = image.src;
+        const img = document.createElement("img");
+        img.src = image.src;
+        img.alt = img.title = image.name;
+        a.appendChild(img);
+        images.appendChild(a);
+      }
     }
+    $("files-images-panel").hidden = !(s.files_images && s.files_images.length);
+    $("files-caption").textContent = s.files_caption || "";
+    $("files-line").textContent = s.files_text || "";
     document.dispatchEvent(new CustomEvent("insitu-step", { detail: { index } }));
   }
 
@@ -81,7 +86,14 @@
   // no greys: the browser test tells a series from the axes, grid and text by its colour
   const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                   "#bcbd22", "#e7ba52"];
-  const WIDTH = 440, HEIGHT = 250;
+  // charts fill the page's width: as many columns of at least MIN_WIDTH px as fit, GAP px apart (one on a phone)
+  const MIN_WIDTH = 400, GAP = 24;
+  function chartSize(box) {
+    const width = Math.max(200, box.clientWidth);
+    const columns = Math.max(1, Math.floor((width + GAP) / (MIN_WIDTH + GAP)));
+    const w = Math.floor((width - (columns - 1) * GAP) / columns);
+    return { width: w, height: Math.round(Math.min(320, Math.max(200, 0.58 * w))) };
+  }
   const INTEGER_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 25000,
                          50000, 1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9];
   report.charts = [];
@@ -117,18 +129,25 @@
     return String(Number(x.toPrecision(4)));
   }
 
-  // a y axis as wide as its longest value
-  function axisSize(u, values, index, cycle) {
+  // a y axis as wide as its widest value, measured at every layout cycle (its ticks change as the axis settles:
+  // a width kept from the first cycle let a wider label run under the axis title)
+  function axisSize(u, values, index) {
     const axis = u.axes[index];
-    if (cycle > 1) return axis._size;
-    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
     u.ctx.font = axis.font[0];
-    return Math.ceil(axis.ticks.size + axis.gap + u.ctx.measureText(longest).width / (window.devicePixelRatio || 1)) + 2;
+    const widest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v)).width));
+    return Math.ceil(axis.ticks.size + axis.gap + widest / (window.devicePixelRatio || 1)) + 4;
   }
 
-  // spec: {name, title, xlabel, ylabel, xs, series: [{label, values, color, shown (the legend's values, if
-  //        not values)}], y: fit's options, bars, integerX, ticksAtX (a tick at each x, if few), format (the
-  //        legend's values)}
+  // the last finite value of `values` (what a legend shows when the pointer is not over the chart)
+  function last(values) {
+    for (let i = values.length - 1; i >= 0; i--) if (values[i] != null && Number.isFinite(values[i])) return values[i];
+    return null;
+  }
+
+  // spec: {name, title, xlabel, ylabel, xs, series: [{label, values, color, key (the step's figure it plots, if
+  //        any), dash, shown (the legend's values, if not values)}], y: fit's options, bars, integerX, ticksAtX (a
+  //        tick at each x, if few), format (the legend's values)}. The legend shows the values under the pointer,
+  //        and the last ones (the newest step's, the step's final figure) when it is elsewhere.
   function chart(box, spec) {
     const series = spec.series.filter((s) => s.values.some((v) => v != null && Number.isFinite(v)));
     if (!series.length || !spec.xs.length) return;
@@ -141,7 +160,7 @@
     div.dataset.name = spec.name;
     box.appendChild(div);
     const opts = {
-      title: spec.title, width: WIDTH, height: HEIGHT,
+      title: spec.title, ...chartSize(box),
       scales: { x: { time: false, range: () => xRange }, y: { range: () => yRange } },
       cursor: { drag: { x: false, y: false, setScale: false } },
       legend: { show: series.length <= 12 },
@@ -153,19 +172,41 @@
         { label: spec.ylabel, stroke: "#333", size: axisSize, labelSize: 20, grid: { stroke: "#e8e8e8", width: 1 },
           ticks: { stroke: "#999", width: 1, size: 4 }, values: (u, splits) => splits.map(compact) },
       ],
-      series: [{ label: spec.xlabel, value: (u, v) => (v == null ? "--" : compact(v)) },
-               ...series.map((s) => ({
-                 label: s.label, stroke: s.color, width: spec.bars ? 0 : 1.5, spanGaps: true,
-                 fill: spec.bars ? s.color : undefined,
-                 paths: spec.bars ? uPlot.paths.bars({ size: [0.7, 48] }) : undefined,
-                 points: spec.bars ? { show: false } : { show: true, size: 6, fill: s.color, stroke: s.color },
-                 value: s.shown ? (u, v, si, i) => (i == null ? "--" : format(s.shown[i])) :
-                   (u, v) => (v == null ? "--" : format(v)),
-               }))],
+      series: [{ label: spec.xlabel, value: (u, v, si, i) => compact(i == null ? last(spec.xs) : v) || "--" },
+               ...series.map((s) => {
+                 const shown = s.shown || s.values;
+                 const at = (i) => (i == null ? last(shown) : shown[i]);
+                 return {
+                   label: s.label, stroke: s.color, width: spec.bars ? 0 : 1.5, spanGaps: true, dash: s.dash,
+                   fill: spec.bars ? s.color : undefined,
+                   paths: spec.bars ? uPlot.paths.bars({ size: [0.7, 48] }) : undefined,
+                   points: spec.bars ? { show: false } : { show: true, size: s.dash ? 3.5 : 7, width: 1,
+                                                           fill: s.color, stroke: s.color },
+                   value: (u, v, si, i) => (at(i) == null || !Number.isFinite(at(i)) ? "--" : format(at(i))),
+                 };
+               })],
     };
     const plot = new uPlot(opts, [spec.xs, ...series.map((s) => s.values)], div);
-    report.charts.push({ name: spec.name, plot });
+    plot.setLegend({ idx: null });                    // the last values, until the pointer moves over it
+    // what each series' last point is (the browser test checks it): the figure `key` of report.data.steps[step]
+    // (a curve over iterations: its step's; over the timesteps: the last step that has it)
+    const ends = series.map((s) => {
+      if (!s.key) return null;
+      let step = s.step;
+      if (step == null) for (let i = 0; i < s.values.length; i++) if (s.values[i] != null) step = i;
+      return { key: s.key, step };
+    });
+    report.charts.push({ name: spec.name, plot, ends });
   }
+
+  // charts follow the page's width (a phone turned, a window resized)
+  let laidOutAt = null;
+  new ResizeObserver(() => {
+    const box = document.querySelector("#plots .charts");
+    if (!box || box.clientWidth === laidOutAt) return;
+    laidOutAt = box.clientWidth;
+    for (const c of report.charts) c.plot.setSize(chartSize(box));
+  }).observe($("plots"));
 
   const finite = (v) => v != null && Number.isFinite(v);
 
@@ -196,7 +237,8 @@
       `hsl(210, 70%, ${Math.round(75 - 50 * k / (steps.length - 1))}%)`);       // older steps lighter
     const curves = (key) => steps.map((s, k) => {
       const at = new Map(s.history.map((h) => [h.iteration, h[key]]));
-      return { label: `step ${s.step}`, color: colour(k), values: iterations.map((it) => (at.has(it) ? at.get(it) : null)) };
+      return { label: `step ${s.step}`, color: colour(k), key, step: k,
+               values: iterations.map((it) => (at.has(it) ? at.get(it) : null)) };
     });
     chart(during, { name: "training-psnr", title: `${what} PSNR during training`, xlabel: "iteration",
                     ylabel: "PSNR (dB)", xs: iterations, integerX: true, series: curves(p), format: db });
@@ -206,20 +248,27 @@
     // over the timesteps: a point per step
     const series = heading("Over the timesteps");
     const xs = steps.map((s) => s.step);
-    const per = (pairs) => pairs.map(([label, key], k) => ({ label, color: COLORS[k], values: steps.map((s) => s[key]) }));
+    const per = (pairs) => pairs.map(([label, key, dash], k) => ({ label, key, dash, color: COLORS[k],
+                                                                     values: steps.map((s) => s[key]) }));
     const views = (prefix) => per(fg ? [["orbit", `${prefix}_foreground`], ["close-ups 2x", `${prefix}_foreground_near2`],
                                         ["close-ups 3x", `${prefix}_foreground_near3`],
-                                        ["off the orbit", `${prefix}_foreground_off`],
-                                        ["model.ply", `ply_${prefix}_foreground`],
-                                        ["model.spz", `spz_${prefix}_foreground`]]
+                                        ["off the orbit", `${prefix}_foreground_off`]]
                                      : [["held-out", prefix]]);
+    // the standard files in their light, each beside their bound (the trained model's image blurred as viewers blur)
+    const files = (prefix) => per([["bound", `bound_${prefix}_foreground`], ["model.spz", `spz_${prefix}_foreground`],
+                                   ["model.ply", `ply_${prefix}_foreground`]]);
     const common = { xlabel: "timestep", xs, integerX: true, ticksAtX: true };
     chart(series, { ...common, name: "series-psnr", title: `${what} PSNR per timestep`, ylabel: "PSNR (dB)",
                     series: views("psnr"), format: db });
     chart(series, { ...common, name: "series-ssim", title: `${what} SSIM per timestep`, ylabel: "SSIM",
                     series: views("ssim"), y: ssimRange, format: ratio });
+    chart(series, { ...common, name: "series-files", title: "Standard files: surface PSNR per timestep",
+                    ylabel: "PSNR (dB)", series: files("psnr"), format: db });
+    chart(series, { ...common, name: "series-files-ssim", title: "Standard files: surface SSIM per timestep",
+                    ylabel: "SSIM", series: files("ssim"), y: ssimRange, format: ratio });
+    // the seeds dashed, with smaller points, over the trained count: both seen where training kept the count
     chart(series, { ...common, name: "series-gaussians", title: "Gaussians per timestep", ylabel: "Gaussians",
-                    series: per([["initial", "gaussians_initial"], ["trained", "gaussians"],
+                    series: per([["trained", "gaussians"], ["initial", "gaussians_initial", [6, 4]],
                                  ["model.ply", "ply_gaussians"]]) });
     chart(series, { ...common, name: "series-iterations", title: "Iterations per timestep", ylabel: "iterations",
                     series: per([["iterations", "iterations"]]) });

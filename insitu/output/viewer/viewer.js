@@ -243,10 +243,17 @@ async function show(index) {
   const bg = step.background || [0, 0, 0];
   scene.background = new THREE.Color().setRGB(bg[0], bg[1], bg[2], THREE.SRGBColorSpace);
   if (firstCamera && cams) setCamera(viewById(cameraSelect.value).camera);
-  const kb = step.web_model_bytes ? `, ${(step.web_model_bytes / 1e6).toFixed(2)} MB` : "";
-  info.textContent = `${step.gaussians ?? "?"} Gaussians${kb}${entry.lit ? ", lit by a headlight" : ""}`;
+  info.textContent = modelInfo(step.shown, entry.lit);
   say("");
   invalidate();
+}
+
+// What the view draws, all of one file: its name, its Gaussians and its size (report.shown_model).
+function modelInfo(shown, lit) {
+  if (!shown) return "";
+  const count = shown.gaussians != null ? `${shown.gaussians.toLocaleString("en-US")} Gaussians` : "";
+  const size = shown.bytes != null ? `${(shown.bytes / 1e6).toFixed(2)} MB` : "";
+  return `${shown.file}: ${[count, size].filter(Boolean).join(", ")}${lit ? ", lit by a headlight" : ""}`;
 }
 
 cameraSelect.addEventListener("change", () => {
