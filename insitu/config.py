@@ -116,12 +116,12 @@ class SeedConfig:
     footprint: float = constrained(0.6, POSITIVE, doc="each seed's in-plane standard deviation as a multiple of the "
                                    "mean spacing of the seeds (the square root of the area each stands for): larger "
                                    "covers the surface more opaquely, smaller draws it sharper")
-    fill: bool = documented(False, "with seeds.density 0: true draws seeds.budget points on the triangles, false "
+    fill: bool = documented(False, "with seeds.density 0: true converts the surface into seeds.budget seeds, false "
                             "takes one Gaussian per marching-cubes vertex (at most the budget); true with a "
                             "density above 0 is refused")
     density: float = constrained(4.0, NON_NEGATIVE, doc="Gaussians per pixel of surface area as an orbit view "
-                                 "sees it, drawn as points on the triangles, at most seeds.budget; 0: seeds.fill "
-                                 "decides")
+                                 "sees it, spread evenly over the isosurface (the surface converted into discs that "
+                                 "draw it), at most seeds.budget; 0: seeds.fill decides")
     color_init: str = constrained("gt", choices=("gt", "constant"), doc="the sh colour model's seed colours: gt, "
                                   "the ground truth's mean colour where each Gaussian shows; constant, "
                                   "views.surface_color (the lit model's seeds take the ground truth's base colour "
@@ -363,8 +363,11 @@ class SeriesConfig:
     """What a series of steps computes beyond each step's own training (every command that trains several
     steps, and the in situ adaptor): warm starts."""
 
-    warm_start: bool = documented(True, "a step starts from the previous trained step's model (kept where it is "
-                                  "still on the surface, new seeds where it is not) instead of fresh seeds")
+    warm_start: bool = documented(False, "a step starts from the previous trained step's model (kept where it is "
+                                  "still on the surface, new seeds where it is not) instead of its surface converted "
+                                  "afresh; off: on a Gray-Scott series (65% of a warm start new seeds) warm steps "
+                                  "started at 21-22 dB against a conversion's 26-27 and ended 4-5 dB under cold "
+                                  "steps (docs/log.md)")
     follow_iterations: bool = documented(False, "a warm step whose model starts as a share s of new seeds (surface "
                                          "that moved or is new) trains series.warm_iterations + s * "
                                          "(train.iterations - series.warm_iterations) iterations: an unchanged "
@@ -386,8 +389,8 @@ class SeriesConfig:
                                        "(train.psnr_target, train.ssim_target) and train.eval_every, a warm step "
                                        "trains up to train.iterations instead, until the target or "
                                        "train.time_budget_s")
-    step_seconds: float | None = constrained(None, POSITIVE, doc="a warm step's seconds from its data to its "
-                                             "files written: its training stops (metrics' stopped_by: time "
+    step_seconds: float | None = constrained(None, POSITIVE, doc="a step's seconds (every step of a series "
+                                             "but the first) from its data to its files written: its training stops (metrics' stopped_by: time "
                                              "budget) once it has left only what the previous step took after "
                                              "its training (figures, the standard files' fit, writing; with "
                                              "output.every, the latest step that wrote model files or not, as "

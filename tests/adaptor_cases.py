@@ -122,7 +122,7 @@ def run(case: str, out: Path) -> None:
     log: list = []
 
     def config(**run):
-        return {**base, "run": {**base["run"], **run}, "series": {"warm_iterations": 7}}
+        return {**base, "run": {**base["run"], **run}, "series": {"warm_iterations": 7, "warm_start": True}}
 
     if case == "discard":
         ad = Adaptor(comm, config(policy="discard", queue=1),
@@ -379,7 +379,7 @@ def run(case: str, out: Path) -> None:
         # the real pipeline: step 0 is uniform (no surface), steps 1 and 2 a sphere; background mode
         out_dir = out / "out"
         cfg = {**base, "run": {**base["run"], "mode": "background", "progress": False, "backend": "torch"},
-               "series": {"warm_iterations": 2}, "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 100},
+               "series": {"warm_iterations": 2, "warm_start": True}, "input": {"var": "U", "iso": [0.5]}, "seeds": {"budget": 100},
                "views": {"count": 8, "resolution": 16, "supersample": 1},
                "train": {"iterations": 3},
                "output": {"dir": str(out_dir), "images": 0}}
@@ -407,7 +407,8 @@ def run(case: str, out: Path) -> None:
         # the real pipeline, tiny: a sphere that grows from step to step, trained in the background, warm-started
         # (series.cold_above 1: on this coarse grid most of the grown sphere's start is new seeds)
         cfg = {**base, "run": {**base["run"], "mode": "background", "progress": False, "backend": "torch"},
-               "series": {"warm_iterations": 10, "cold_above": 1.0}, "input": {"var": "U", "iso": [0.5]},
+               "series": {"warm_iterations": 10, "cold_above": 1.0, "warm_start": True,
+                          "follow_iterations": True}, "input": {"var": "U", "iso": [0.5]},
                "seeds": {"budget": 500},
                "views": {"count": 8, "resolution": 32, "supersample": 1},
                "train": {"iterations": 20}, "output": {**base["output"], "images": 1}}

@@ -79,7 +79,8 @@ def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held
     ``held_out`` views of each held-out set, ``budget`` seeds, ``images`` held-out images written; training
     (``train``: TrainConfig fields, 10 iterations unless given) one view per step on the torch rasterizer,
     quiet, without densification or opacity resets unless asked for (``densify``: DensifyConfig fields, e.g.
-    ``densify=dict(start=2, every=4, stop=9)``)."""
+    ``densify=dict(start=2, every=4, stop=9)``); a series warm-starts (``series.warm_start``, ``follow_iterations``: off
+    by default), as the tests of warm starts need."""
     from insitu.config import Config, DensifyConfig
 
     cfg = Config()
@@ -88,6 +89,7 @@ def tiny_config(*, iso: float = 5.0, views: int = 10, resolution: int = 32, held
     cfg.seeds.budget = budget
     cfg.output.images = images
     cfg.run.backend, cfg.run.progress = "torch", False
+    cfg.series.warm_start, cfg.series.follow_iterations = True, True
     t = cfg.train
     t.iterations, t.batch = 10, 1
     t.densify = DensifyConfig(**{"start": 10**6, "reset_every": 0, **(densify or {})})

@@ -324,7 +324,7 @@ def test_pipeline_end_to_end_in_the_background(tmp_path):
 def tiny_sync_config(out: Path) -> dict:
     """The real pipeline, one rank, sync mode, sizes that train a step in about a second on a CPU."""
     return {"run": {"mode": "sync", "progress": False, "backend": "torch", "device": "cpu"},
-            "series": {"warm_iterations": 1}, "input": {"iso": [50]}, "seeds": {"budget": 100},
+            "series": {"warm_iterations": 1, "warm_start": True, "follow_iterations": True}, "input": {"iso": [50]}, "seeds": {"budget": 100},
             "views": {"count": 8, "resolution": 16, "supersample": 1}, "train": {"iterations": 2},
             "output": {"dir": str(out), "images": 0}}
 

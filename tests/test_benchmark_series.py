@@ -1,6 +1,6 @@
 """The series benchmark case (benchmarks/cases/series.py) at its --tiny size: a heat series written through
-ADIOS2 by 2 ranks, replayed warm, once more with a variant's overrides, its fifth step cold, and streamed through SST; rows
-that follow the schema."""
+ADIOS2 by 2 ranks, replayed with the package's defaults (every step converted cold), once more with a variant's
+overrides (warm starts), its fifth step cold, and streamed through SST; rows that follow the schema."""
 import json
 import subprocess
 import sys
@@ -15,7 +15,7 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     results, run_dir = tmp_path / "box.jsonl", tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "benchmarks", "series", "--tiny", "--only", "heat", "--stream", "heat",
                         "--sim-ranks", "2", "--variant",
-                        "fewer=series.follow_iterations=false,series.warm_iterations=1,series.cold_above=1",
+                        "fewer=series.warm_start=true,series.warm_iterations=1,series.cold_above=1",
                         "--machine", "box", "--commit", "abc1234",
                         "--run", "tiny1", "--run-dir", str(run_dir),
                         "--results", str(results)],
@@ -30,7 +30,7 @@ def test_series_tiny_replays_warm_against_cold_and_streams(tmp_path):
     assert sorted(by_name) == ["heat", "heat_cold", "heat_fewer", "heat_stream"]
     fewer = by_name["heat_fewer"]               # the same file replayed once more with the variant's overrides
     assert [row["step"] for row in fewer] == [10, 20, 30, 40, 50]
-    assert fewer[0]["cmd"].endswith("--set series.follow_iterations=false --set series.warm_iterations=1 "
+    assert fewer[0]["cmd"].endswith("--set series.warm_start=true --set series.warm_iterations=1 "
                                     "--set series.cold_above=1")
     assert fewer[1]["iterations"] == 1
     warm, (cold,), streamed = by_name["heat"], by_name["heat_cold"], by_name["heat_stream"]

@@ -41,7 +41,9 @@ def test_fidelity_tiny_rows_follow_the_schema_and_render(tmp_path):
     assert (run_dir / "tiny.log").is_file() and (run_dir / "rows.jsonl").read_text() == results.read_text()
     doc = docgen.render(docgen.read_rows(tmp_path))
     assert "## Fidelity" in doc and "**box**" in doc
-    assert f"| tiny | {got['psnr_foreground']:.2f} | {got['psnr']:.2f} |" in doc
+    assert got["psnr_foreground_initial"] == metrics["psnr_foreground_initial"]         # the seeds' own figure
+    assert (f"| tiny | {got['psnr_foreground_initial']:.2f} | {got['psnr_foreground']:.2f} | {got['psnr']:.2f} |"
+            in doc)
     assert f"`{got['command']}`" in doc and "commit `abc1234`" in doc
 
 

@@ -43,7 +43,7 @@ def config_file(tmp_path: Path, *, budget: int = 500, **input_) -> Path:
     """A config for a quick in situ run; ``input_`` overrides the input section (Gray-Scott's V, coloured by U)."""
     cfg = {"input": {"var": "V", "iso": [0.2], "color_var": "U", **input_}, "seeds": {"budget": budget},
            "views": {"count": 8, "resolution": 32, "supersample": 1},
-           "train": {"iterations": 20}, "series": {"warm_iterations": 10},
+           "train": {"iterations": 20}, "series": {"warm_iterations": 10, "warm_start": True, "follow_iterations": True},
            "output": {"dir": str(tmp_path / "out"), "images": 1},
            "run": {"progress": False, "backend": "torch", "device": "cpu", "timeout_s": 60, "mode": "background"}}
     path = tmp_path / "gs.yaml"

@@ -173,7 +173,8 @@ def gray_scott_bp(tmp_path_factory) -> Path:
     return d / "gs.bp"
 
 
-REPLAY = ["--var", "U", "--iso", "0.6", *TINY, "--set", "series.warm_iterations=3"]
+REPLAY = ["--var", "U", "--iso", "0.6", *TINY, "--set", "series.warm_iterations=3", "--set", "series.warm_start=true",
+          "--set", "series.follow_iterations=true"]
 
 
 @pytest.mark.parametrize("select, steps", [([], [10, 20, 30, 40]), (["--every", "2"], [10, 30]),
@@ -198,6 +199,7 @@ def test_iterations_flag_bounds_warm_started_steps_too(gray_scott_bp, tmp_path):
     (series.warm_iterations is meant to shorten warm steps; with its default of 500, plain
     ``insitu replay ... --iterations 4`` trains the second step 500 iterations)."""
     r = insitu("replay", gray_scott_bp, "--var", "U", "--iso", "0.6", *TINY, "--steps", "10", "20",
-               "--set", "series.warm_iterations=30", "--out", "out", cwd=tmp_path, timeout=240)
+               "--set", "series.warm_iterations=30", "--set", "series.warm_start=true", "--out", "out", cwd=tmp_path,
+               timeout=240)
     assert r.returncode == 0, r.stderr
     assert [it for _, _, it in summaries(r.stdout)] == [4, 4]

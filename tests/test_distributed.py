@@ -68,7 +68,8 @@ def test_two_rank_training_matches_one_rank(tmp_path):
     assert (two["ranks"], one["ranks"]) == (2, 1)
     assert two["iterations"] == one["iterations"] == 60
     assert all(n > 0 for n in two["per_rank"]), two["per_rank"]        # the surface crosses the cut plane
-    assert two["gaussians_initial"] == one["gaussians_initial"] == 2000
+    assert two["gaussians_initial"] == one["gaussians_initial"]         # the same converted surface
+    assert abs(one["gaussians_initial"] - 2000) < 3 * 2000 ** 0.5       # (each triangle's count rounded up or down)
     for m in (one, two):             # seeds coloured from the ground truth: the initial model is good already
         assert m["psnr"] > m["psnr_initial"] + 0.5, m
         assert m["psnr_initial"] > 18.0, m                          # the constant colour starts near 14 dB

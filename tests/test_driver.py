@@ -13,7 +13,7 @@ class Recorder:
 
 
 def driver(**series):
-    cfg = from_dict({"train": {"iterations": 20}, "series": {"warm_iterations": 7, **series}})
+    cfg = from_dict({"train": {"iterations": 20}, "series": {"warm_iterations": 7, "warm_start": True, **series}})
     process = Recorder()
     return StepDriver(cfg, comm=None, writer="w", process=process), process
 
@@ -37,10 +37,10 @@ def test_forget_and_warm_start_off_start_cold():
     d.forget()
     d.train(None, step=1, time=0.0)
     assert p.calls[1][1:3] == (None, None)
-    d, p = driver(warm_start=False)
+    d, p = driver(warm_start=False)                 # the previous step is given (its time budget), not warm
     d.trained(d.train(None, step=0, time=0.0))
     d.train(None, step=1, time=0.0)
-    assert p.calls[1][1:3] == (None, None)
+    assert p.calls[1][1:3] == ("result 0", None)
 
 
 def test_a_warm_step_with_a_quality_target_trains_until_it_meets_it():
@@ -48,7 +48,7 @@ def test_a_warm_step_with_a_quality_target_trains_until_it_meets_it():
     budget ends it sooner); a target never looked at (train.eval_every 0) cannot, so the warm iterations hold."""
     for train, want in (({"psnr_target": 30.0, "eval_every": 5}, 20), ({"ssim_target": 0.9, "eval_every": 5}, 20),
                         ({"psnr_target": 30.0}, 7), ({"time_budget_s": 5.0}, 7)):
-        cfg = from_dict({"train": {"iterations": 20, **train}, "series": {"warm_iterations": 7}})
+        cfg = from_dict({"train": {"iterations": 20, **train}, "series": {"warm_iterations": 7, "warm_start": True}})
         process = Recorder()
         d = StepDriver(cfg, comm=None, process=process)
         d.trained(d.train(None, step=0, time=0.0))
@@ -62,7 +62,7 @@ def test_a_warm_step_trains_more_by_its_share_of_new_seeds():
     given."""
     from insitu.step.driver import follow_iterations
 
-    cfg = from_dict({"train": {"iterations": 1500}, "series": {"warm_iterations": 250}})
+    cfg = from_dict({"train": {"iterations": 1500}, "series": {"warm_iterations": 250, "follow_iterations": True}})
     assert [follow_iterations(cfg, 250, new, 1000) for new in (0, 250, 600, 1000)] == [250, 562, 1000, 1500]
     assert follow_iterations(cfg, 250, 5, 0) == 250                     # nothing to train: as given
     assert follow_iterations(cfg, 1500, 600, 1000) == 1500              # a target's cap: as given

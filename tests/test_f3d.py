@@ -26,7 +26,9 @@ HERE = Path(__file__).resolve().parent
 OPTIONS = {"model.coloring": "direct", "model.point_sprites.type": "gaussian",
            "model.point_sprites.size": 1.0, "model.point_sprites.absolute_size": True,
            "render.effect.blending.mode": "sort"}
-MARGIN_DB = 24.0          # F3D against the project's render, surface pixels: measured 28 dB here, ply and spz
+MARGIN_DB = 24.0          # F3D against the project's render of model.ply, surface pixels: measured 31.8 dB here
+SPZ_MARGIN_DB = 21.0      # ... of model.spz: 24.2 dB here (28 from the half-transparent seeds before the conversion;
+                          # F3D draws its splats classic, the file holds them refit for antialiased viewers)
 SPZ_TURN = torch.diag(torch.tensor([1.0, -1.0, -1.0, 1.0]))   # SPZ's frame from the model's, and back
 
 
@@ -62,7 +64,8 @@ def surface_psnr(model, viewmat, K, width, height, background, image) -> float:
 
 @pytest.fixture(scope="module")
 def step(comm, tmp_path_factory):
-    """A small trained step's folder, one held-out camera (at 4x the training resolution) and the background."""
+    """A small trained step's folder (two spheres of different sizes, one above the other: turned upside down, the
+    model is another picture), one held-out camera (at 4x the training resolution) and the background."""
     reason = f3d_missing()
     if reason:
         pytest.skip(reason)
@@ -71,8 +74,9 @@ def step(comm, tmp_path_factory):
     from insitu.volume import whole_block
 
     out = tmp_path_factory.mktemp("f3d")
-    cfg = tiny_config(iso=6.0, views=12, resolution=32, budget=800, iterations=30)
-    result = compute_step(whole_block(sphere_field(20)), cfg, comm, step=1)
+    cfg = tiny_config(iso=0.0, views=12, resolution=32, budget=800, iterations=30)
+    pair = np.minimum(sphere_field(20, centre=(9.5, 9.5, 7.5)) - 5.0, sphere_field(20, centre=(9.5, 9.5, 14.5)) - 3.0)
+    result = compute_step(whole_block(pair), cfg, comm, step=1)
     cameras = result.cameras
     write_step(result, StepWriter(out), cfg, comm)
     view = int(cameras.test.nonzero()[0])
@@ -113,11 +117,11 @@ def test_f3d_draws_model_spz_as_the_project_does(step, tmp_path):
     image = f3d_image(path, V @ SPZ_TURN, K, *size, background, tmp_path)
     score = surface_psnr(model, V, K, *size, background, image)
     print(f"F3D vs the project's render of model.spz: {score:.2f} dB on the surface")
-    assert score >= MARGIN_DB
+    assert score >= SPZ_MARGIN_DB
     # the test can fail: a file that holds the model unturned (not in SPZ's frame) is drawn far off (7 dB)
     write_spz(tmp_path / "unturned.spz", to_rub(model), version=2)
     wrong = f3d_image(tmp_path / "unturned.spz", V @ SPZ_TURN, K, *size, background, tmp_path)
-    assert surface_psnr(model, V, K, *size, background, wrong) < MARGIN_DB - 4
+    assert surface_psnr(model, V, K, *size, background, wrong) < SPZ_MARGIN_DB - 4
 
 
 @pytest.mark.parametrize("name,up", [("model.ply", "+Z"), ("model.spz", "-Z")])

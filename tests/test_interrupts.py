@@ -54,7 +54,7 @@ def test_a_step_is_written_while_the_next_is_awaited_and_a_signal_keeps_it(tmp_p
     try:
         assert writer.stdout.readline() == "wrote 0\n", writer.stderr.read()
         run = subprocess.Popen([sys.executable, "-m", "insitu", "replay", "slow.bp", "--var", "U", "--iso", "3", *TINY,
-                                "--set", "input.timeout_s=300", "--out", "out"], cwd=tmp_path, env=subprocess_env(),
+                                "--set", "input.timeout_s=300", "--set", "series.warm_start=true", "--out", "out"], cwd=tmp_path, env=subprocess_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             # step 0 is complete on disk, with its row and report, while the replay waits for step 1

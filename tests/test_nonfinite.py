@@ -131,7 +131,8 @@ def series_config(out: Path) -> Config:
     cfg = load_config(None, {"input.iso": [160.0], "views.count": 8, "views.resolution": 16,
                              "views.supersample": 1, "views.held_out": 0, "seeds.budget": 100,
                              "train.iterations": 3, "run.backend": "torch", "run.progress": False,
-                             "series.warm_iterations": 2, "train.color_model": "sh", "views.closeups": 0,
+                             "series.warm_iterations": 2, "series.warm_start": True, "train.color_model": "sh",
+                             "views.closeups": 0,
                              "output.images": 0, "output.ply_metrics": False, "output.dir": str(out)})
     return cfg
 

@@ -285,7 +285,8 @@ def test_a_resumed_series_equals_the_uninterrupted_one(inputs, tmp_path):
     """A replay stopped after two steps (as a killed job's) and resumed goes on from the kept step's model, saved at
     full precision: every later step as the uninterrupted run's, bit for bit. Without that state (an earlier
     insitu's steps) the next step starts cold, said, and the series' cold steps stay where they were."""
-    series = ("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--set", "series.cold_every=3")
+    series = ("replay", inputs / "six.bp", "--var", "U", "--iso", "3", *TINY, "--set", "series.cold_every=3",
+              "--set", "series.warm_start=true")
     steps = ("--steps", "0", "10", "20", "30")
     assert insitu(*series, *steps, "--out", "whole", cwd=tmp_path).returncode == 0
     assert insitu(*series, "--steps", "0", "10", "--out", "cut", cwd=tmp_path).returncode == 0

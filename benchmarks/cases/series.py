@@ -1,8 +1,9 @@
-"""Series: a simulation's timesteps replayed with the package's defaults, each step warm-started, against cold steps.
+"""Series: a simulation's timesteps replayed with the package's defaults, against cold steps.
 
 Each series is written by a mini-app of sims/insitu_sims through ADIOS2 (BP5), then replayed as a user replays
-it, `insitu replay FILE --var VAR --iso ISO --views 448 --resolution 1024` (the package's defaults otherwise:
-every step after the first warm-started from the one before). One row per trained step (named after the
+it, `insitu replay FILE --var VAR --iso ISO --views 448 --resolution 1024` (the package's defaults otherwise: every
+step its surface converted afresh, `series.warm_start` off; ``--variant warm=series.warm_start=true`` replays the
+steps warm-started from the ones before). One row per trained step (named after the
 series): the surface (``psnr_foreground``), 2x and 3x closer, off the orbit, ``model.ply``, Gaussians,
 iterations, the step's phases in seconds (seeds, ground truth, training, ply fit; ``seconds``: the whole
 step) and the bytes of its model; ``extra`` holds the step's other figures (Gaussians it started from,

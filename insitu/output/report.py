@@ -293,7 +293,7 @@ def _number(value) -> float | None:
 
 # the figures each step carries into the page (report.js: the step's line and the plots over the timesteps);
 # every figure is in the table (metrics.csv)
-SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_near2", "ssim_foreground_near2",
+SURFACE_FIGURES = ("psnr_foreground", "ssim_foreground", "psnr_foreground_initial", "psnr_foreground_near2", "ssim_foreground_near2",
                    "psnr_foreground_near3", "ssim_foreground_near3", "psnr_foreground_off", "ssim_foreground_off",
                    "ply_psnr_foreground", "ply_ssim_foreground", "spz_psnr_foreground", "spz_ssim_foreground",
                    "bound_psnr_foreground", "bound_ssim_foreground")

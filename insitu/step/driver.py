@@ -1,7 +1,8 @@
 """One driver for a sequence of timesteps: ``insitu run/replay/stream`` and the Adaptor train through it.
 
-The rule it holds, in one place: with ``series.warm_start``, a step starts from the previous
-trained step's model and trains ``min(series.warm_iterations, train.iterations)`` iterations, and with
+The rule it holds, in one place: every step is given the previous trained step's result (what the step's
+time budget, ``series.step_seconds``, reads), and with ``series.warm_start`` it starts from that step's model and
+trains ``min(series.warm_iterations, train.iterations)`` iterations, and with
 ``series.follow_iterations`` as many more, of those up to ``train.iterations``, as its start's share of new seeds
 (:func:`follow_iterations`, once the step has seeded), or, with a
 quality target looked at during training (``train.psnr_target``, ``train.ssim_target``, ``train.eval_every``),
@@ -43,7 +44,7 @@ class StepDriver:
         if process is None:
             from insitu.step.pipeline import run_step as process
         self.cfg, self.comm, self.writer, self.process = cfg, comm, writer, process
-        self.previous: Any = None           # the last trained step's result, the next one's warm start
+        self.previous: Any = None           # the last trained step's result: the next one's reference (warm start)
         self.restart: int | None = None     # a kept step's warm_chain, where its state was not restored (resume)
 
     def train(self, block, *, step: int, time: float) -> Any:
@@ -53,8 +54,8 @@ class StepDriver:
         model before it was trained with the settings that diverged and may hold what ran away."""
         if self.cfg.input.nonfinite == "outside":
             block = masked(block, self.cfg, self.comm)
-        warm = self.previous if self.cfg.series.warm_start else None
-        iterations = warm_iterations(self.cfg) if warm is not None else None
+        warm = self.previous            # with series.warm_start its start, else its time budget's reference only
+        iterations = warm_iterations(self.cfg) if warm is not None and self.cfg.series.warm_start else None
         try:
             return self.process(block, self.cfg, self.comm, step=step, time=time, writer=self.writer,
                                 warm=warm, iterations=iterations)
@@ -105,7 +106,7 @@ def follow_iterations(cfg: Config, iterations: int, new: int, total: int) -> int
 
 
 def training_budget(cfg: Config, previous: dict | None, spent: float) -> float | None:
-    """A step's training budget in seconds (None: none): ``train.time_budget_s``, and for a warm step with
+    """A step's training budget in seconds (None: none): ``train.time_budget_s``, and for a step after the first with
     ``series.step_seconds`` what that leaves once the ``spent`` seconds of the step so far and what the previous
     step took after its training are taken off (its ``previous`` metrics: the final figures, the standard files'
     fit, their figures, writing), whichever is tighter. On ranks that differ, the caller takes the least."""

@@ -137,8 +137,9 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     """Train a Gaussian splat model of this step's isosurface(s); collective over ``comm``. Writes nothing: the
     outputs travel in the result (:func:`write_step`).
 
-    warm: the previous step's result on this rank: its shard, refit to this step's surface, is trained on from
-          the SH degree it had reached, instead of fresh seeds. iterations: default ``cfg.train.iterations``; a
+    warm: the previous step's result on this rank: with ``series.warm_start``, its shard, refit to this step's
+          surface, is trained on from the SH degree it had reached, instead of the surface converted afresh; in any
+          case it sets the step's time budget (``series.step_seconds``) and takes its writing seconds. iterations: default ``cfg.train.iterations``; a
           warm step's grow by its start's share of new seeds (:func:`insitu.step.driver.follow_iterations`).
           The step starts cold all the same (fresh seeds, ``cfg.train.iterations``) where ``warm`` ends
           ``series.cold_every - 1`` warm starts in a row (a keyframe: a chain of warm steps drifts under cold
@@ -160,6 +161,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
     decomposition = check_input(block, cfg, comm)
     previous = warm                                 # the time budget's, a step started cold instead's too
                                                     # (a keyframe's is dropped before it is moved to this frame)
+    if warm is not None and not cfg.series.warm_start:
+        warm, iters = None, cfg.train.iterations   # the previous step: its time budget and tails, not its model
     if warm is not None and 0 < cfg.series.cold_every <= warm.warm_chain + 1:
         note(f"step {step}: starts cold after {warm.warm_chain} warm step(s) in a row (series.cold_every "
              f"{cfg.series.cold_every}: one step in {cfg.series.cold_every} starts cold)", show)

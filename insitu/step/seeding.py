@@ -162,8 +162,8 @@ def cold_shard(seeds: Seeds, count: int, total_area: float, field: IsoField, cfg
     (:func:`insitu.surface.conversion.convert`) at ``count`` seeds over its whole area ``total_area`` (every rank's,
     so that the surface gets the same seeds on any number of ranks); else discs on its marching-cubes vertices,
     this rank's share of ``count`` (drawn by area with ``seed`` where there are more). On ``field``'s device."""
-    if seeds_fill(cfg):
-        return convert(seeds, count / total_area, field, **disc_settings(cfg), seed=cfg.train.seed)
+    if seeds_fill(cfg):         # (the ranks' sums of the area differ in their last bits: the density is rounded)
+        return convert(seeds, float(f"{count / total_area:.5g}"), field, **disc_settings(cfg), seed=cfg.train.seed)
     return init_gaussians(seeds, int(round(count * seeds.total_area / total_area)), color=cfg.views.surface_color,
                           opacity=cfg.seeds.opacity, thickness=cfg.seeds.thickness, sh_degree=model_sh_degree(cfg),
                           seed=seed, device=field.volume.device)

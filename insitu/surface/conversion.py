@@ -21,22 +21,24 @@ from insitu.volume import Block, unit_field
 R2 = (0.7548776662466927, 0.5698402909980532)    # the plastic number's R2 sequence: 2D points of low discrepancy
 
 
-def surface_points(seeds: Seeds, density: float, *, seed: int = 0, device=None) -> tuple[Tensor, Tensor]:
+def surface_points(seeds: Seeds, density: float, *, seed: int = 0, origin=(0.0, 0.0, 0.0), spacing=(1.0, 1.0, 1.0),
+                   device=None) -> tuple[Tensor, Tensor]:
     """Points spread evenly over the triangles of ``seeds``, ``density`` of them per unit of area, and their
     normals interpolated: ``points: [M, 3]``, unit ``normals: [M, 3]`` (float32, on ``device``).
 
     Each triangle gets its expected count ``density * area`` rounded up or down at random, and its points are
     consecutive terms of the R2 sequence (a 2D sequence of low discrepancy) mapped into it by Heitz's
     low-distortion map, so that none fall together and no part is left bare. A triangle's draws are a function
-    of the triangle alone (its centroid hashed with ``seed``): a surface cut between ranks gets the same points
-    as on one rank.
+    of the triangle alone and ``seed`` (:func:`triangle_keys`: its grid cell, ``origin`` and ``spacing`` the
+    grid's, and its place among the cell's triangles): a surface cut between ranks gets the same points as on
+    one rank.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     if density <= 0 or len(seeds.faces) == 0:
         return torch.zeros(0, 3, device=device), torch.zeros(0, 3, device=device)
     tri = seeds.points[seeds.faces].astype(np.float64)                       # [F, 3, 3]
     area = 0.5 * np.linalg.norm(np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0]), axis=1)
-    key = point_hash(tri.mean(1), seed)
+    key = triangle_keys(tri, origin, spacing, seed)
     unit = lambda k: (k >> np.uint64(11)).astype(np.float64) / float(1 << 53)     # noqa: E731  [0, 1)
     counts = np.floor(density * area + unit(mix(key, 0))).astype(np.int64)
     shift = np.stack([unit(mix(key, 1)), unit(mix(key, 2))], 1)
@@ -63,16 +65,38 @@ def surface_points(seeds: Seeds, density: float, *, seed: int = 0, device=None) 
     return out_p, out_n / out_n.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
+def triangle_keys(tri: np.ndarray, origin, spacing, seed: int = 0) -> np.ndarray:
+    """``[F]`` uint64 keys of the triangles ``tri: [F, 3, 3]`` (world positions of their corners): a function of
+    the grid cell each lies in (its centroid's, on the grid of ``origin`` and ``spacing``), of its place among
+    that cell's triangles (by their centroids) and of ``seed``: integers, so the same triangle gets the same key on
+    any rank, though its corners' float32 positions differ in their last bits from one rank count to another."""
+    centroid = (tri.mean(1) - np.asarray(origin, np.float64)) / np.asarray(spacing, np.float64)
+    cell = np.floor(centroid).astype(np.int64)
+    order = np.lexsort((centroid[:, 2], centroid[:, 1], centroid[:, 0], cell[:, 2], cell[:, 1], cell[:, 0]))
+    ordered = cell[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (ordered[1:] != ordered[:-1]).any(1)
+    start = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    place = np.empty(len(order), np.int64)
+    place[order] = np.arange(len(order)) - start
+    return integer_hash(np.column_stack([cell, place]), seed)
+
+
+def integer_hash(values: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``[M]`` uint64 keys of the rows of ``values: [M, K]`` (integers) and ``seed``: a 64-bit integer mix."""
+    q = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.full(len(q), np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1), dtype=np.uint64)
+        for column in range(q.shape[1]):
+            h = (h ^ q[:, column]) * np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return h
+
+
 def point_hash(points: np.ndarray, seed: int = 0) -> np.ndarray:
     """``[M]`` uint64 keys of ``points: [M, 3]``, a function of their coordinates rounded to 1e-3 and of
     ``seed`` alone (a 64-bit integer mix), so the same point gets the same key on any rank."""
-    q = np.round(np.asarray(points, np.float64).reshape(-1, 3) * 1000.0).astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        h = np.uint64(0x9E3779B97F4A7C15) * np.uint64(seed + 1)
-        for axis in range(3):
-            h = (h ^ q[:, axis]) * np.uint64(0xBF58476D1CE4E5B9)
-            h ^= h >> np.uint64(31)
-    return h
+    return integer_hash(np.round(np.asarray(points, np.float64).reshape(-1, 3) * 1000.0).astype(np.int64), seed)
 
 
 def mix(key: np.ndarray, salt: int) -> np.ndarray:
@@ -103,6 +127,7 @@ class IsoField:
         self.volume = torch.from_numpy(np.ascontiguousarray(unit, dtype=np.float32)).to(device)
         self.levels = torch.tensor(levels, dtype=torch.float32, device=device)
         spacing = np.asarray(block.spacing, np.float64)
+        self.origin, self.grid = np.asarray(block.origin, np.float64), spacing     # global sample 0, the cells
         self.spacing = torch.as_tensor(spacing, dtype=torch.float32, device=device)
         self.offset = torch.as_tensor(np.asarray(block.origin, np.float64) + np.asarray(block.start) * spacing,
                                       dtype=torch.float32, device=device)
@@ -174,7 +199,8 @@ def convert(seeds: Seeds, density: float, field: IsoField, *, footprint: float, 
     isosurface of ``field`` (:meth:`IsoField.project`), each a flat disc (:func:`discs`) standing for
     ``1 / density`` of the surface, on ``field``'s device. The same surface gives the same Gaussians whatever
     the blocks it is cut into."""
-    points, normals = surface_points(seeds, density, seed=seed, device=field.volume.device)
+    points, normals = surface_points(seeds, density, seed=seed, origin=field.origin, spacing=field.grid,
+                                     device=field.volume.device)
     return discs(field.project(points, PROJECTION_STEPS), normals, 1.0 / density, footprint=footprint,
                  opacity=opacity, thickness=thickness, color=color, sh_degree=sh_degree)
 

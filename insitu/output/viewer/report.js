@@ -258,8 +258,11 @@
     const files = (prefix) => per([["bound", `bound_${prefix}_foreground`], ["model.spz", `spz_${prefix}_foreground`],
                                    ["model.ply", `ply_${prefix}_foreground`]]);
     const common = { xlabel: "timestep", xs, integerX: true, ticksAtX: true };
+    // the step's seeds before any training, on the orbit's views, beside where training took them
+    const seeds = fg ? per([["seeds, orbit", "psnr_foreground_initial", [6, 4]]]).map((s) => ({ ...s, color: COLORS[4] }))
+                     : [];
     chart(series, { ...common, name: "series-psnr", title: `${what} PSNR per timestep`, ylabel: "PSNR (dB)",
-                    series: views("psnr"), format: db });
+                    series: [...views("psnr"), ...seeds], format: db });
     chart(series, { ...common, name: "series-ssim", title: `${what} SSIM per timestep`, ylabel: "SSIM",
                     series: views("ssim"), y: ssimRange, format: ratio });
     chart(series, { ...common, name: "series-files", title: "Standard files: surface PSNR per timestep",
