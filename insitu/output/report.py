@@ -94,6 +94,8 @@ FILE_NOTES = {
                    "light (the fixed key and fill light of model.ply and model.spz): ground truth | model.spz | "
                    "model.ply as their viewers draw them (model.spz's where it holds another model), to compare "
                    "another viewer's picture with (cameras.json holds each view's camera)",
+    "model.glb": "model.spz's Gaussians as glTF 2.0 (KHR_gaussian_splatting, +Y up, world units through its node; "
+                 "output.glb): for glTF viewers; viewer/gltf.html draws it with PlayCanvas",
     "cameras.json": "the step's orbit cameras (the 3D view's camera list)",
     "metrics.json": "every figure of the step, with its evaluations during training",
     "config.yaml": "the configuration the step ran with",
@@ -153,7 +155,8 @@ TABLE_COLUMNS = (
                                      ("evaluation_seconds", "evaluation", ""),
                                      ("initial_evaluation_seconds", "first evaluation", ""))),
     ("Files", (("model_bytes", "model.ply", "bytes"), ("web_model_bytes", "model.spz", "bytes"),
-               ("lit_model_bytes", "model.lit.spz", "bytes"), ("bytes_written", "written", "bytes"))),
+               ("glb_model_bytes", "model.glb", "bytes"), ("lit_model_bytes", "model.lit.spz", "bytes"),
+               ("bytes_written", "written", "bytes"))),
     ("Run", (("ranks", "ranks", ""), ("device", "device", ""), ("test_views", "held-out views", ""),
              ("eps2d", "blur (px\u00b2)", ""), ("antialiased", "antialiased", ""),
              ("peak_gpu_memory_gb", "peak GPU memory (GB)", ""))),
@@ -584,12 +587,12 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
 
 
 TOP_FILES = ("report.html", "report.json", "metrics.csv")        # what the server serves at the top
-STEP_FILES = ("model.ply", "model.spz", "model.lit.spz", "cameras.json", "metrics.json", "config.yaml")  # a step's
+STEP_FILES = ("model.ply", "model.spz", "model.lit.spz", "model.glb", "cameras.json", "metrics.json", "config.yaml")  # a step's
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")         # no dotfiles, no separators, no NUL
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
                  ".css": "text/css", ".json": "application/json", ".csv": "text/csv; charset=utf-8",
                  ".yaml": "text/plain; charset=utf-8", ".png": "image/png", ".wasm": "application/wasm",
-                 ".spz": "application/octet-stream", ".ply": "application/octet-stream"}
+                 ".spz": "application/octet-stream", ".ply": "application/octet-stream", ".glb": "model/gltf-binary"}
 CONNECTION_TIMEOUT = 10.0     # seconds a connection may send or take nothing before it is closed: an idle
                               # one, a request without its blank line, a client that stopped reading
 MAX_CONNECTIONS = 64          # connections served at once, a thread each (a browser opens about six)
