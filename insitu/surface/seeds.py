@@ -186,8 +186,11 @@ def init_gaussians(seeds: Seeds, budget: int, *, color=(0.85, 0.8, 0.7), colors:
     color:     [3] initial RGB, or ``colors`` [M, 3] per seed (e.g. colour-mapped second field).
     thickness: disc thickness as a fraction of its radius.
     fill:      when the surface has fewer vertices than ``budget``, draw ``budget`` points on its
-               triangles instead (``sample_surface``), so the model starts at the budget. On a
-               CUDA ``device`` the points are drawn there (``sample_surface_torch``).
+               triangles instead (``sample_surface``), independently at random, so the model starts at the
+               budget. On a CUDA ``device`` the points are drawn there (``sample_surface_torch``). A step's
+               seeds are not drawn so but converted (:func:`insitu.surface.conversion.convert`); these draws
+               serve the tests and benchmarks that want a shard of a given size, and the seeds before the
+               conversion (``benchmarks/experiments/bench_conversion.py``'s ``@old``).
     Returns a Gaussians shard with SH degree ``sh_degree`` (higher bands zero).
     """
     if budget < 0:
