@@ -118,8 +118,8 @@ def blobs_field(n: int = 28) -> np.ndarray:
 def test_converted_surfaces_draw_without_holes(comm, name, floor):
     """Before any training, the seeds of a sphere, a thin bent sheet and a field of small blobs (24 views of 64^2)
     cover what the ground truth covers (of the pixels it covers fully, outlines aside, 99% drawn at least half opaque)
-    and score at least ``floor`` dB on the surface (measured: 32.2, 27.7 and 24.3; the seeds before the conversion, random and
-    half transparent, 16.1, 15.8 and 16.7)."""
+    and score at least ``floor`` dB on the surface (measured: 32.2, 27.7 and 24.3; the seeds before the conversion,
+    random and half transparent, 16.1, 15.8 and 16.7)."""
     from conftest import tiny_config
 
     from insitu.groundtruth.scene import make_scene

@@ -130,7 +130,8 @@ def figures(trainer, scene, layout, cfg, colors) -> dict:
     for role in HELD_OUT[1:]:
         ids = scene.views.ids(role).tolist()
         if ids:
-            out[role] = round(evaluate_trainer(trainer, scene, layout, cfg, colors=colors, ids=ids)[0].psnr_foreground, 2)
+            q, _ = evaluate_trainer(trainer, scene, layout, cfg, colors=colors, ids=ids)
+            out[role] = round(q.psnr_foreground, 2)
     return out
 
 

@@ -587,7 +587,8 @@ def write_report(out_dir: str | Path, *, title: str = "insitu-gs", steps: Collec
 
 
 TOP_FILES = ("report.html", "report.json", "metrics.csv")        # what the server serves at the top
-STEP_FILES = ("model.ply", "model.spz", "model.lit.spz", "model.glb", "cameras.json", "metrics.json", "config.yaml")  # a step's
+STEP_FILES = ("model.ply", "model.spz", "model.lit.spz", "model.glb", "cameras.json", "metrics.json",  # a step's
+              "config.yaml")                                                                 # files it serves
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")         # no dotfiles, no separators, no NUL
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".mjs": "text/javascript",
                  ".css": "text/css", ".json": "application/json", ".csv": "text/csv; charset=utf-8",

@@ -139,7 +139,8 @@ def compute_step(block: Block, cfg: Config, comm, *, step: int = 0, time: float 
 
     warm: the previous step's result on this rank: with ``series.warm_start``, its shard, refit to this step's
           surface, is trained on from the SH degree it had reached, instead of the surface converted afresh; in any
-          case it sets the step's time budget (``series.step_seconds``) and takes its writing seconds. iterations: default ``cfg.train.iterations``; a
+          case it sets the step's time budget (``series.step_seconds``) and takes its writing seconds.
+          iterations: default ``cfg.train.iterations``; a
           warm step's grow by its start's share of new seeds (:func:`insitu.step.driver.follow_iterations`).
           The step starts cold all the same (fresh seeds, ``cfg.train.iterations``) where ``warm`` ends
           ``series.cold_every - 1`` warm starts in a row (a keyframe: a chain of warm steps drifts under cold

@@ -21,9 +21,9 @@ from insitu.config import Config
 from insitu.errors import SurfaceTooSmall
 from insitu.groundtruth.scene import Scene, global_range
 from insitu.groundtruth.views import pixels_per_area
+from insitu.surface.conversion import IsoField, convert, point_hash
 from insitu.surface.follow import SLACK, plan, submesh, uncovered
 from insitu.surface.gaussians import Gaussians, rgb_to_sh0
-from insitu.surface.conversion import IsoField, convert, point_hash
 from insitu.surface.seeds import Seeds, extract_seeds, init_gaussians, normal_to_quat_torch
 from insitu.training.appearance import BlockSamples, base_colors
 from insitu.training.trainer import colors_from_images, training_blur

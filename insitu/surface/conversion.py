@@ -169,8 +169,8 @@ class IsoField:
 
     def project(self, points: Tensor, steps: int = PROJECTION_STEPS) -> Tensor:
         """``points: [M, 3]`` moved onto the nearest isosurface by ``steps`` Newton steps along the gradient of
-        the trilinear field, each at most half a cell, kept within the samples (where a surface ends at the samples' edge,
-on that face); a point where the gradient vanishes stays."""
+        the trilinear field, each at most half a cell, kept within the samples (where a surface ends at the samples'
+        edge, on that face); a point where the gradient vanishes stays."""
         p = points.to(self.volume.device, torch.float32)
         limit = 0.5 * self.cell
         for _ in range(steps):
